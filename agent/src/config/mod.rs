@@ -1,0 +1,318 @@
+//! Configuration: one TOML file with `[catalogs.NAME]` and `[[pipelines]]`.
+//!
+//! Each stage owns its config struct (`source::SourceConfig`, `sink::SinkConfig`, ...);
+//! this module only reads the file, substitutes `${ENV_VAR}` in string values, and
+//! deserializes every section on its own so that *all* errors are reported at once,
+//! each with its path (`pipelines[0].source.topics`).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+
+use serde::de::DeserializeOwned;
+
+use crate::dead_letter::DeadLetterConfig;
+use crate::decode::DecodeConfig;
+use crate::sink::{CatalogConfig, SinkConfig};
+use crate::source::SourceConfig;
+use crate::telemetry::MetricsConfig;
+
+/// The whole agent configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Prometheus endpoint; off when absent.
+    pub metrics: Option<MetricsConfig>,
+    /// Catalogs by name, referenced by `pipelines[].sink.catalog`.
+    pub catalogs: BTreeMap<String, CatalogConfig>,
+    /// The pipelines this agent runs, each one topic set into one table.
+    pub pipelines: Vec<PipelineConfig>,
+}
+
+/// One pipeline: Kafka topics -> decode -> transforms -> one Iceberg table.
+#[derive(Debug, Clone)]
+pub struct PipelineConfig {
+    /// Unique name; also stored in every snapshot this pipeline commits.
+    pub name: String,
+    /// Where records come from.
+    pub source: SourceConfig,
+    /// How message values are decoded.
+    pub decode: DecodeConfig,
+    /// Where records go and how often they are committed.
+    pub sink: SinkConfig,
+    /// Where records that cannot be written go.
+    pub dead_letter: DeadLetterConfig,
+}
+
+/// One configuration problem, with the path of the offending value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// Dotted path into the file, e.g. `pipelines[0].source.topics`.
+    pub path: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// Every problem found in a configuration file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{} configuration error(s):", self.0.len())?;
+        for e in &self.0 {
+            if e.path.is_empty() {
+                writeln!(f, "  - {}", e.message)?;
+            } else {
+                writeln!(f, "  - {}: {}", e.path, e.message)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+impl Config {
+    /// Reads and validates a configuration file, substituting `${VAR}` from the process environment.
+    pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigErrors(vec![ConfigError {
+                path: String::new(),
+                message: format!("cannot read {}: {e}", path.display()),
+            }])
+        })?;
+        Config::parse(&text, &|name| std::env::var(name).ok())
+    }
+
+    /// Parses and validates configuration text; `env` resolves `${VAR}` references.
+    pub fn parse(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
+        let mut errors = Vec::new();
+        let mut root: toml::Table = toml::from_str(text).map_err(|e| {
+            ConfigErrors(vec![ConfigError {
+                path: String::new(),
+                message: format!("not valid TOML: {}", e.message()),
+            }])
+        })?;
+        for (key, value) in root.iter_mut() {
+            substitute_env(value, key.clone(), env, &mut errors);
+        }
+
+        let metrics = root
+            .remove("metrics")
+            .and_then(|v| section::<MetricsConfig>(v, "metrics", &mut errors));
+
+        let mut catalogs = BTreeMap::new();
+        match root.remove("catalogs") {
+            Some(toml::Value::Table(t)) => {
+                for (name, value) in t {
+                    let path = format!("catalogs.{name}");
+                    if let Some(c) = section::<CatalogConfig>(value, &path, &mut errors) {
+                        catalogs.insert(name, c);
+                    }
+                }
+            }
+            Some(_) => errors.push(err("catalogs", "must be a table of named catalogs")),
+            None => {}
+        }
+
+        let mut pipelines = Vec::new();
+        match root.remove("pipelines") {
+            Some(toml::Value::Array(items)) => {
+                for (i, item) in items.into_iter().enumerate() {
+                    if let Some(p) = pipeline(item, &format!("pipelines[{i}]"), &mut errors) {
+                        pipelines.push(p);
+                    }
+                }
+            }
+            Some(_) => errors.push(err("pipelines", "must be an array: use [[pipelines]]")),
+            None => errors.push(err("pipelines", "at least one [[pipelines]] entry is required")),
+        }
+        for key in root.keys() {
+            errors.push(err(key, "unknown key (expected metrics, catalogs, pipelines)"));
+        }
+
+        let config = Config { metrics, catalogs, pipelines };
+        config.check(&mut errors);
+        if errors.is_empty() { Ok(config) } else { Err(ConfigErrors(errors)) }
+    }
+
+    /// Cross-section checks: references resolve, names are unique, values are in range.
+    fn check(&self, errors: &mut Vec<ConfigError>) {
+        let mut seen = std::collections::HashSet::new();
+        for (i, p) in self.pipelines.iter().enumerate() {
+            let at = |field: &str| format!("pipelines[{i}].{field}");
+            if !seen.insert(p.name.as_str()) {
+                errors.push(err(&at("name"), &format!("duplicate pipeline name {:?}", p.name)));
+            }
+            if !self.catalogs.contains_key(&p.sink.catalog) {
+                errors.push(err(
+                    &at("sink.catalog"),
+                    &format!("no catalog named {:?} in [catalogs]", p.sink.catalog),
+                ));
+            }
+            for (field, message) in p.source.problems() {
+                errors.push(err(&at(&format!("source.{field}")), &message));
+            }
+            for (field, message) in p.sink.problems() {
+                errors.push(err(&at(&format!("sink.{field}")), &message));
+            }
+        }
+    }
+}
+
+fn err(path: &str, message: &str) -> ConfigError {
+    ConfigError { path: path.to_string(), message: message.to_string() }
+}
+
+/// Deserializes one section, recording an error with its full path on failure.
+fn section<T: DeserializeOwned>(value: toml::Value, path: &str, errors: &mut Vec<ConfigError>) -> Option<T> {
+    match serde_path_to_error::deserialize::<_, T>(value) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            let inner = e.path().to_string();
+            let full = if inner == "." { path.to_string() } else { format!("{path}.{inner}") };
+            errors.push(ConfigError { path: full, message: e.into_inner().to_string() });
+            None
+        }
+    }
+}
+
+/// A pipeline is split into its stage sections so each reports its own errors.
+fn pipeline(value: toml::Value, path: &str, errors: &mut Vec<ConfigError>) -> Option<PipelineConfig> {
+    let toml::Value::Table(mut t) = value else {
+        errors.push(err(path, "must be a table"));
+        return None;
+    };
+    let before = errors.len();
+    let mut take = |key: &str, required: bool| -> Option<toml::Value> {
+        let v = t.remove(key);
+        if v.is_none() && required {
+            errors.push(err(&format!("{path}.{key}"), "missing"));
+        }
+        v
+    };
+    let name = take("name", true);
+    let source = take("source", true);
+    let decode = take("decode", false);
+    let sink = take("sink", true);
+    let dead_letter = take("dead_letter", false);
+    for key in t.keys() {
+        errors.push(err(
+            &format!("{path}.{key}"),
+            "unknown key (expected name, source, decode, sink, dead_letter)",
+        ));
+    }
+    let name = name.and_then(|v| section::<String>(v, &format!("{path}.name"), errors));
+    if let Some(n) = &name
+        && (n.is_empty() || !n.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+    {
+        errors.push(err(&format!("{path}.name"), "use letters, digits, '-' and '_' only"));
+    }
+    let source = source.and_then(|v| section::<SourceConfig>(v, &format!("{path}.source"), errors));
+    let decode = match decode {
+        Some(v) => section::<DecodeConfig>(v, &format!("{path}.decode"), errors),
+        None => Some(DecodeConfig::default()),
+    };
+    let sink = sink.and_then(|v| section::<SinkConfig>(v, &format!("{path}.sink"), errors));
+    let dead_letter = match dead_letter {
+        Some(v) => section::<DeadLetterConfig>(v, &format!("{path}.dead_letter"), errors),
+        None => name.as_deref().map(DeadLetterConfig::default_for),
+    };
+    if errors.len() > before {
+        return None;
+    }
+    Some(PipelineConfig {
+        name: name?,
+        source: source?,
+        decode: decode?,
+        sink: sink?,
+        dead_letter: dead_letter?,
+    })
+}
+
+/// Replaces `${VAR}` in every string value; `$${` stays a literal `${`.
+fn substitute_env(value: &mut toml::Value, path: String, env: &dyn Fn(&str) -> Option<String>, errors: &mut Vec<ConfigError>) {
+    match value {
+        toml::Value::String(s) if s.contains('$') => match expand(s, env) {
+            Ok(expanded) => *s = expanded,
+            Err(var) => errors.push(ConfigError {
+                path,
+                message: format!("environment variable {var} is not set"),
+            }),
+        },
+        toml::Value::Array(items) => {
+            for (i, item) in items.iter_mut().enumerate() {
+                substitute_env(item, format!("{path}[{i}]"), env, errors);
+            }
+        }
+        toml::Value::Table(t) => {
+            for (k, v) in t.iter_mut() {
+                substitute_env(v, format!("{path}.{k}"), env, errors);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn expand(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        if let Some(tail) = after.strip_prefix("${") {
+            out.push_str("${");
+            rest = tail;
+        } else if let Some(tail) = after.strip_prefix('{') {
+            let Some(end) = tail.find('}') else {
+                out.push('$');
+                rest = after;
+                continue;
+            };
+            let var = &tail[..end];
+            out.push_str(&env(var).ok_or_else(|| var.to_string())?);
+            rest = &tail[end + 1..];
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// Serde helper: durations written as `"60s"`, `"1m"`, `"500ms"`.
+pub(crate) mod duration {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer};
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(&s).map_err(|e| serde::de::Error::custom(format!("invalid duration {s:?}: {e} (write e.g. \"60s\" or \"1m\")")))
+    }
+}
+
+/// Serde helper: sizes written as `"64MiB"` or a number of bytes.
+pub(crate) mod size {
+    use serde::{Deserialize, Deserializer};
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Bytes(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Bytes(n) => Ok(n),
+            Raw::Text(s) => s
+                .parse::<bytesize::ByteSize>()
+                .map(|b| b.as_u64())
+                .map_err(|e| serde::de::Error::custom(format!("invalid size {s:?}: {e} (write e.g. \"64MiB\")"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

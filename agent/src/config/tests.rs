@@ -1,0 +1,116 @@
+use super::*;
+
+const GOOD: &str = r#"
+[catalogs.local]
+type = "embedded"
+path = ".floe/catalog.db"
+warehouse = ".floe/warehouse"
+
+[[pipelines]]
+name = "events"
+[pipelines.source]
+bootstrap_servers = "${BROKER}"
+group_id = "floe-events"
+topics = ["events"]
+[pipelines.sink]
+catalog = "local"
+namespace = "demo"
+table = "events"
+commit_interval = "5s"
+"#;
+
+fn env(name: &str) -> Option<String> {
+    match name {
+        "BROKER" => Some("127.0.0.1:9092".into()),
+        _ => None,
+    }
+}
+
+#[test]
+fn parses_a_good_config_with_env_substitution() {
+    let c = Config::parse(GOOD, &env).unwrap();
+    assert_eq!(c.pipelines[0].source.bootstrap_servers, "127.0.0.1:9092");
+    assert_eq!(c.pipelines[0].sink.commit_interval, std::time::Duration::from_secs(5));
+    assert_eq!(c.pipelines[0].dead_letter.path, std::path::PathBuf::from(".floe/dead-letter/events.ndjson"));
+}
+
+#[test]
+fn reports_every_error_with_its_path() {
+    let bad = r#"
+extra = 1
+[catalogs.local]
+type = "embedded"
+path = "x.db"
+[[pipelines]]
+name = "a b"
+colour = "red"
+[pipelines.source]
+bootstrap_servers = "${MISSING}"
+group_id = "g"
+[pipelines.sink]
+catalog = "nowhere"
+namespace = "n"
+table = "t"
+commit_interval = "100ms"
+[[pipelines]]
+name = "ok"
+[pipelines.source]
+bootstrap_servers = "b:1"
+group_id = "g"
+topics = ["t"]
+tpoics = ["t"]
+[pipelines.sink]
+catalog = "local"
+namespace = "n"
+table = "t"
+"#;
+    let errors = Config::parse(bad, &env).unwrap_err().0;
+    let paths: Vec<&str> = errors.iter().map(|e| e.path.as_str()).collect();
+    for expected in [
+        "extra",
+        "catalogs.local",
+        "pipelines[0].colour",
+        "pipelines[0].name",
+        "pipelines[0].source.bootstrap_servers",
+        "pipelines[1].source",
+    ] {
+        assert!(paths.iter().any(|p| p.starts_with(expected)), "missing error at {expected}: {errors:#?}");
+    }
+    let text = ConfigErrors(errors.clone()).to_string();
+    assert!(text.contains("MISSING is not set"), "{text}");
+    assert!(text.contains("tpoics"), "{text}");
+    assert!(text.contains("warehouse"), "{text}");
+}
+
+#[test]
+fn semantic_errors_are_collected_too() {
+    let bad = GOOD.replace("catalog = \"local\"", "catalog = \"other\"").replace("\"5s\"", "\"0s\"");
+    let errors = Config::parse(&bad, &env).unwrap_err().0;
+    let paths: Vec<&str> = errors.iter().map(|e| e.path.as_str()).collect();
+    assert_eq!(paths, ["pipelines[0].sink.catalog", "pipelines[0].sink.commit_interval"]);
+}
+
+#[test]
+fn dollar_escapes_and_literal_dollars() {
+    assert_eq!(expand("a$${B}c$d", &env).unwrap(), "a${B}c$d");
+    assert_eq!(expand("${BROKER}/x", &env).unwrap(), "127.0.0.1:9092/x");
+    assert_eq!(expand("${NOPE}", &env).unwrap_err(), "NOPE");
+}
+
+#[test]
+fn example_configs_are_valid() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            let any_env = |_: &str| Some("127.0.0.1:9092".to_string());
+            if let Err(e) = Config::parse(&text, &any_env) {
+                panic!("{}: {e}", path.display());
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked > 0, "no example configs found in {}", dir.display());
+}

@@ -1,0 +1,24 @@
+//! Crash points for tests: with `FLOE_FAILPOINT=<name>` set, the agent stops at that
+//! point, prints `FLOE_FAILPOINT <name> reached` to stderr and waits to be killed.
+//! Used by the crash tests to SIGKILL the agent at exact moments of a commit.
+
+use std::sync::OnceLock;
+
+/// Before any data file of a commit is written.
+pub const BEFORE_WRITE: &str = "before_write";
+/// After the data files are written, before the Iceberg commit.
+pub const AFTER_WRITE: &str = "after_write";
+/// After the Iceberg commit, before the consumer-group offset commit.
+pub const AFTER_COMMIT: &str = "after_commit";
+
+/// Parks the process forever if `name` is the configured failpoint.
+pub fn hit(name: &str) {
+    static ARMED: OnceLock<Option<String>> = OnceLock::new();
+    let armed = ARMED.get_or_init(|| std::env::var("FLOE_FAILPOINT").ok().filter(|s| !s.is_empty()));
+    if armed.as_deref() == Some(name) {
+        eprintln!("FLOE_FAILPOINT {name} reached");
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        }
+    }
+}

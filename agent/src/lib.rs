@@ -1,0 +1,105 @@
+//! Floe: an edge agent that ingests Kafka topics into Apache Iceberg tables, exactly once.
+//!
+//! # Layout
+//!
+//! Modules follow a record from Kafka to Iceberg:
+//!
+//! - [`config`]: the TOML file; every stage's settings, validated all at once.
+//! - [`source`]: Kafka consumer group (rdkafka), positioned from the table's offsets.
+//! - [`decode`]: message bytes -> JSON object.
+//! - [`transform`]: the configured plugin chain (empty until the WebAssembly host lands).
+//! - [`schema`]: Iceberg schema inferred from records, evolved by adding columns.
+//! - [`batch`]: buffered records -> Arrow batches with Iceberg field ids.
+//! - [`sink`]: Parquet files and the Iceberg commit, fenced for exactly-once.
+//! - [`offsets`]: the Kafka offsets each snapshot carries in its summary.
+//! - [`dead_letter`]: where records that cannot become rows go, with their bytes.
+//! - [`pipeline`]: wires the stages; [`run`] starts every pipeline of a config.
+//! - [`telemetry`]: logs and Prometheus metrics.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = floe::config::Config::load(std::path::Path::new("examples/local.toml"))?;
+//! floe::run(config, async { let _ = tokio::signal::ctrl_c().await; }).await?;
+//! # Ok(()) }
+//! ```
+
+pub mod batch;
+pub mod config;
+pub mod dead_letter;
+pub mod decode;
+pub mod failpoint;
+pub mod offsets;
+pub mod pipeline;
+pub mod schema;
+pub mod sink;
+pub mod source;
+pub mod telemetry;
+pub mod transform;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+
+use iceberg::Catalog;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+/// Why the agent stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum FloeError {
+    /// A catalog could not be opened.
+    #[error(transparent)]
+    Catalog(#[from] sink::SinkError),
+    /// The metrics endpoint could not start.
+    #[error(transparent)]
+    Telemetry(#[from] telemetry::TelemetryError),
+    /// A pipeline stopped with an error.
+    #[error(transparent)]
+    Pipeline(#[from] pipeline::PipelineError),
+}
+
+/// Runs every pipeline of `config` until `shutdown` completes (then commits what is
+/// buffered and returns) or a pipeline fails (then stops the others and returns its error).
+pub async fn run(config: config::Config, shutdown: impl Future<Output = ()>) -> Result<(), FloeError> {
+    if let Some(m) = &config.metrics {
+        telemetry::install(m)?;
+    }
+    let writer_id = uuid::Uuid::now_v7().to_string();
+    let mut catalogs: HashMap<String, Arc<dyn Catalog>> = HashMap::new();
+    for p in &config.pipelines {
+        if !catalogs.contains_key(&p.sink.catalog) {
+            let c = sink::open_catalog(&p.sink.catalog, &config.catalogs[&p.sink.catalog]).await?;
+            catalogs.insert(p.sink.catalog.clone(), c);
+        }
+    }
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut tasks = JoinSet::new();
+    for p in config.pipelines {
+        let catalog = catalogs[&p.sink.catalog].clone();
+        tasks.spawn(pipeline::run_pipeline(p, catalog, writer_id.clone(), stop_rx.clone()));
+    }
+    tokio::pin!(shutdown);
+    let mut first_error = None;
+    let mut stopping = false;
+    while !tasks.is_empty() {
+        tokio::select! {
+            _ = &mut shutdown, if !stopping => {
+                stopping = true;
+                let _ = stop_tx.send(true);
+            }
+            Some(done) = tasks.join_next() => {
+                let result = done.unwrap_or_else(|e| panic!("pipeline task panicked: {e}"));
+                if let Err(e) = result {
+                    tracing::error!(error = %e, "pipeline stopped");
+                    first_error.get_or_insert(e);
+                    stopping = true;
+                    let _ = stop_tx.send(true);
+                }
+            }
+        }
+    }
+    match first_error {
+        Some(e) => Err(e.into()),
+        None => Ok(()),
+    }
+}

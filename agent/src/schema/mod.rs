@@ -1,0 +1,454 @@
+//! Schema stage: infers an Iceberg schema from decoded records and evolves it.
+//!
+//! A [`SchemaTracker`] starts from the table's current schema (those columns are
+//! *locked*: their type can no longer change) and learns from every record:
+//! new fields become new optional columns, also inside structs and list elements.
+//! Before a column is first committed its type may still widen
+//! (long -> double, timestamp -> string); after that a value of another type is a
+//! [`Conflict`] and the record goes to the dead-letter path instead of corrupting the column.
+//!
+//! JSON -> Iceberg: integer -> long, number with fraction -> double, bool -> boolean,
+//! ISO-8601 string with offset -> timestamptz, without offset -> timestamp,
+//! other string -> string, object -> struct, array -> list. A field that has only
+//! been null (or an empty array / object) gets no column until a typed value arrives.
+
+use std::sync::Arc;
+
+use iceberg::spec::{ListType, NestedField, NestedFieldRef, PrimitiveType, Schema, StructType, Type};
+use indexmap::IndexMap;
+use serde_json::{Map, Value};
+
+use crate::decode::json_kind;
+
+/// Columns the agent adds to every row; payload fields with these names are ignored.
+pub const RESERVED_COLUMNS: [&str; 4] = ["_kafka_partition", "_kafka_offset", "_kafka_timestamp", "_kafka_key"];
+
+/// A value whose type does not fit the column it belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("field `{path}`: column is {column}, value is {value}")]
+pub struct Conflict {
+    /// Dotted path of the field.
+    pub path: String,
+    /// The column's type.
+    pub column: String,
+    /// What the record carried.
+    pub value: String,
+}
+
+/// Errors of the schema stage other than per-record conflicts.
+#[derive(Debug, thiserror::Error)]
+pub enum SchemaError {
+    /// Building an Iceberg schema failed.
+    #[error("cannot build Iceberg schema: {0}")]
+    Iceberg(#[from] iceberg::Error),
+}
+
+/// Inferred type of one field.
+#[derive(Debug, Clone, PartialEq)]
+enum Kind {
+    Boolean,
+    Long,
+    Double,
+    String,
+    Timestamptz,
+    Timestamp,
+    Struct(IndexMap<String, Node>),
+    List(Box<Node>),
+    /// A table column of a type JSON inference never produces (int, date, decimal, map...).
+    Other(Type),
+}
+
+/// One field: its kind (unknown while only nulls were seen) and whether it is in the table.
+#[derive(Debug, Clone, PartialEq)]
+struct Node {
+    kind: Option<Kind>,
+    locked: bool,
+}
+
+/// A column to add to the table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Addition {
+    /// Dotted path of the parent struct (or list whose element is the struct); `None` at top level.
+    pub parent: Option<String>,
+    /// Name of the new field.
+    pub name: String,
+    /// Its type (nested field ids are placeholders; the table assigns real ones).
+    pub field_type: Type,
+}
+
+/// Learns the payload schema of a stream of records.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SchemaTracker {
+    root: IndexMap<String, Node>,
+}
+
+impl SchemaTracker {
+    /// A tracker with no columns yet (table not created).
+    pub fn new() -> Self {
+        SchemaTracker { root: IndexMap::new() }
+    }
+
+    /// A tracker whose columns are those of an existing table, all locked.
+    pub fn from_table(schema: &Schema) -> Self {
+        let root = schema
+            .as_struct()
+            .fields()
+            .iter()
+            .filter(|f| !RESERVED_COLUMNS.contains(&f.name.as_str()))
+            .map(|f| (f.name.clone(), Node::from_iceberg(&f.field_type)))
+            .collect();
+        SchemaTracker { root }
+    }
+
+    /// Checks a record against the known columns and, if it fits, learns its new fields.
+    /// A record that conflicts leaves the tracker unchanged.
+    pub fn observe(&mut self, record: &Map<String, Value>) -> Result<(), Conflict> {
+        let mut path = String::new();
+        check_object(&self.root, record, &mut path)?;
+        merge_object(&mut self.root, record);
+        Ok(())
+    }
+
+    /// Columns learned since the tracker was built, ready to add to the table.
+    pub fn additions(&self) -> Vec<Addition> {
+        let mut out = Vec::new();
+        collect_additions(&self.root, None, &mut out);
+        out
+    }
+
+    /// The full table schema for a new table: the `_kafka_*` columns, then every payload column.
+    pub fn new_table_schema(&self) -> Result<Schema, SchemaError> {
+        let mut next_id = 0;
+        let mut id = || {
+            next_id += 1;
+            next_id
+        };
+        let mut fields: Vec<NestedFieldRef> = vec![
+            Arc::new(NestedField::required(id(), "_kafka_partition", Type::Primitive(PrimitiveType::Int))),
+            Arc::new(NestedField::required(id(), "_kafka_offset", Type::Primitive(PrimitiveType::Long))),
+            Arc::new(NestedField::optional(id(), "_kafka_timestamp", Type::Primitive(PrimitiveType::Timestamptz))),
+            Arc::new(NestedField::optional(id(), "_kafka_key", Type::Primitive(PrimitiveType::String))),
+        ];
+        for a in self.additions() {
+            fields.push(Arc::new(NestedField::optional(id(), a.name, renumber(&a.field_type, &mut id))));
+        }
+        Ok(Schema::builder().with_fields(fields).build()?)
+    }
+}
+
+impl Default for SchemaTracker {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Node {
+    fn from_iceberg(t: &Type) -> Node {
+        let kind = match t {
+            Type::Primitive(PrimitiveType::Boolean) => Kind::Boolean,
+            Type::Primitive(PrimitiveType::Long) => Kind::Long,
+            Type::Primitive(PrimitiveType::Double) => Kind::Double,
+            Type::Primitive(PrimitiveType::String) => Kind::String,
+            Type::Primitive(PrimitiveType::Timestamptz) => Kind::Timestamptz,
+            Type::Primitive(PrimitiveType::Timestamp) => Kind::Timestamp,
+            Type::Struct(s) => Kind::Struct(s.fields().iter().map(|f| (f.name.clone(), Node::from_iceberg(&f.field_type))).collect()),
+            Type::List(l) => Kind::List(Box::new(Node::from_iceberg(&l.element_field.field_type))),
+            other => Kind::Other(other.clone()),
+        };
+        Node { kind: Some(kind), locked: true }
+    }
+
+    fn infer(v: &Value) -> Node {
+        let kind = match v {
+            Value::Null => None,
+            Value::Bool(_) => Some(Kind::Boolean),
+            Value::Number(n) if n.is_i64() => Some(Kind::Long),
+            Value::Number(_) => Some(Kind::Double),
+            Value::String(s) => Some(string_kind(s)),
+            Value::Object(m) => Some(Kind::Struct(m.iter().map(|(k, v)| (k.clone(), Node::infer(v))).collect())),
+            Value::Array(items) => {
+                let mut element = Node { kind: None, locked: false };
+                for item in items {
+                    merge_value(&mut element, item);
+                }
+                Some(Kind::List(Box::new(element)))
+            }
+        };
+        Node { kind, locked: false }
+    }
+
+    /// Whether this field carries enough type information to become a column.
+    fn is_known(&self) -> bool {
+        match &self.kind {
+            None => false,
+            Some(Kind::Struct(fields)) => fields.values().any(Node::is_known),
+            Some(Kind::List(element)) => element.is_known(),
+            Some(_) => true,
+        }
+    }
+
+    /// The Iceberg type of a known node (unknown children are left out).
+    fn iceberg_type(&self) -> Option<Type> {
+        if !self.is_known() {
+            return None;
+        }
+        Some(match self.kind.as_ref()? {
+            Kind::Boolean => Type::Primitive(PrimitiveType::Boolean),
+            Kind::Long => Type::Primitive(PrimitiveType::Long),
+            Kind::Double => Type::Primitive(PrimitiveType::Double),
+            Kind::String => Type::Primitive(PrimitiveType::String),
+            Kind::Timestamptz => Type::Primitive(PrimitiveType::Timestamptz),
+            Kind::Timestamp => Type::Primitive(PrimitiveType::Timestamp),
+            Kind::Struct(fields) => Type::Struct(StructType::new(
+                fields
+                    .iter()
+                    .filter_map(|(name, n)| n.iceberg_type().map(|t| Arc::new(NestedField::optional(0, name.clone(), t))))
+                    .collect(),
+            )),
+            Kind::List(element) => Type::List(ListType::new(Arc::new(NestedField::list_element(0, element.iceberg_type()?, false)))),
+            Kind::Other(t) => t.clone(),
+        })
+    }
+}
+
+fn string_kind(s: &str) -> Kind {
+    match timestamp_shape(s) {
+        Some(true) => Kind::Timestamptz,
+        Some(false) => Kind::Timestamp,
+        None => Kind::String,
+    }
+}
+
+/// `Some(true)` for an ISO-8601 date-time with an offset, `Some(false)` without one,
+/// `None` for anything else. Strict on purpose: dates alone or free text stay strings.
+pub fn timestamp_shape(s: &str) -> Option<bool> {
+    let b = s.as_bytes();
+    let digits = |r: std::ops::Range<usize>| b.get(r).is_some_and(|x| x.iter().all(u8::is_ascii_digit));
+    let shape = b.len() >= 19
+        && digits(0..4)
+        && b[4] == b'-'
+        && digits(5..7)
+        && b[7] == b'-'
+        && digits(8..10)
+        && (b[10] == b'T' || b[10] == b' ')
+        && digits(11..13)
+        && b[13] == b':'
+        && digits(14..16)
+        && b[16] == b':'
+        && digits(17..19);
+    if !shape {
+        return None;
+    }
+    let mut rest = &s[19..];
+    if let Some(frac) = rest.strip_prefix('.') {
+        let n = frac.bytes().take_while(u8::is_ascii_digit).count();
+        if n == 0 || n > 9 {
+            return None;
+        }
+        rest = &frac[n..];
+    }
+    let with_offset = match rest {
+        "" => false,
+        "Z" | "z" => true,
+        _ => {
+            let o = rest.as_bytes();
+            let sign = o[0] == b'+' || o[0] == b'-';
+            let hhmm = o.len() == 6 && o[3] == b':' && o[1..3].iter().chain(&o[4..6]).all(u8::is_ascii_digit);
+            let compact = o.len() == 5 && o[1..].iter().all(u8::is_ascii_digit);
+            if !(sign && (hhmm || compact)) {
+                return None;
+            }
+            true
+        }
+    };
+    // The shape is right; make sure the values are a real date and time.
+    let mut normal = s.replacen(' ', "T", 1);
+    if normal.ends_with(['Z', 'z']) {
+        normal.truncate(normal.len() - 1);
+        normal.push_str("+00:00");
+    }
+    let parsed = if with_offset {
+        ["%Y-%m-%dT%H:%M:%S%.f%:z", "%Y-%m-%dT%H:%M:%S%.f%z"].iter().any(|f| chrono::DateTime::parse_from_str(&normal, f).is_ok())
+    } else {
+        chrono::NaiveDateTime::parse_from_str(&normal, "%Y-%m-%dT%H:%M:%S%.f").is_ok()
+    };
+    parsed.then_some(with_offset)
+}
+
+fn describe(kind: &Kind) -> String {
+    match kind {
+        Kind::Boolean => "boolean".into(),
+        Kind::Long => "long".into(),
+        Kind::Double => "double".into(),
+        Kind::String => "string".into(),
+        Kind::Timestamptz => "timestamptz".into(),
+        Kind::Timestamp => "timestamp".into(),
+        Kind::Struct(_) => "struct".into(),
+        Kind::List(_) => "list".into(),
+        Kind::Other(t) => type_name(t),
+    }
+}
+
+/// A readable Iceberg type name: `long`, `list<double>`, `struct<a: long, b: string>`.
+pub fn type_name(t: &Type) -> String {
+    match t {
+        Type::Primitive(p) => p.to_string(),
+        Type::Struct(s) => {
+            let fields: Vec<String> = s.fields().iter().map(|f| format!("{}: {}", f.name, type_name(&f.field_type))).collect();
+            format!("struct<{}>", fields.join(", "))
+        }
+        Type::List(l) => format!("list<{}>", type_name(&l.element_field.field_type)),
+        Type::Map(m) => format!("map<{}, {}>", type_name(&m.key_field.field_type), type_name(&m.value_field.field_type)),
+    }
+}
+
+fn value_desc(v: &Value) -> String {
+    match v {
+        Value::String(s) if s.len() <= 40 => format!("string {s:?}"),
+        Value::Number(n) => format!("{} {n}", json_kind(v)),
+        other => json_kind(other).to_string(),
+    }
+}
+
+fn check_object(fields: &IndexMap<String, Node>, record: &Map<String, Value>, path: &mut String) -> Result<(), Conflict> {
+    for (name, value) in record {
+        if path.is_empty() && RESERVED_COLUMNS.contains(&name.as_str()) {
+            continue;
+        }
+        if let Some(node) = fields.get(name) {
+            let len = path.len();
+            if !path.is_empty() {
+                path.push('.');
+            }
+            path.push_str(name);
+            check_value(node, value, path)?;
+            path.truncate(len);
+        }
+    }
+    Ok(())
+}
+
+fn check_value(node: &Node, v: &Value, path: &mut String) -> Result<(), Conflict> {
+    let Some(kind) = &node.kind else { return Ok(()) };
+    if v.is_null() {
+        return Ok(());
+    }
+    let ok = match (kind, v) {
+        (Kind::Boolean, Value::Bool(_)) => true,
+        (Kind::Long, Value::Number(n)) => n.is_i64() || (!node.locked && n.is_f64()),
+        (Kind::Double, Value::Number(n)) => n.is_i64() || n.is_f64(),
+        (Kind::String, Value::String(_)) => true,
+        (Kind::Timestamptz, Value::String(s)) => !node.locked || timestamp_shape(s) == Some(true),
+        (Kind::Timestamp, Value::String(s)) => !node.locked || timestamp_shape(s) == Some(false),
+        (Kind::Struct(fields), Value::Object(m)) => return check_object(fields, m, path),
+        (Kind::List(element), Value::Array(items)) => {
+            for item in items {
+                check_value(element, item, path)?;
+            }
+            true
+        }
+        (Kind::Other(t), v) => other_accepts(t, v),
+        _ => false,
+    };
+    if ok { Ok(()) } else { Err(Conflict { path: path.clone(), column: describe(kind), value: value_desc(v) }) }
+}
+
+/// What a JSON value must look like to go into a column of a type inference never produces.
+fn other_accepts(t: &Type, v: &Value) -> bool {
+    match (t, v) {
+        (Type::Primitive(PrimitiveType::Int), Value::Number(n)) => n.as_i64().is_some_and(|i| i32::try_from(i).is_ok()),
+        (Type::Primitive(PrimitiveType::Float | PrimitiveType::Decimal { .. }), Value::Number(_)) => true,
+        (Type::Primitive(PrimitiveType::Decimal { .. } | PrimitiveType::Date | PrimitiveType::Uuid | PrimitiveType::Time), Value::String(_)) => true,
+        (Type::Map(_), Value::Object(_)) => true,
+        _ => false,
+    }
+}
+
+fn merge_object(fields: &mut IndexMap<String, Node>, record: &Map<String, Value>) {
+    for (name, value) in record {
+        match fields.get_mut(name) {
+            Some(node) => merge_value(node, value),
+            None => {
+                fields.insert(name.clone(), Node::infer(value));
+            }
+        }
+    }
+}
+
+/// Widens `node` so that it holds `v` (the value was checked before).
+fn merge_value(node: &mut Node, v: &Value) {
+    if v.is_null() {
+        return;
+    }
+    let Some(kind) = &mut node.kind else {
+        node.kind = Node::infer(v).kind;
+        return;
+    };
+    match (kind, v) {
+        (Kind::Struct(fields), Value::Object(m)) => merge_object(fields, m),
+        (Kind::List(element), Value::Array(items)) => {
+            for item in items {
+                merge_value(element, item);
+            }
+        }
+        (k @ Kind::Long, Value::Number(n)) if n.is_f64() && !node.locked => *k = Kind::Double,
+        (k @ (Kind::Timestamptz | Kind::Timestamp), Value::String(s)) if !node.locked => {
+            let seen = string_kind(s);
+            if seen != *k {
+                *k = Kind::String;
+            }
+        }
+        _ => {}
+    }
+}
+
+fn collect_additions(fields: &IndexMap<String, Node>, parent: Option<&str>, out: &mut Vec<Addition>) {
+    for (name, node) in fields {
+        if parent.is_none() && RESERVED_COLUMNS.contains(&name.as_str()) {
+            continue;
+        }
+        let path = match parent {
+            Some(p) => format!("{p}.{name}"),
+            None => name.clone(),
+        };
+        if !node.locked {
+            if let Some(t) = node.iceberg_type() {
+                out.push(Addition { parent: parent.map(str::to_string), name: name.clone(), field_type: t });
+            }
+            continue;
+        }
+        match &node.kind {
+            Some(Kind::Struct(children)) => collect_additions(children, Some(&path), out),
+            Some(Kind::List(element)) => {
+                if let Some(Kind::Struct(children)) = &element.kind {
+                    collect_additions(children, Some(&path), out);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Gives every nested field of a new column a fresh id.
+fn renumber(t: &Type, id: &mut impl FnMut() -> i32) -> Type {
+    match t {
+        Type::Struct(s) => Type::Struct(StructType::new(
+            s.fields()
+                .iter()
+                .map(|f| Arc::new(NestedField::optional(id(), f.name.clone(), renumber(&f.field_type, id))))
+                .collect(),
+        )),
+        Type::List(l) => {
+            let element_id = id();
+            Type::List(ListType::new(Arc::new(NestedField::list_element(
+                element_id,
+                renumber(&l.element_field.field_type, id),
+                l.element_field.required,
+            ))))
+        }
+        other => other.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

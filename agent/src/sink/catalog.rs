@@ -1,0 +1,61 @@
+//! Opening the configured catalog.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use iceberg::io::LocalFsStorageFactory;
+use iceberg::{Catalog, CatalogBuilder};
+use iceberg_catalog_sql::SqlCatalogBuilder;
+use serde::Deserialize;
+
+use super::SinkError;
+
+/// `[catalogs.NAME]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
+pub enum CatalogConfig {
+    /// A SQLite catalog file plus a local warehouse directory; no server.
+    /// The file uses the Iceberg JDBC/SQL catalog layout (`iceberg_tables`,
+    /// `iceberg_namespace_properties`), so PyIceberg's `SqlCatalog` opens it too.
+    Embedded {
+        /// SQLite file (created if missing).
+        path: PathBuf,
+        /// Directory holding table data and metadata (created if missing).
+        warehouse: PathBuf,
+    },
+}
+
+/// Opens a catalog and checks that it answers (by listing namespaces).
+pub async fn open_catalog(name: &str, config: &CatalogConfig) -> Result<Arc<dyn Catalog>, SinkError> {
+    match config {
+        CatalogConfig::Embedded { path, warehouse } => {
+            let db = absolute(path)?;
+            let wh = absolute(warehouse)?;
+            if let Some(dir) = db.parent() {
+                std::fs::create_dir_all(dir).map_err(|e| SinkError::Io(format!("cannot create {}: {e}", dir.display())))?;
+            }
+            std::fs::create_dir_all(&wh).map_err(|e| SinkError::Io(format!("cannot create {}: {e}", wh.display())))?;
+            let detail = format!("sqlite file {}", db.display());
+            let unreachable = |source| SinkError::Unreachable { catalog: name.to_string(), detail: detail.clone(), source };
+            let props = HashMap::from([
+                ("uri".to_string(), format!("sqlite://{}?mode=rwc", db.display())),
+                ("warehouse".to_string(), format!("file://{}", wh.display())),
+                ("sql_bind_style".to_string(), "QMark".to_string()),
+                // SQLite allows one writer; a small pool avoids lock errors.
+                ("pool.max-connections".to_string(), "1".to_string()),
+            ]);
+            let catalog = SqlCatalogBuilder::default()
+                .with_storage_factory(Arc::new(LocalFsStorageFactory))
+                .load(name, props)
+                .await
+                .map_err(unreachable)?;
+            catalog.list_namespaces(None).await.map_err(unreachable)?;
+            Ok(Arc::new(catalog))
+        }
+    }
+}
+
+fn absolute(p: &Path) -> Result<PathBuf, SinkError> {
+    std::path::absolute(p).map_err(|e| SinkError::Io(format!("bad path {}: {e}", p.display())))
+}

@@ -1,0 +1,158 @@
+//! Sink stage: Parquet data files and Iceberg commits.
+//!
+//! - `catalog`: opens the configured catalog (embedded SQLite + local warehouse today).
+//! - `table`: loads or creates the target table, evolves its schema, writes Parquet files
+//!   and commits them as one snapshot that carries the Kafka offsets.
+//! - `fence`: a thin catalog wrapper that re-checks, at every commit attempt, that no
+//!   other writer moved this pipeline's offsets, which is what makes commits exactly-once.
+
+mod catalog;
+mod fence;
+mod table;
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+pub use catalog::{CatalogConfig, open_catalog};
+pub use fence::FencedCatalog;
+pub use table::{CommitOutcome, TableSink};
+
+/// `[pipelines.sink]`: target table and commit policy.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SinkConfig {
+    /// Name of a `[catalogs.NAME]` entry.
+    pub catalog: String,
+    /// Namespace; dots separate levels (`analytics.raw`).
+    pub namespace: String,
+    /// Table name.
+    pub table: String,
+    /// Create the namespace and table (from the first records' schema) if missing.
+    /// Off by default: production jobs rarely hold the privilege to create tables.
+    #[serde(default)]
+    pub create_table: bool,
+    /// `append`: every message becomes a row.
+    #[serde(default)]
+    pub mode: Mode,
+    /// How often buffered records are committed as one snapshot (default 60s, at least 1s).
+    #[serde(default = "default_commit_interval", deserialize_with = "crate::config::duration::deserialize")]
+    pub commit_interval: Duration,
+    /// Commit early once this many bytes of message values are buffered (default 64MiB).
+    #[serde(default = "default_flush_bytes", deserialize_with = "crate::config::size::deserialize")]
+    pub flush_bytes: u64,
+    /// Commit early once this many records are buffered (default 1,000,000).
+    #[serde(default = "default_flush_records")]
+    pub flush_records: usize,
+    /// Roll to a new Parquet file past this size (default 512MiB).
+    #[serde(default = "default_target_file_size", deserialize_with = "crate::config::size::deserialize")]
+    pub target_file_size: u64,
+}
+
+/// Write mode.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Every message is a row, with `_kafka_partition`, `_kafka_offset`, `_kafka_timestamp`, `_kafka_key`.
+    #[default]
+    Append,
+}
+
+fn default_commit_interval() -> Duration {
+    Duration::from_secs(60)
+}
+fn default_flush_bytes() -> u64 {
+    64 * 1024 * 1024
+}
+fn default_flush_records() -> usize {
+    1_000_000
+}
+fn default_target_file_size() -> u64 {
+    512 * 1024 * 1024
+}
+
+impl SinkConfig {
+    /// Problems serde cannot see, as `(field, message)` pairs.
+    pub fn problems(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        if self.commit_interval < Duration::from_secs(1) {
+            out.push(("commit_interval".into(), "must be at least 1s".into()));
+        }
+        if self.flush_bytes == 0 {
+            out.push(("flush_bytes".into(), "must be positive".into()));
+        }
+        if self.flush_records == 0 {
+            out.push(("flush_records".into(), "must be positive".into()));
+        }
+        if self.table.trim().is_empty() {
+            out.push(("table".into(), "must not be empty".into()));
+        }
+        if self.namespace.split('.').any(|p| p.trim().is_empty()) {
+            out.push(("namespace".into(), "must be non-empty names separated by '.'".into()));
+        }
+        out
+    }
+}
+
+/// Errors of the sink stage.
+#[derive(Debug, thiserror::Error)]
+pub enum SinkError {
+    /// The catalog could not be opened or did not answer.
+    #[error("catalog {catalog:?} is unreachable ({detail}): {source}")]
+    Unreachable {
+        /// Catalog name from the config.
+        catalog: String,
+        /// Where we tried to reach it.
+        detail: String,
+        /// The cause.
+        source: iceberg::Error,
+    },
+    /// The target table does not exist and `create_table` is off.
+    #[error("table {0} does not exist; create it or set `create_table = true`")]
+    MissingTable(String),
+    /// Another writer committed offsets of this pipeline; our commit was refused.
+    #[error("commit fenced: {0}")]
+    Fenced(String),
+    /// Stored offsets could not be read.
+    #[error(transparent)]
+    Offsets(#[from] crate::offsets::OffsetsError),
+    /// The records could not be turned into Arrow batches.
+    #[error(transparent)]
+    Batch(#[from] crate::batch::BatchError),
+    /// The schema could not be built.
+    #[error(transparent)]
+    Schema(#[from] crate::schema::SchemaError),
+    /// Any other catalog or storage error.
+    #[error("Iceberg {operation} failed for {table}: {source}")]
+    Iceberg {
+        /// What we were doing.
+        operation: &'static str,
+        /// Table identifier.
+        table: String,
+        /// The cause.
+        source: iceberg::Error,
+    },
+    /// Local I/O (creating warehouse directories).
+    #[error("{0}")]
+    Io(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_limits() {
+        let c: SinkConfig = toml::from_str("catalog = \"local\"\nnamespace = \"a.b\"\ntable = \"t\"").unwrap();
+        assert_eq!(c.commit_interval, Duration::from_secs(60));
+        assert_eq!(c.flush_bytes, 64 << 20);
+        assert!(!c.create_table);
+        assert!(c.problems().is_empty());
+        let c: SinkConfig = toml::from_str("catalog = \"l\"\nnamespace = \"a..b\"\ntable = \"t\"\ncommit_interval = \"500ms\"\nflush_bytes = \"1KiB\"").unwrap();
+        assert_eq!(c.flush_bytes, 1024);
+        let fields: Vec<_> = c.problems().into_iter().map(|p| p.0).collect();
+        assert_eq!(fields, ["commit_interval", "namespace"]);
+        let e = toml::from_str::<SinkConfig>("catalog = \"l\"\nnamespace = \"n\"\ntable = \"t\"\ncommit_interval = \"soon\"").unwrap_err();
+        assert!(e.to_string().contains("invalid duration"), "{e}");
+    }
+}
