@@ -14,7 +14,11 @@ pub const AFTER_COMMIT: &str = "after_commit";
 /// Parks the process forever if `name` is the configured failpoint.
 pub fn hit(name: &str) {
     static ARMED: OnceLock<Option<String>> = OnceLock::new();
-    let armed = ARMED.get_or_init(|| std::env::var("FLOE_FAILPOINT").ok().filter(|s| !s.is_empty()));
+    let armed = ARMED.get_or_init(|| {
+        std::env::var("FLOE_FAILPOINT")
+            .ok()
+            .filter(|s| !s.is_empty())
+    });
     if armed.as_deref() == Some(name) {
         eprintln!("FLOE_FAILPOINT {name} reached");
         loop {

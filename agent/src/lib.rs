@@ -60,7 +60,10 @@ pub enum FloeError {
 
 /// Runs every pipeline of `config` until `shutdown` completes (then commits what is
 /// buffered and returns) or a pipeline fails (then stops the others and returns its error).
-pub async fn run(config: config::Config, shutdown: impl Future<Output = ()>) -> Result<(), FloeError> {
+pub async fn run(
+    config: config::Config,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), FloeError> {
     if let Some(m) = &config.metrics {
         telemetry::install(m)?;
     }
@@ -76,7 +79,12 @@ pub async fn run(config: config::Config, shutdown: impl Future<Output = ()>) -> 
     let mut tasks = JoinSet::new();
     for p in config.pipelines {
         let catalog = catalogs[&p.sink.catalog].clone();
-        tasks.spawn(pipeline::run_pipeline(p, catalog, writer_id.clone(), stop_rx.clone()));
+        tasks.spawn(pipeline::run_pipeline(
+            p,
+            catalog,
+            writer_id.clone(),
+            stop_rx.clone(),
+        ));
     }
     tokio::pin!(shutdown);
     let mut first_error = None;

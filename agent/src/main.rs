@@ -35,7 +35,12 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Validate { config } => match Config::load(&config) {
             Ok(c) => {
-                println!("{}: ok ({} pipeline(s), {} catalog(s))", config.display(), c.pipelines.len(), c.catalogs.len());
+                println!(
+                    "{}: ok ({} pipeline(s), {} catalog(s))",
+                    config.display(),
+                    c.pipelines.len(),
+                    c.catalogs.len()
+                );
                 ExitCode::SUCCESS
             }
             Err(e) => {
@@ -52,7 +57,10 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .expect("tokio runtime");
             match runtime.block_on(floe::run(config, shutdown_signal())) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {

@@ -19,7 +19,9 @@ use crate::decode::decode_json;
 use crate::offsets::OffsetMap;
 use crate::schema::SchemaTracker;
 use crate::sink::{CommitOutcome, SinkError, TableSink};
-use crate::source::{KafkaRecord, KafkaSource, Positions, SourceCommand, SourceError, SourceEvent, TopicPartition};
+use crate::source::{
+    KafkaRecord, KafkaSource, Positions, SourceCommand, SourceError, SourceEvent, TopicPartition,
+};
 use crate::transform::TransformChain;
 use crate::{failpoint, telemetry};
 
@@ -32,7 +34,7 @@ pub enum PipelineError {
         /// Pipeline name.
         pipeline: String,
         /// Cause.
-        source: SourceError,
+        source: Box<SourceError>,
     },
     /// Iceberg side.
     #[error("pipeline {pipeline}: {source}")]
@@ -40,7 +42,7 @@ pub enum PipelineError {
         /// Pipeline name.
         pipeline: String,
         /// Cause.
-        source: SinkError,
+        source: Box<SinkError>,
     },
     /// Dead-letter file.
     #[error("pipeline {pipeline}: {source}")]
@@ -48,7 +50,7 @@ pub enum PipelineError {
         /// Pipeline name.
         pipeline: String,
         /// Cause.
-        source: DeadLetterError,
+        source: Box<DeadLetterError>,
     },
 }
 
@@ -71,18 +73,38 @@ struct Pipeline {
 }
 
 /// Runs one pipeline until `shutdown` turns true or an error stops it.
-pub async fn run_pipeline(config: PipelineConfig, catalog: Arc<dyn Catalog>, writer_id: String, mut shutdown: watch::Receiver<bool>) -> Result<(), PipelineError> {
+pub async fn run_pipeline(
+    config: PipelineConfig,
+    catalog: Arc<dyn Catalog>,
+    writer_id: String,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), PipelineError> {
     let name = config.name.clone();
-    let sink_err = |source| PipelineError::Sink { pipeline: name.clone(), source };
-    let sink = TableSink::open(catalog, &config.sink, &config.name, &writer_id).await.map_err(sink_err)?;
+    let sink_err = |source| PipelineError::Sink {
+        pipeline: name.clone(),
+        source: Box::new(source),
+    };
+    let sink = TableSink::open(catalog, &config.sink, &config.name, &writer_id)
+        .await
+        .map_err(sink_err)?;
     let committed = sink.stored_offsets().map_err(sink_err)?;
     let positions = Arc::new(Positions::default());
     positions.replace(committed.0.clone());
-    let dead_letters = DeadLetterWriter::open(&config.name, &config.dead_letter)
-        .map_err(|source| PipelineError::DeadLetter { pipeline: name.clone(), source })?;
+    let dead_letters =
+        DeadLetterWriter::open(&config.name, &config.dead_letter).map_err(|source| {
+            PipelineError::DeadLetter {
+                pipeline: name.clone(),
+                source: Box::new(source),
+            }
+        })?;
     tracing::info!(pipeline = %name, table = %sink.ident(), partitions_with_offsets = committed.0.len(), "resuming from offsets stored in the table");
-    let mut source = KafkaSource::start(&config.name, &config.source, positions.clone())
-        .map_err(|source| PipelineError::Source { pipeline: name.clone(), source })?;
+    let mut source =
+        KafkaSource::start(&config.name, &config.source, positions.clone()).map_err(|source| {
+            PipelineError::Source {
+                pipeline: name.clone(),
+                source: Box::new(source),
+            }
+        })?;
 
     let mut p = Pipeline {
         tracker: sink.tracker(),
@@ -111,8 +133,8 @@ pub async fn run_pipeline(config: PipelineConfig, catalog: Arc<dyn Catalog>, wri
                     Some(SourceEvent::Records(records)) => p.accept_all(records),
                     Some(SourceEvent::Assigned(tps)) => { p.assigned = tps; Ok(()) }
                     Some(SourceEvent::Revoked) => { p.discard_buffer(); Ok(()) }
-                    Some(SourceEvent::Failed(reason)) => Err(PipelineError::Source { pipeline: name.clone(), source: SourceError::Stopped(reason) }),
-                    None => Err(PipelineError::Source { pipeline: name.clone(), source: SourceError::Stopped("channel closed".into()) }),
+                    Some(SourceEvent::Failed(reason)) => Err(PipelineError::Source { pipeline: name.clone(), source: Box::new(SourceError::Stopped(reason)) }),
+                    None => Err(PipelineError::Source { pipeline: name.clone(), source: Box::new(SourceError::Stopped("channel closed".into())) }),
                 };
                 if let Err(e) = step { break Err(e); }
                 if p.buffer_full() && let Err(e) = p.flush(&source).await { break Err(e); }
@@ -129,7 +151,8 @@ pub async fn run_pipeline(config: PipelineConfig, catalog: Arc<dyn Catalog>, wri
 
 impl Pipeline {
     fn buffer_full(&self) -> bool {
-        self.buffer_bytes >= self.config.sink.flush_bytes || self.buffer.len() >= self.config.sink.flush_records
+        self.buffer_bytes >= self.config.sink.flush_bytes
+            || self.buffer.len() >= self.config.sink.flush_records
     }
 
     fn accept_all(&mut self, records: Vec<KafkaRecord>) -> Result<(), PipelineError> {
@@ -148,8 +171,16 @@ impl Pipeline {
             return Ok(());
         }
         self.next.insert(tp, record.offset + 1);
-        if record.key.as_deref().is_some_and(|k| std::str::from_utf8(k).is_err()) {
-            return self.dead_letter(&record, "decode", "message key is not UTF-8 (the _kafka_key column is a string)");
+        if record
+            .key
+            .as_deref()
+            .is_some_and(|k| std::str::from_utf8(k).is_err())
+        {
+            return self.dead_letter(
+                &record,
+                "decode",
+                "message key is not UTF-8 (the _kafka_key column is a string)",
+            );
         }
         if let Some(value) = &record.value {
             let decoded = match decode_json(value) {
@@ -167,12 +198,20 @@ impl Pipeline {
         Ok(())
     }
 
-    fn dead_letter(&mut self, record: &KafkaRecord, stage: &'static str, reason: &str) -> Result<(), PipelineError> {
+    fn dead_letter(
+        &mut self,
+        record: &KafkaRecord,
+        stage: &'static str,
+        reason: &str,
+    ) -> Result<(), PipelineError> {
         tracing::debug!(pipeline = %self.config.name, topic = %record.topic, partition = record.partition, offset = record.offset, stage, reason, "dead-lettered");
         telemetry::records_failed(&self.config.name, stage);
         self.dead_letters
             .write(record, stage, reason)
-            .map_err(|source| PipelineError::DeadLetter { pipeline: self.config.name.clone(), source })?;
+            .map_err(|source| PipelineError::DeadLetter {
+                pipeline: self.config.name.clone(),
+                source: Box::new(source),
+            })?;
         Ok(())
     }
 
@@ -188,24 +227,35 @@ impl Pipeline {
     async fn flush(&mut self, source: &KafkaSource) -> Result<(), PipelineError> {
         self.last_flush = Instant::now();
         let mut offsets = self.committed.clone();
-        offsets.0.extend(self.next.iter().map(|(tp, o)| (tp.clone(), *o)));
+        offsets
+            .0
+            .extend(self.next.iter().map(|(tp, o)| (tp.clone(), *o)));
         if offsets == self.committed {
             return Ok(());
         }
         let started = Instant::now();
         let name = self.config.name.clone();
-        let sink_err = |source| PipelineError::Sink { pipeline: name.clone(), source };
+        let sink_err = |source| PipelineError::Sink {
+            pipeline: name.clone(),
+            source: Box::new(source),
+        };
         failpoint::hit(failpoint::BEFORE_WRITE);
         let files = if self.buffer.is_empty() {
             Vec::new()
         } else {
-            self.sink.apply_schema(&self.tracker).await.map_err(sink_err)?;
+            self.sink
+                .apply_schema(&self.tracker)
+                .await
+                .map_err(sink_err)?;
             self.sink.write(&self.buffer).await.map_err(sink_err)?
         };
         failpoint::hit(failpoint::AFTER_WRITE);
         self.dead_letters
             .sync()
-            .map_err(|source| PipelineError::DeadLetter { pipeline: name.clone(), source })?;
+            .map_err(|source| PipelineError::DeadLetter {
+                pipeline: name.clone(),
+                source: Box::new(source),
+            })?;
         match self.sink.commit(files, &self.committed, &offsets).await {
             Ok(CommitOutcome::Committed { snapshot_id, files }) => {
                 failpoint::hit(failpoint::AFTER_COMMIT);
@@ -219,7 +269,11 @@ impl Pipeline {
                 self.buffer.clear();
                 self.buffer_bytes = 0;
                 self.tracker = self.sink.tracker();
-                let group: Vec<_> = self.assigned.iter().filter_map(|tp| self.committed.0.get(tp).map(|o| (tp.clone(), *o))).collect();
+                let group: Vec<_> = self
+                    .assigned
+                    .iter()
+                    .filter_map(|tp| self.committed.0.get(tp).map(|o| (tp.clone(), *o)))
+                    .collect();
                 source.command(SourceCommand::CommitGroupOffsets(group));
                 Ok(())
             }
@@ -231,7 +285,11 @@ impl Pipeline {
                 self.committed = self.sink.stored_offsets().map_err(sink_err)?;
                 self.positions.replace(self.committed.0.clone());
                 self.discard_buffer();
-                let seek = self.assigned.iter().map(|tp| (tp.clone(), self.committed.0.get(tp).copied())).collect();
+                let seek = self
+                    .assigned
+                    .iter()
+                    .map(|tp| (tp.clone(), self.committed.0.get(tp).copied()))
+                    .collect();
                 source.command(SourceCommand::Seek(seek));
                 Ok(())
             }

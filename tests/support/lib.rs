@@ -1,1 +1,504 @@
-//! test support
+//! Shared support for Floe's integration tests: a real Kafka-protocol broker (Tansu)
+//! per test on a free loopback port, a real producer (rdkafka), the agent (in-process
+//! or as the `floe` binary), and independent readers (PyIceberg, DuckDB) run through
+//! `tests/readers/read_table.py`.
+//!
+//! The tools come from `scripts/setup.sh`; `scripts/test.sh` exports their paths
+//! (`FLOE_TANSU`, `FLOE_PYTHON`) and builds the `floe` binary (`FLOE_BIN`).
+
+use std::io::{BufRead, BufReader};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use iceberg::{Catalog, TableIdent};
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use serde_json::Value;
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("repo root")
+        .to_path_buf()
+}
+
+fn tool(var: &str) -> PathBuf {
+    match std::env::var_os(var) {
+        Some(p) => PathBuf::from(p),
+        None => panic!(
+            "{var} is not set: run the tests with scripts/test.sh (it installs and exports the tools)"
+        ),
+    }
+}
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// A Kafka message to produce: key and value (a `None` value is a tombstone).
+pub type Message = (Option<Vec<u8>>, Option<Vec<u8>>);
+
+/// A Tansu broker on a loopback port, killed on drop.
+pub struct Broker {
+    child: Child,
+    /// `127.0.0.1:PORT`.
+    pub bootstrap: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Broker {
+    /// Starts a broker and waits until it accepts connections.
+    pub fn start() -> Result<Broker> {
+        let port = free_port();
+        let dir = tempfile::tempdir()?;
+        let url = format!("tcp://127.0.0.1:{port}");
+        let log = std::fs::File::create(dir.path().join("broker.log"))?;
+        let child = Command::new(tool("FLOE_TANSU"))
+            .args([
+                "broker",
+                "--listener-url",
+                &url,
+                "--advertised-listener-url",
+                &url,
+                "--storage-engine",
+                "memory://tansu/",
+            ])
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("start tansu")?;
+        let bootstrap = format!("127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(&bootstrap).is_err() {
+            if Instant::now() > deadline {
+                bail!("broker did not listen on {bootstrap} within 20s");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(Broker {
+            child,
+            bootstrap,
+            _dir: dir,
+        })
+    }
+
+    /// Creates a topic with `partitions` partitions.
+    pub async fn create_topic(&self, name: &str, partitions: i32) -> Result<()> {
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", &self.bootstrap)
+            .create()?;
+        let results = admin
+            .create_topics(
+                &[NewTopic::new(name, partitions, TopicReplication::Fixed(1))],
+                &AdminOptions::new(),
+            )
+            .await?;
+        for r in results {
+            r.map_err(|(t, e)| anyhow::anyhow!("create topic {t}: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Produces messages (key, value) with an idempotent producer; the partition follows the key.
+    pub async fn produce(&self, topic: &str, messages: &[Message]) -> Result<()> {
+        let producer: FutureProducer = ClientConfig::new()
+            .set("bootstrap.servers", &self.bootstrap)
+            .set("enable.idempotence", "true")
+            .set("linger.ms", "5")
+            .create()?;
+        let mut deliveries = Vec::with_capacity(messages.len());
+        for (key, value) in messages {
+            let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic);
+            if let Some(k) = key {
+                record = record.key(k.as_slice());
+            }
+            if let Some(v) = value {
+                record = record.payload(v.as_slice());
+            }
+            // Enqueue now (send_result does not wait); on a full queue, wait for room.
+            loop {
+                match producer.send_result(record) {
+                    Ok(delivery) => break deliveries.push(delivery),
+                    Err((
+                        rdkafka::error::KafkaError::MessageProduction(
+                            rdkafka::types::RDKafkaErrorCode::QueueFull,
+                        ),
+                        r,
+                    )) => {
+                        record = r;
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    Err((e, _)) => bail!("produce: {e}"),
+                }
+            }
+        }
+        for d in deliveries {
+            d.await?
+                .map_err(|(e, _)| anyhow::anyhow!("delivery: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A working directory with an embedded catalog and a config for one pipeline.
+pub struct Workspace {
+    /// Temporary directory holding catalog, warehouse, dead letters and config.
+    pub dir: tempfile::TempDir,
+}
+
+/// Settings of the single pipeline a test config declares.
+pub struct PipelineSpec<'a> {
+    /// Pipeline name.
+    pub name: &'a str,
+    /// Broker address.
+    pub bootstrap: &'a str,
+    /// Topic.
+    pub topic: &'a str,
+    /// Namespace.
+    pub namespace: &'a str,
+    /// Table.
+    pub table: &'a str,
+    /// Commit interval, e.g. `"1s"`.
+    pub commit_interval: &'a str,
+}
+
+impl Workspace {
+    /// A fresh directory.
+    pub fn new() -> Result<Workspace> {
+        Ok(Workspace {
+            dir: tempfile::tempdir()?,
+        })
+    }
+
+    /// Path inside the workspace.
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    /// Writes `floe.toml` for one pipeline on the embedded catalog `local`; returns its path.
+    pub fn write_config(&self, spec: &PipelineSpec<'_>) -> Result<PathBuf> {
+        let d = self.dir.path().display();
+        let text = format!(
+            r#"
+[catalogs.local]
+type = "embedded"
+path = "{d}/catalog.db"
+warehouse = "{d}/warehouse"
+
+[[pipelines]]
+name = "{name}"
+[pipelines.source]
+bootstrap_servers = "{bootstrap}"
+group_id = "floe-{name}"
+topics = ["{topic}"]
+[pipelines.source.properties]
+"session.timeout.ms" = "2000"
+"heartbeat.interval.ms" = "500"
+[pipelines.sink]
+catalog = "local"
+namespace = "{ns}"
+table = "{table}"
+create_table = true
+commit_interval = "{interval}"
+[pipelines.dead_letter]
+path = "{d}/dead-letter.ndjson"
+"#,
+            name = spec.name,
+            bootstrap = spec.bootstrap,
+            topic = spec.topic,
+            ns = spec.namespace,
+            table = spec.table,
+            interval = spec.commit_interval,
+        );
+        let path = self.path("floe.toml");
+        std::fs::write(&path, text)?;
+        Ok(path)
+    }
+
+    /// Opens the embedded catalog read-side, for polling progress.
+    pub async fn catalog(&self) -> Result<Arc<dyn Catalog>> {
+        let config = floe::sink::CatalogConfig::Embedded {
+            path: self.path("catalog.db"),
+            warehouse: self.path("warehouse"),
+        };
+        Ok(floe::sink::open_catalog("local", &config).await?)
+    }
+
+    /// Rows committed to a table so far (from snapshot summaries; 0 if no table yet).
+    pub async fn committed_rows(&self, namespace: &str, table: &str) -> Result<i64> {
+        let catalog = self.catalog().await?;
+        let ident = TableIdent::from_strs([namespace, table])?;
+        let Ok(t) = catalog.load_table(&ident).await else {
+            return Ok(0);
+        };
+        Ok(t.metadata()
+            .current_snapshot()
+            .and_then(|s| {
+                s.summary()
+                    .additional_properties
+                    .get("total-records")
+                    .and_then(|v| v.parse().ok())
+            })
+            .unwrap_or(0))
+    }
+
+    /// Waits until the table holds at least `rows` rows.
+    pub async fn wait_for_rows(
+        &self,
+        namespace: &str,
+        table: &str,
+        rows: i64,
+        timeout: Duration,
+    ) -> Result<Duration> {
+        let start = Instant::now();
+        loop {
+            let n = self.committed_rows(namespace, table).await?;
+            if n >= rows {
+                return Ok(start.elapsed());
+            }
+            if start.elapsed() > timeout {
+                bail!("table {namespace}.{table} has {n} rows after {timeout:?}, expected {rows}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Reads a table with an independent reader (`pyiceberg` or `duckdb`).
+    pub fn read(
+        &self,
+        reader: &str,
+        namespace: &str,
+        table: &str,
+        order_by: &str,
+    ) -> Result<TableDump> {
+        let out = Command::new(tool("FLOE_PYTHON"))
+            .arg(repo_root().join("tests/readers/read_table.py"))
+            .args([
+                "--reader",
+                reader,
+                "--catalog-name",
+                "local",
+                "--table",
+                &format!("{namespace}.{table}"),
+                "--order-by",
+                order_by,
+            ])
+            .arg("--catalog-db")
+            .arg(self.path("catalog.db"))
+            .arg("--warehouse")
+            .arg(self.path("warehouse"))
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "{reader} reader failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let v: Value = serde_json::from_slice(&out.stdout).context("reader output is JSON")?;
+        Ok(TableDump(v))
+    }
+}
+
+/// What a reader saw.
+pub struct TableDump(pub Value);
+
+impl TableDump {
+    /// The rows, as JSON objects.
+    pub fn rows(&self) -> &Vec<Value> {
+        self.0["rows"].as_array().expect("rows")
+    }
+    /// Column names.
+    pub fn columns(&self) -> Vec<String> {
+        self.0["columns"]
+            .as_array()
+            .expect("columns")
+            .iter()
+            .map(|c| c[0].as_str().expect("name").to_string())
+            .collect()
+    }
+    /// Number of snapshots of the table.
+    pub fn snapshot_count(&self) -> i64 {
+        self.0["snapshot_count"].as_i64().expect("snapshot_count")
+    }
+}
+
+/// The `floe` binary as a child process, its stderr captured line by line.
+pub struct AgentProcess {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl AgentProcess {
+    /// Starts `floe run --config CONFIG` with extra environment variables.
+    pub fn start(config: &Path, env: &[(&str, &str)]) -> Result<AgentProcess> {
+        let mut cmd = Command::new(floe_bin());
+        cmd.args(["run", "--config"])
+            .arg(config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().context("start floe")?;
+        let stderr = child.stderr.take().expect("stderr");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                sink.lock().expect("lines").push(line);
+            }
+        });
+        Ok(AgentProcess { child, lines })
+    }
+
+    /// Waits until a stderr line contains `needle`.
+    pub fn wait_for_line(&mut self, needle: &str, timeout: Duration) -> Result<()> {
+        let start = Instant::now();
+        loop {
+            if self
+                .lines
+                .lock()
+                .expect("lines")
+                .iter()
+                .any(|l| l.contains(needle))
+            {
+                return Ok(());
+            }
+            if let Some(status) = self.child.try_wait()? {
+                bail!(
+                    "floe exited ({status}) before printing {needle:?}:\n{}",
+                    self.output()
+                );
+            }
+            if start.elapsed() > timeout {
+                bail!(
+                    "floe did not print {needle:?} within {timeout:?}:\n{}",
+                    self.output()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Everything printed on stderr so far.
+    pub fn output(&self) -> String {
+        self.lines.lock().expect("lines").join("\n")
+    }
+
+    /// SIGKILL, no chance to clean up.
+    pub fn kill9(mut self) -> Result<()> {
+        self.child.kill()?;
+        self.child.wait()?;
+        Ok(())
+    }
+
+    /// SIGTERM and wait for a clean exit.
+    pub fn terminate(mut self) -> Result<String> {
+        Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()?;
+        let status = self.child.wait()?;
+        std::thread::sleep(Duration::from_millis(100));
+        let out = self.output();
+        if !status.success() {
+            bail!("floe exited with {status}:\n{out}");
+        }
+        Ok(out)
+    }
+
+    /// Waits for the process to exit by itself.
+    pub fn wait_exit(mut self, timeout: Duration) -> Result<(std::process::ExitStatus, String)> {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                std::thread::sleep(Duration::from_millis(100));
+                return Ok((status, self.output()));
+            }
+            if start.elapsed() > timeout {
+                let _ = self.child.kill();
+                bail!("floe still running after {timeout:?}:\n{}", self.output());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Path of the `floe` binary (`FLOE_BIN`, else next to the test executable).
+pub fn floe_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("FLOE_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("test exe");
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .join("floe");
+    assert!(
+        bin.exists(),
+        "{} not found: build it first (cargo build -p floe-agent --bin floe)",
+        bin.display()
+    );
+    bin
+}
+
+/// Runs `floe` to completion with arguments, returning (exit code, stdout, stderr).
+pub fn floe_cmd(args: &[&str]) -> Result<(i32, String, String)> {
+    let out = Command::new(floe_bin()).args(args).output()?;
+    Ok((
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    ))
+}
+
+/// The agent running in-process (same runtime as the test).
+pub struct InProcessAgent {
+    stop: tokio::sync::oneshot::Sender<()>,
+    handle: tokio::task::JoinHandle<Result<(), floe::FloeError>>,
+}
+
+impl InProcessAgent {
+    /// Asks for a graceful stop (commit what is buffered) and waits for it.
+    pub async fn stop(self) -> Result<()> {
+        let _ = self.stop.send(());
+        self.handle.await??;
+        Ok(())
+    }
+}
+
+/// Starts the agent in-process with the given config file.
+pub fn spawn_agent(config: &Path) -> Result<InProcessAgent> {
+    let config = floe::config::Config::load(config).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+    let handle = tokio::spawn(floe::run(config, async move {
+        let _ = rx.await;
+    }));
+    Ok(InProcessAgent { stop, handle })
+}

@@ -6,7 +6,9 @@
 
 use std::sync::Arc;
 
-use arrow_array::builder::{Int32Builder, Int64Builder, StringBuilder, TimestampMicrosecondBuilder};
+use arrow_array::builder::{
+    Int32Builder, Int64Builder, StringBuilder, TimestampMicrosecondBuilder,
+};
 use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::{Schema as ArrowSchema, SchemaRef};
 use iceberg::spec::Schema;
@@ -44,7 +46,10 @@ impl BatchEncoder {
             .filter(|f| !RESERVED_COLUMNS.contains(&f.name().as_str()))
             .cloned()
             .collect();
-        Ok(BatchEncoder { schema, payload_schema: Arc::new(ArrowSchema::new(payload_fields)) })
+        Ok(BatchEncoder {
+            schema,
+            payload_schema: Arc::new(ArrowSchema::new(payload_fields)),
+        })
     }
 
     /// The full Arrow schema, `_kafka_*` columns included.
@@ -76,11 +81,13 @@ impl BatchEncoder {
             None => RecordBatch::new_empty(self.payload_schema.clone()),
         };
         if payload.num_rows() != records.len() {
-            return Err(BatchError::Arrow(arrow_schema::ArrowError::JsonError(format!(
-                "decoded {} rows from {} records",
-                payload.num_rows(),
-                records.len()
-            ))));
+            return Err(BatchError::Arrow(arrow_schema::ArrowError::JsonError(
+                format!(
+                    "decoded {} rows from {} records",
+                    payload.num_rows(),
+                    records.len()
+                ),
+            )));
         }
 
         let mut partition = Int32Builder::with_capacity(records.len());
@@ -92,7 +99,11 @@ impl BatchEncoder {
             offset.append_value(r.offset);
             timestamp.append_option(r.timestamp_ms.map(|ms| ms * 1000));
             // Keys were checked to be UTF-8 before buffering.
-            key.append_option(r.key.as_deref().map(|k| std::str::from_utf8(k).unwrap_or_default()));
+            key.append_option(
+                r.key
+                    .as_deref()
+                    .map(|k| std::str::from_utf8(k).unwrap_or_default()),
+            );
         }
         let mut meta: [Option<ArrayRef>; 4] = [
             Some(Arc::new(partition.finish())),
@@ -105,10 +116,12 @@ impl BatchEncoder {
             .schema
             .fields()
             .iter()
-            .map(|f| match RESERVED_COLUMNS.iter().position(|c| c == f.name()) {
-                Some(i) => meta[i].take().expect("each metadata column once"),
-                None => payload_columns.next().expect("payload column").clone(),
-            })
+            .map(
+                |f| match RESERVED_COLUMNS.iter().position(|c| c == f.name()) {
+                    Some(i) => meta[i].take().expect("each metadata column once"),
+                    None => payload_columns.next().expect("payload column").clone(),
+                },
+            )
             .collect();
         Ok(RecordBatch::try_new(self.schema.clone(), columns)?)
     }
@@ -135,26 +148,58 @@ mod tests {
 
     #[test]
     fn encodes_payload_and_metadata_columns() {
-        let values = [r#"{"id": 1, "amount": 2, "at": "2024-01-02T03:04:05.123456Z", "tags": ["a"], "user": {"name": "x"}}"#, r#"{"id": 2, "amount": 2.5}"#];
+        let values = [
+            r#"{"id": 1, "amount": 2, "at": "2024-01-02T03:04:05.123456Z", "tags": ["a"], "user": {"name": "x"}}"#,
+            r#"{"id": 2, "amount": 2.5}"#,
+        ];
         let mut tracker = SchemaTracker::new();
         for v in values {
-            tracker.observe(&crate::decode::decode_json(v.as_bytes()).unwrap()).unwrap();
+            tracker
+                .observe(&crate::decode::decode_json(v.as_bytes()).unwrap())
+                .unwrap();
         }
         let schema = tracker.new_table_schema().unwrap();
         let enc = BatchEncoder::new(&schema).unwrap();
-        let records = vec![rec(10, Some(values[0])), rec(11, Some(values[1])), rec(12, None)];
+        let records = vec![
+            rec(10, Some(values[0])),
+            rec(11, Some(values[1])),
+            rec(12, None),
+        ];
         let batch = enc.encode(&records).unwrap();
         assert_eq!(batch.num_rows(), 3);
         let col = |n: &str| batch.column_by_name(n).unwrap().clone();
-        assert_eq!(col("_kafka_offset").as_primitive::<Int64Type>().values(), &[10, 11, 12]);
+        assert_eq!(
+            col("_kafka_offset").as_primitive::<Int64Type>().values(),
+            &[10, 11, 12]
+        );
         assert_eq!(col("id").as_primitive::<Int64Type>().value(1), 2);
         assert!(col("id").is_null(2), "tombstone row has null payload");
         assert_eq!(col("amount").as_primitive::<Float64Type>().value(0), 2.0);
-        assert_eq!(col("at").as_primitive::<TimestampMicrosecondType>().value(0), 1_704_164_645_123_456);
-        assert_eq!(col("_kafka_timestamp").as_primitive::<TimestampMicrosecondType>().value(0), 1_700_000_000_000_000);
+        assert_eq!(
+            col("at")
+                .as_primitive::<TimestampMicrosecondType>()
+                .value(0),
+            1_704_164_645_123_456
+        );
+        assert_eq!(
+            col("_kafka_timestamp")
+                .as_primitive::<TimestampMicrosecondType>()
+                .value(0),
+            1_700_000_000_000_000
+        );
         assert_eq!(col("_kafka_key").as_string::<i32>().value(0), "k1");
-        assert_eq!(col("user").as_struct().column(0).as_string::<i32>().value(0), "x");
+        assert_eq!(
+            col("user")
+                .as_struct()
+                .column(0)
+                .as_string::<i32>()
+                .value(0),
+            "x"
+        );
         let field = batch.schema().field_with_name("id").unwrap().clone();
-        assert!(field.metadata().contains_key("PARQUET:field_id"), "field ids travel with the schema");
+        assert!(
+            field.metadata().contains_key("PARQUET:field_id"),
+            "field ids travel with the schema"
+        );
     }
 }

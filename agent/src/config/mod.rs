@@ -125,24 +125,41 @@ impl Config {
                 }
             }
             Some(_) => errors.push(err("pipelines", "must be an array: use [[pipelines]]")),
-            None => errors.push(err("pipelines", "at least one [[pipelines]] entry is required")),
+            None => errors.push(err(
+                "pipelines",
+                "at least one [[pipelines]] entry is required",
+            )),
         }
         for key in root.keys() {
-            errors.push(err(key, "unknown key (expected metrics, catalogs, pipelines)"));
+            errors.push(err(
+                key,
+                "unknown key (expected metrics, catalogs, pipelines)",
+            ));
         }
 
-        let config = Config { metrics, catalogs, pipelines };
+        let config = Config {
+            metrics,
+            catalogs,
+            pipelines,
+        };
         config.check(&mut errors);
-        if errors.is_empty() { Ok(config) } else { Err(ConfigErrors(errors)) }
+        if errors.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigErrors(errors))
+        }
     }
 
-    /// Cross-section checks: references resolve, names are unique, values are in range.
+    /// Cross-section checks: references resolve and names are unique.
     fn check(&self, errors: &mut Vec<ConfigError>) {
         let mut seen = std::collections::HashSet::new();
         for (i, p) in self.pipelines.iter().enumerate() {
             let at = |field: &str| format!("pipelines[{i}].{field}");
             if !seen.insert(p.name.as_str()) {
-                errors.push(err(&at("name"), &format!("duplicate pipeline name {:?}", p.name)));
+                errors.push(err(
+                    &at("name"),
+                    &format!("duplicate pipeline name {:?}", p.name),
+                ));
             }
             if !self.catalogs.contains_key(&p.sink.catalog) {
                 errors.push(err(
@@ -150,40 +167,51 @@ impl Config {
                     &format!("no catalog named {:?} in [catalogs]", p.sink.catalog),
                 ));
             }
-            for (field, message) in p.source.problems() {
-                errors.push(err(&at(&format!("source.{field}")), &message));
-            }
-            for (field, message) in p.sink.problems() {
-                errors.push(err(&at(&format!("sink.{field}")), &message));
-            }
         }
     }
 }
 
 fn err(path: &str, message: &str) -> ConfigError {
-    ConfigError { path: path.to_string(), message: message.to_string() }
+    ConfigError {
+        path: path.to_string(),
+        message: message.to_string(),
+    }
 }
 
 /// Deserializes one section, recording an error with its full path on failure.
-fn section<T: DeserializeOwned>(value: toml::Value, path: &str, errors: &mut Vec<ConfigError>) -> Option<T> {
+fn section<T: DeserializeOwned>(
+    value: toml::Value,
+    path: &str,
+    errors: &mut Vec<ConfigError>,
+) -> Option<T> {
     match serde_path_to_error::deserialize::<_, T>(value) {
         Ok(v) => Some(v),
         Err(e) => {
             let inner = e.path().to_string();
-            let full = if inner == "." { path.to_string() } else { format!("{path}.{inner}") };
-            errors.push(ConfigError { path: full, message: e.into_inner().to_string() });
+            let full = if inner == "." {
+                path.to_string()
+            } else {
+                format!("{path}.{inner}")
+            };
+            errors.push(ConfigError {
+                path: full,
+                message: e.into_inner().to_string(),
+            });
             None
         }
     }
 }
 
 /// A pipeline is split into its stage sections so each reports its own errors.
-fn pipeline(value: toml::Value, path: &str, errors: &mut Vec<ConfigError>) -> Option<PipelineConfig> {
+fn pipeline(
+    value: toml::Value,
+    path: &str,
+    errors: &mut Vec<ConfigError>,
+) -> Option<PipelineConfig> {
     let toml::Value::Table(mut t) = value else {
         errors.push(err(path, "must be a table"));
         return None;
     };
-    let before = errors.len();
     let mut take = |key: &str, required: bool| -> Option<toml::Value> {
         let v = t.remove(key);
         if v.is_none() && required {
@@ -204,23 +232,37 @@ fn pipeline(value: toml::Value, path: &str, errors: &mut Vec<ConfigError>) -> Op
     }
     let name = name.and_then(|v| section::<String>(v, &format!("{path}.name"), errors));
     if let Some(n) = &name
-        && (n.is_empty() || !n.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+        && (n.is_empty()
+            || !n
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'))
     {
-        errors.push(err(&format!("{path}.name"), "use letters, digits, '-' and '_' only"));
+        errors.push(err(
+            &format!("{path}.name"),
+            "use letters, digits, '-' and '_' only",
+        ));
     }
     let source = source.and_then(|v| section::<SourceConfig>(v, &format!("{path}.source"), errors));
+    for (field, message) in source
+        .as_ref()
+        .map(SourceConfig::problems)
+        .unwrap_or_default()
+    {
+        errors.push(err(&format!("{path}.source.{field}"), &message));
+    }
     let decode = match decode {
         Some(v) => section::<DecodeConfig>(v, &format!("{path}.decode"), errors),
         None => Some(DecodeConfig::default()),
     };
     let sink = sink.and_then(|v| section::<SinkConfig>(v, &format!("{path}.sink"), errors));
+    for (field, message) in sink.as_ref().map(SinkConfig::problems).unwrap_or_default() {
+        errors.push(err(&format!("{path}.sink.{field}"), &message));
+    }
     let dead_letter = match dead_letter {
         Some(v) => section::<DeadLetterConfig>(v, &format!("{path}.dead_letter"), errors),
         None => name.as_deref().map(DeadLetterConfig::default_for),
     };
-    if errors.len() > before {
-        return None;
-    }
+    // Sections that parsed are kept even with problems, so cross-section checks still run.
     Some(PipelineConfig {
         name: name?,
         source: source?,
@@ -231,7 +273,12 @@ fn pipeline(value: toml::Value, path: &str, errors: &mut Vec<ConfigError>) -> Op
 }
 
 /// Replaces `${VAR}` in every string value; `$${` stays a literal `${`.
-fn substitute_env(value: &mut toml::Value, path: String, env: &dyn Fn(&str) -> Option<String>, errors: &mut Vec<ConfigError>) {
+fn substitute_env(
+    value: &mut toml::Value,
+    path: String,
+    env: &dyn Fn(&str) -> Option<String>,
+    errors: &mut Vec<ConfigError>,
+) {
     match value {
         toml::Value::String(s) if s.contains('$') => match expand(s, env) {
             Ok(expanded) => *s = expanded,
@@ -289,7 +336,11 @@ pub(crate) mod duration {
 
     pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         let s = String::deserialize(d)?;
-        humantime::parse_duration(&s).map_err(|e| serde::de::Error::custom(format!("invalid duration {s:?}: {e} (write e.g. \"60s\" or \"1m\")")))
+        humantime::parse_duration(&s).map_err(|e| {
+            serde::de::Error::custom(format!(
+                "invalid duration {s:?}: {e} (write e.g. \"60s\" or \"1m\")"
+            ))
+        })
     }
 }
 
@@ -309,7 +360,11 @@ pub(crate) mod size {
             Raw::Text(s) => s
                 .parse::<bytesize::ByteSize>()
                 .map(|b| b.as_u64())
-                .map_err(|e| serde::de::Error::custom(format!("invalid size {s:?}: {e} (write e.g. \"64MiB\")"))),
+                .map_err(|e| {
+                    serde::de::Error::custom(format!(
+                        "invalid size {s:?}: {e} (write e.g. \"64MiB\")"
+                    ))
+                }),
         }
     }
 }

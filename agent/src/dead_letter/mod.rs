@@ -29,7 +29,9 @@ pub struct DeadLetterConfig {
 impl DeadLetterConfig {
     /// `.floe/dead-letter/<pipeline>.ndjson` under the working directory.
     pub fn default_for(pipeline: &str) -> DeadLetterConfig {
-        DeadLetterConfig { path: PathBuf::from(format!(".floe/dead-letter/{pipeline}.ndjson")) }
+        DeadLetterConfig {
+            path: PathBuf::from(format!(".floe/dead-letter/{pipeline}.ndjson")),
+        }
     }
 }
 
@@ -83,19 +85,40 @@ pub struct DeadLetterWriter {
 
 impl DeadLetterWriter {
     /// Opens (or creates) the file and indexes what it already holds.
-    pub fn open(pipeline: &str, config: &DeadLetterConfig) -> Result<DeadLetterWriter, DeadLetterError> {
+    pub fn open(
+        pipeline: &str,
+        config: &DeadLetterConfig,
+    ) -> Result<DeadLetterWriter, DeadLetterError> {
         let path = config.path.clone();
-        let io = |source| DeadLetterError::Io { path: path.clone(), source };
+        let io = |source| DeadLetterError::Io {
+            path: path.clone(),
+            source,
+        };
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(io)?;
         }
         let written = index_existing(&path, pipeline).map_err(io)?;
-        let file = OpenOptions::new().create(true).append(true).open(&path).map_err(io)?;
-        Ok(DeadLetterWriter { pipeline: pipeline.to_string(), path, out: BufWriter::new(file), written, pending: 0 })
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(io)?;
+        Ok(DeadLetterWriter {
+            pipeline: pipeline.to_string(),
+            path,
+            out: BufWriter::new(file),
+            written,
+            pending: 0,
+        })
     }
 
     /// Records one rejected message. Returns false if the file already had it.
-    pub fn write(&mut self, record: &KafkaRecord, stage: &str, reason: &str) -> Result<bool, DeadLetterError> {
+    pub fn write(
+        &mut self,
+        record: &KafkaRecord,
+        stage: &str,
+        reason: &str,
+    ) -> Result<bool, DeadLetterError> {
         let tp = (record.topic.clone(), record.partition);
         if self.written.get(&tp).is_some_and(|&o| record.offset <= o) {
             return Ok(false);
@@ -113,7 +136,10 @@ impl DeadLetterWriter {
             dead_lettered_at: chrono::Utc::now().to_rfc3339(),
         };
         let line = serde_json::to_string(&letter).expect("dead letter serializes");
-        let io = |source| DeadLetterError::Io { path: self.path.clone(), source };
+        let io = |source| DeadLetterError::Io {
+            path: self.path.clone(),
+            source,
+        };
         self.out.write_all(line.as_bytes()).map_err(io)?;
         self.out.write_all(b"\n").map_err(io)?;
         self.written.insert(tp, record.offset);
@@ -126,7 +152,10 @@ impl DeadLetterWriter {
         if self.pending == 0 {
             return Ok(());
         }
-        let io = |source| DeadLetterError::Io { path: self.path.clone(), source };
+        let io = |source| DeadLetterError::Io {
+            path: self.path.clone(),
+            source,
+        };
         self.out.flush().map_err(io)?;
         self.out.get_ref().sync_data().map_err(io)?;
         self.pending = 0;
@@ -157,11 +186,15 @@ fn index_existing(path: &Path, pipeline: &str) -> std::io::Result<HashMap<TopicP
     for line in BufReader::new(file).lines() {
         let line = line?;
         // A torn last line (crash mid-write) is ignored: that record was not synced, so not committed.
-        let Ok(letter) = serde_json::from_str::<DeadLetter>(&line) else { continue };
+        let Ok(letter) = serde_json::from_str::<DeadLetter>(&line) else {
+            continue;
+        };
         if letter.pipeline != pipeline {
             continue;
         }
-        let e = written.entry((Arc::from(letter.topic.as_str()), letter.partition)).or_insert(letter.offset);
+        let e = written
+            .entry((Arc::from(letter.topic.as_str()), letter.partition))
+            .or_insert(letter.offset);
         *e = (*e).max(letter.offset);
     }
     Ok(written)
@@ -172,24 +205,39 @@ mod tests {
     use super::*;
 
     fn rec(offset: i64, value: &[u8]) -> KafkaRecord {
-        KafkaRecord { topic: Arc::from("t"), partition: 2, offset, timestamp_ms: Some(5), key: Some(b"k".to_vec()), value: Some(value.to_vec()) }
+        KafkaRecord {
+            topic: Arc::from("t"),
+            partition: 2,
+            offset,
+            timestamp_ms: Some(5),
+            key: Some(b"k".to_vec()),
+            value: Some(value.to_vec()),
+        }
     }
 
     #[test]
     fn keeps_original_bytes_and_skips_redeliveries_after_reopen() {
         let dir = tempfile::tempdir().unwrap();
-        let config = DeadLetterConfig { path: dir.path().join("dl/p.ndjson") };
+        let config = DeadLetterConfig {
+            path: dir.path().join("dl/p.ndjson"),
+        };
         let mut w = DeadLetterWriter::open("p", &config).unwrap();
         assert!(w.write(&rec(7, b"\xff{bad"), "decode", "not JSON").unwrap());
         w.sync().unwrap();
         drop(w);
         let mut w = DeadLetterWriter::open("p", &config).unwrap();
-        assert!(!w.write(&rec(7, b"\xff{bad"), "decode", "not JSON").unwrap(), "same offset is not written twice");
+        assert!(
+            !w.write(&rec(7, b"\xff{bad"), "decode", "not JSON").unwrap(),
+            "same offset is not written twice"
+        );
         assert!(w.write(&rec(9, b"[]"), "decode", "array").unwrap());
         w.sync().unwrap();
         let all = DeadLetterWriter::read_all(&config.path).unwrap();
         assert_eq!(all.len(), 2);
-        assert_eq!(B64.decode(all[0].value_base64.as_ref().unwrap()).unwrap(), b"\xff{bad");
+        assert_eq!(
+            B64.decode(all[0].value_base64.as_ref().unwrap()).unwrap(),
+            b"\xff{bad"
+        );
         assert_eq!((all[0].partition, all[0].offset, all[1].offset), (2, 7, 9));
         assert_eq!(all[0].reason, "not JSON");
     }

@@ -69,11 +69,17 @@ mod tests {
 
     #[test]
     fn other_values_are_rejected_with_reason() {
-        assert_eq!(decode_json(b"[1,2]"), Err(DecodeError::NotAnObject("array")));
+        assert_eq!(
+            decode_json(b"[1,2]"),
+            Err(DecodeError::NotAnObject("array"))
+        );
         assert_eq!(decode_json(b"42"), Err(DecodeError::NotAnObject("integer")));
         let e = decode_json(b"{not json").unwrap_err();
         assert!(matches!(e, DecodeError::NotJson(_)));
         assert!(e.to_string().contains("not valid JSON"));
-        assert!(matches!(decode_json(&[0xff, 0xfe]), Err(DecodeError::NotJson(_))));
+        assert!(matches!(
+            decode_json(&[0xff, 0xfe]),
+            Err(DecodeError::NotJson(_))
+        ));
     }
 }

@@ -45,14 +45,18 @@ impl OffsetMap {
     pub fn to_summary_value(&self) -> String {
         let mut sorted: BTreeMap<&str, BTreeMap<String, i64>> = BTreeMap::new();
         for ((topic, partition), offset) in &self.0 {
-            sorted.entry(topic).or_default().insert(partition.to_string(), *offset);
+            sorted
+                .entry(topic)
+                .or_default()
+                .insert(partition.to_string(), *offset);
         }
         serde_json::to_string(&sorted).expect("offsets serialize")
     }
 
     /// Decodes what [`OffsetMap::to_summary_value`] wrote.
     pub fn from_summary_value(s: &str) -> Result<OffsetMap, String> {
-        let parsed: BTreeMap<String, BTreeMap<String, i64>> = serde_json::from_str(s).map_err(|e| e.to_string())?;
+        let parsed: BTreeMap<String, BTreeMap<String, i64>> =
+            serde_json::from_str(s).map_err(|e| e.to_string())?;
         let mut map = HashMap::new();
         for (topic, partitions) in parsed {
             let topic: Arc<str> = Arc::from(topic);
@@ -73,10 +77,16 @@ impl OffsetMap {
             if props.get(PIPELINE_KEY).map(String::as_str) == Some(pipeline)
                 && let Some(value) = props.get(OFFSETS_KEY)
             {
-                return OffsetMap::from_summary_value(value)
-                    .map_err(|reason| OffsetsError::Unreadable { snapshot_id: snapshot.snapshot_id(), reason });
+                return OffsetMap::from_summary_value(value).map_err(|reason| {
+                    OffsetsError::Unreadable {
+                        snapshot_id: snapshot.snapshot_id(),
+                        reason,
+                    }
+                });
             }
-            current = snapshot.parent_snapshot_id().and_then(|id| metadata.snapshot_by_id(id));
+            current = snapshot
+                .parent_snapshot_id()
+                .and_then(|id| metadata.snapshot_by_id(id));
         }
         Ok(OffsetMap::default())
     }

@@ -14,14 +14,21 @@
 
 use std::sync::Arc;
 
-use iceberg::spec::{ListType, NestedField, NestedFieldRef, PrimitiveType, Schema, StructType, Type};
+use iceberg::spec::{
+    ListType, NestedField, NestedFieldRef, PrimitiveType, Schema, StructType, Type,
+};
 use indexmap::IndexMap;
 use serde_json::{Map, Value};
 
 use crate::decode::json_kind;
 
 /// Columns the agent adds to every row; payload fields with these names are ignored.
-pub const RESERVED_COLUMNS: [&str; 4] = ["_kafka_partition", "_kafka_offset", "_kafka_timestamp", "_kafka_key"];
+pub const RESERVED_COLUMNS: [&str; 4] = [
+    "_kafka_partition",
+    "_kafka_offset",
+    "_kafka_timestamp",
+    "_kafka_key",
+];
 
 /// A value whose type does not fit the column it belongs to.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -85,7 +92,9 @@ pub struct SchemaTracker {
 impl SchemaTracker {
     /// A tracker with no columns yet (table not created).
     pub fn new() -> Self {
-        SchemaTracker { root: IndexMap::new() }
+        SchemaTracker {
+            root: IndexMap::new(),
+        }
     }
 
     /// A tracker whose columns are those of an existing table, all locked.
@@ -124,13 +133,33 @@ impl SchemaTracker {
             next_id
         };
         let mut fields: Vec<NestedFieldRef> = vec![
-            Arc::new(NestedField::required(id(), "_kafka_partition", Type::Primitive(PrimitiveType::Int))),
-            Arc::new(NestedField::required(id(), "_kafka_offset", Type::Primitive(PrimitiveType::Long))),
-            Arc::new(NestedField::optional(id(), "_kafka_timestamp", Type::Primitive(PrimitiveType::Timestamptz))),
-            Arc::new(NestedField::optional(id(), "_kafka_key", Type::Primitive(PrimitiveType::String))),
+            Arc::new(NestedField::required(
+                id(),
+                "_kafka_partition",
+                Type::Primitive(PrimitiveType::Int),
+            )),
+            Arc::new(NestedField::required(
+                id(),
+                "_kafka_offset",
+                Type::Primitive(PrimitiveType::Long),
+            )),
+            Arc::new(NestedField::optional(
+                id(),
+                "_kafka_timestamp",
+                Type::Primitive(PrimitiveType::Timestamptz),
+            )),
+            Arc::new(NestedField::optional(
+                id(),
+                "_kafka_key",
+                Type::Primitive(PrimitiveType::String),
+            )),
         ];
         for a in self.additions() {
-            fields.push(Arc::new(NestedField::optional(id(), a.name, renumber(&a.field_type, &mut id))));
+            fields.push(Arc::new(NestedField::optional(
+                id(),
+                a.name,
+                renumber(&a.field_type, &mut id),
+            )));
         }
         Ok(Schema::builder().with_fields(fields).build()?)
     }
@@ -151,11 +180,19 @@ impl Node {
             Type::Primitive(PrimitiveType::String) => Kind::String,
             Type::Primitive(PrimitiveType::Timestamptz) => Kind::Timestamptz,
             Type::Primitive(PrimitiveType::Timestamp) => Kind::Timestamp,
-            Type::Struct(s) => Kind::Struct(s.fields().iter().map(|f| (f.name.clone(), Node::from_iceberg(&f.field_type))).collect()),
+            Type::Struct(s) => Kind::Struct(
+                s.fields()
+                    .iter()
+                    .map(|f| (f.name.clone(), Node::from_iceberg(&f.field_type)))
+                    .collect(),
+            ),
             Type::List(l) => Kind::List(Box::new(Node::from_iceberg(&l.element_field.field_type))),
             other => Kind::Other(other.clone()),
         };
-        Node { kind: Some(kind), locked: true }
+        Node {
+            kind: Some(kind),
+            locked: true,
+        }
     }
 
     fn infer(v: &Value) -> Node {
@@ -165,16 +202,24 @@ impl Node {
             Value::Number(n) if n.is_i64() => Some(Kind::Long),
             Value::Number(_) => Some(Kind::Double),
             Value::String(s) => Some(string_kind(s)),
-            Value::Object(m) => Some(Kind::Struct(m.iter().map(|(k, v)| (k.clone(), Node::infer(v))).collect())),
+            Value::Object(m) => Some(Kind::Struct(
+                m.iter().map(|(k, v)| (k.clone(), Node::infer(v))).collect(),
+            )),
             Value::Array(items) => {
-                let mut element = Node { kind: None, locked: false };
+                let mut element = Node {
+                    kind: None,
+                    locked: false,
+                };
                 for item in items {
                     merge_value(&mut element, item);
                 }
                 Some(Kind::List(Box::new(element)))
             }
         };
-        Node { kind, locked: false }
+        Node {
+            kind,
+            locked: false,
+        }
     }
 
     /// Whether this field carries enough type information to become a column.
@@ -202,10 +247,17 @@ impl Node {
             Kind::Struct(fields) => Type::Struct(StructType::new(
                 fields
                     .iter()
-                    .filter_map(|(name, n)| n.iceberg_type().map(|t| Arc::new(NestedField::optional(0, name.clone(), t))))
+                    .filter_map(|(name, n)| {
+                        n.iceberg_type()
+                            .map(|t| Arc::new(NestedField::optional(0, name.clone(), t)))
+                    })
                     .collect(),
             )),
-            Kind::List(element) => Type::List(ListType::new(Arc::new(NestedField::list_element(0, element.iceberg_type()?, false)))),
+            Kind::List(element) => Type::List(ListType::new(Arc::new(NestedField::list_element(
+                0,
+                element.iceberg_type()?,
+                false,
+            )))),
             Kind::Other(t) => t.clone(),
         })
     }
@@ -223,7 +275,8 @@ fn string_kind(s: &str) -> Kind {
 /// `None` for anything else. Strict on purpose: dates alone or free text stay strings.
 pub fn timestamp_shape(s: &str) -> Option<bool> {
     let b = s.as_bytes();
-    let digits = |r: std::ops::Range<usize>| b.get(r).is_some_and(|x| x.iter().all(u8::is_ascii_digit));
+    let digits =
+        |r: std::ops::Range<usize>| b.get(r).is_some_and(|x| x.iter().all(u8::is_ascii_digit));
     let shape = b.len() >= 19
         && digits(0..4)
         && b[4] == b'-'
@@ -253,7 +306,9 @@ pub fn timestamp_shape(s: &str) -> Option<bool> {
         _ => {
             let o = rest.as_bytes();
             let sign = o[0] == b'+' || o[0] == b'-';
-            let hhmm = o.len() == 6 && o[3] == b':' && o[1..3].iter().chain(&o[4..6]).all(u8::is_ascii_digit);
+            let hhmm = o.len() == 6
+                && o[3] == b':'
+                && o[1..3].iter().chain(&o[4..6]).all(u8::is_ascii_digit);
             let compact = o.len() == 5 && o[1..].iter().all(u8::is_ascii_digit);
             if !(sign && (hhmm || compact)) {
                 return None;
@@ -268,7 +323,9 @@ pub fn timestamp_shape(s: &str) -> Option<bool> {
         normal.push_str("+00:00");
     }
     let parsed = if with_offset {
-        ["%Y-%m-%dT%H:%M:%S%.f%:z", "%Y-%m-%dT%H:%M:%S%.f%z"].iter().any(|f| chrono::DateTime::parse_from_str(&normal, f).is_ok())
+        ["%Y-%m-%dT%H:%M:%S%.f%:z", "%Y-%m-%dT%H:%M:%S%.f%z"]
+            .iter()
+            .any(|f| chrono::DateTime::parse_from_str(&normal, f).is_ok())
     } else {
         chrono::NaiveDateTime::parse_from_str(&normal, "%Y-%m-%dT%H:%M:%S%.f").is_ok()
     };
@@ -294,11 +351,19 @@ pub fn type_name(t: &Type) -> String {
     match t {
         Type::Primitive(p) => p.to_string(),
         Type::Struct(s) => {
-            let fields: Vec<String> = s.fields().iter().map(|f| format!("{}: {}", f.name, type_name(&f.field_type))).collect();
+            let fields: Vec<String> = s
+                .fields()
+                .iter()
+                .map(|f| format!("{}: {}", f.name, type_name(&f.field_type)))
+                .collect();
             format!("struct<{}>", fields.join(", "))
         }
         Type::List(l) => format!("list<{}>", type_name(&l.element_field.field_type)),
-        Type::Map(m) => format!("map<{}, {}>", type_name(&m.key_field.field_type), type_name(&m.value_field.field_type)),
+        Type::Map(m) => format!(
+            "map<{}, {}>",
+            type_name(&m.key_field.field_type),
+            type_name(&m.value_field.field_type)
+        ),
     }
 }
 
@@ -310,7 +375,11 @@ fn value_desc(v: &Value) -> String {
     }
 }
 
-fn check_object(fields: &IndexMap<String, Node>, record: &Map<String, Value>, path: &mut String) -> Result<(), Conflict> {
+fn check_object(
+    fields: &IndexMap<String, Node>,
+    record: &Map<String, Value>,
+    path: &mut String,
+) -> Result<(), Conflict> {
     for (name, value) in record {
         if path.is_empty() && RESERVED_COLUMNS.contains(&name.as_str()) {
             continue;
@@ -329,7 +398,9 @@ fn check_object(fields: &IndexMap<String, Node>, record: &Map<String, Value>, pa
 }
 
 fn check_value(node: &Node, v: &Value, path: &mut String) -> Result<(), Conflict> {
-    let Some(kind) = &node.kind else { return Ok(()) };
+    let Some(kind) = &node.kind else {
+        return Ok(());
+    };
     if v.is_null() {
         return Ok(());
     }
@@ -350,15 +421,36 @@ fn check_value(node: &Node, v: &Value, path: &mut String) -> Result<(), Conflict
         (Kind::Other(t), v) => other_accepts(t, v),
         _ => false,
     };
-    if ok { Ok(()) } else { Err(Conflict { path: path.clone(), column: describe(kind), value: value_desc(v) }) }
+    if ok {
+        Ok(())
+    } else {
+        Err(Conflict {
+            path: path.clone(),
+            column: describe(kind),
+            value: value_desc(v),
+        })
+    }
 }
 
 /// What a JSON value must look like to go into a column of a type inference never produces.
 fn other_accepts(t: &Type, v: &Value) -> bool {
     match (t, v) {
-        (Type::Primitive(PrimitiveType::Int), Value::Number(n)) => n.as_i64().is_some_and(|i| i32::try_from(i).is_ok()),
-        (Type::Primitive(PrimitiveType::Float | PrimitiveType::Decimal { .. }), Value::Number(_)) => true,
-        (Type::Primitive(PrimitiveType::Decimal { .. } | PrimitiveType::Date | PrimitiveType::Uuid | PrimitiveType::Time), Value::String(_)) => true,
+        (Type::Primitive(PrimitiveType::Int), Value::Number(n)) => {
+            n.as_i64().is_some_and(|i| i32::try_from(i).is_ok())
+        }
+        (
+            Type::Primitive(PrimitiveType::Float | PrimitiveType::Decimal { .. }),
+            Value::Number(_),
+        ) => true,
+        (
+            Type::Primitive(
+                PrimitiveType::Decimal { .. }
+                | PrimitiveType::Date
+                | PrimitiveType::Uuid
+                | PrimitiveType::Time,
+            ),
+            Value::String(_),
+        ) => true,
         (Type::Map(_), Value::Object(_)) => true,
         _ => false,
     }
@@ -402,7 +494,11 @@ fn merge_value(node: &mut Node, v: &Value) {
     }
 }
 
-fn collect_additions(fields: &IndexMap<String, Node>, parent: Option<&str>, out: &mut Vec<Addition>) {
+fn collect_additions(
+    fields: &IndexMap<String, Node>,
+    parent: Option<&str>,
+    out: &mut Vec<Addition>,
+) {
     for (name, node) in fields {
         if parent.is_none() && RESERVED_COLUMNS.contains(&name.as_str()) {
             continue;
@@ -413,7 +509,11 @@ fn collect_additions(fields: &IndexMap<String, Node>, parent: Option<&str>, out:
         };
         if !node.locked {
             if let Some(t) = node.iceberg_type() {
-                out.push(Addition { parent: parent.map(str::to_string), name: name.clone(), field_type: t });
+                out.push(Addition {
+                    parent: parent.map(str::to_string),
+                    name: name.clone(),
+                    field_type: t,
+                });
             }
             continue;
         }
@@ -435,7 +535,13 @@ fn renumber(t: &Type, id: &mut impl FnMut() -> i32) -> Type {
         Type::Struct(s) => Type::Struct(StructType::new(
             s.fields()
                 .iter()
-                .map(|f| Arc::new(NestedField::optional(id(), f.name.clone(), renumber(&f.field_type, id))))
+                .map(|f| {
+                    Arc::new(NestedField::optional(
+                        id(),
+                        f.name.clone(),
+                        renumber(&f.field_type, id),
+                    ))
+                })
                 .collect(),
         )),
         Type::List(l) => {

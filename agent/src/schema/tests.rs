@@ -15,7 +15,10 @@ fn learn(records: &[serde_json::Value]) -> SchemaTracker {
 }
 
 fn types(t: &SchemaTracker) -> Vec<(String, String)> {
-    t.additions().into_iter().map(|a| (a.name, type_name(&a.field_type))).collect()
+    t.additions()
+        .into_iter()
+        .map(|a| (a.name, type_name(&a.field_type)))
+        .collect()
 }
 
 #[test]
@@ -26,7 +29,12 @@ fn infers_the_documented_mapping() {
         "user": {"n": 1}, "tags": ["a"], "nothing": null, "empty": [], "blank": {}
     })]);
     let schema = t.new_table_schema().unwrap();
-    let names: Vec<_> = schema.as_struct().fields().iter().map(|f| (f.name.clone(), type_name(&f.field_type))).collect();
+    let names: Vec<_> = schema
+        .as_struct()
+        .fields()
+        .iter()
+        .map(|f| (f.name.clone(), type_name(&f.field_type)))
+        .collect();
     let expect = [
         ("_kafka_partition", "int"),
         ("_kafka_offset", "long"),
@@ -43,36 +51,84 @@ fn infers_the_documented_mapping() {
     for (i, (n, ty)) in expect.iter().enumerate() {
         assert_eq!((names[i].0.as_str(), names[i].1.as_str()), (*n, *ty));
     }
-    assert_eq!(type_name(&schema.field_by_name("user").unwrap().field_type), "struct<n: long>");
-    assert_eq!(type_name(&schema.field_by_name("tags").unwrap().field_type), "list<string>");
+    assert_eq!(
+        type_name(&schema.field_by_name("user").unwrap().field_type),
+        "struct<n: long>"
+    );
+    assert_eq!(
+        type_name(&schema.field_by_name("tags").unwrap().field_type),
+        "list<string>"
+    );
     for absent in ["nothing", "empty", "blank"] {
-        assert!(schema.field_by_name(absent).is_none(), "{absent} has no type yet");
+        assert!(
+            schema.field_by_name(absent).is_none(),
+            "{absent} has no type yet"
+        );
     }
 }
 
 #[test]
 fn widens_before_commit_only() {
-    let t = learn(&[json!({"a": 1, "ts": "2024-01-01T00:00:00Z"}), json!({"a": 1.5, "ts": "later"})]);
-    assert_eq!(types(&t), [("a".into(), "double".into()), ("ts".into(), "string".into())]);
+    let t = learn(&[
+        json!({"a": 1, "ts": "2024-01-01T00:00:00Z"}),
+        json!({"a": 1.5, "ts": "later"}),
+    ]);
+    assert_eq!(
+        types(&t),
+        [
+            ("a".into(), "double".into()),
+            ("ts".into(), "string".into())
+        ]
+    );
 
-    let schema = learn(&[json!({"a": 1, "s": {"x": true}})]).new_table_schema().unwrap();
+    let schema = learn(&[json!({"a": 1, "s": {"x": true}})])
+        .new_table_schema()
+        .unwrap();
     let mut locked = SchemaTracker::from_table(&schema);
     let e = locked.observe(&obj(json!({"a": 1.5}))).unwrap_err();
-    assert_eq!(e.to_string(), "field `a`: column is long, value is number with fraction 1.5");
-    let e = locked.observe(&obj(json!({"s": {"x": "yes"}}))).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "field `a`: column is long, value is number with fraction 1.5"
+    );
+    let e = locked
+        .observe(&obj(json!({"s": {"x": "yes"}})))
+        .unwrap_err();
     assert_eq!(e.path, "s.x");
-    assert_eq!(locked, SchemaTracker::from_table(&schema), "a conflicting record changes nothing");
-    locked.observe(&obj(json!({"a": null, "s": {"x": false, "y": 1}, "new": "n"}))).unwrap();
+    assert_eq!(
+        locked,
+        SchemaTracker::from_table(&schema),
+        "a conflicting record changes nothing"
+    );
+    locked
+        .observe(&obj(
+            json!({"a": null, "s": {"x": false, "y": 1}, "new": "n"}),
+        ))
+        .unwrap();
     let adds = locked.additions();
     assert_eq!(adds.len(), 2);
-    assert_eq!((adds[0].parent.as_deref(), adds[0].name.as_str()), (Some("s"), "y"));
-    assert_eq!((adds[1].parent.as_deref(), adds[1].name.as_str()), (None, "new"));
+    assert_eq!(
+        (adds[0].parent.as_deref(), adds[0].name.as_str()),
+        (Some("s"), "y")
+    );
+    assert_eq!(
+        (adds[1].parent.as_deref(), adds[1].name.as_str()),
+        (None, "new")
+    );
 }
 
 #[test]
 fn nulls_wait_for_a_type_and_lists_merge_elements() {
-    let t = learn(&[json!({"a": null, "l": [1, null, 2.5]}), json!({"a": "x", "l": []})]);
-    assert_eq!(types(&t), [("a".into(), "string".into()), ("l".into(), "list<double>".into())]);
+    let t = learn(&[
+        json!({"a": null, "l": [1, null, 2.5]}),
+        json!({"a": "x", "l": []}),
+    ]);
+    assert_eq!(
+        types(&t),
+        [
+            ("a".into(), "string".into()),
+            ("l".into(), "list<double>".into())
+        ]
+    );
 }
 
 #[test]
@@ -84,7 +140,10 @@ fn reserved_columns_in_payload_are_ignored() {
 #[test]
 fn timestamp_detection_is_strict() {
     assert_eq!(timestamp_shape("2024-01-02T03:04:05Z"), Some(true));
-    assert_eq!(timestamp_shape("2024-01-02T03:04:05.123456+02:00"), Some(true));
+    assert_eq!(
+        timestamp_shape("2024-01-02T03:04:05.123456+02:00"),
+        Some(true)
+    );
     assert_eq!(timestamp_shape("2024-01-02 03:04:05-0700"), Some(true));
     assert_eq!(timestamp_shape("2024-01-02T03:04:05"), Some(false));
     assert_eq!(timestamp_shape("2024-13-02T03:04:05Z"), None);
@@ -95,19 +154,35 @@ fn timestamp_detection_is_strict() {
 
 #[test]
 fn learning_is_order_independent_for_compatible_records() {
-    let records = [json!({"a": 1, "b": {"c": "x"}}), json!({"a": 2.5, "d": [true]}), json!({"b": {"e": 1}, "a": null})];
+    let records = [
+        json!({"a": 1, "b": {"c": "x"}}),
+        json!({"a": 2.5, "d": [true]}),
+        json!({"b": {"e": 1}, "a": null}),
+    ];
     let forward = types(&learn(&records));
     let mut rev = records.to_vec();
     rev.reverse();
     let mut backward = types(&learn(&rev));
     // Column order follows first appearance; the set of columns and their types do not depend on order.
     let canonical = |cols: &[(String, String)]| {
-        let mut v: Vec<(String, String)> = cols.iter().map(|(n, t)| (n.clone(), t.replace("e: long, c: string", "c: string, e: long"))).collect();
+        let mut v: Vec<(String, String)> = cols
+            .iter()
+            .map(|(n, t)| {
+                (
+                    n.clone(),
+                    t.replace("e: long, c: string", "c: string, e: long"),
+                )
+            })
+            .collect();
         v.sort();
         v
     };
     backward.sort();
     assert_eq!(canonical(&forward), canonical(&backward));
     let twice = learn(&[records.to_vec(), records.to_vec()].concat());
-    assert_eq!(types(&twice), forward, "observing the same records again changes nothing");
+    assert_eq!(
+        types(&twice),
+        forward,
+        "observing the same records again changes nothing"
+    );
 }

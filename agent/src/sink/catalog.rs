@@ -27,19 +27,31 @@ pub enum CatalogConfig {
 }
 
 /// Opens a catalog and checks that it answers (by listing namespaces).
-pub async fn open_catalog(name: &str, config: &CatalogConfig) -> Result<Arc<dyn Catalog>, SinkError> {
+pub async fn open_catalog(
+    name: &str,
+    config: &CatalogConfig,
+) -> Result<Arc<dyn Catalog>, SinkError> {
     match config {
         CatalogConfig::Embedded { path, warehouse } => {
             let db = absolute(path)?;
             let wh = absolute(warehouse)?;
             if let Some(dir) = db.parent() {
-                std::fs::create_dir_all(dir).map_err(|e| SinkError::Io(format!("cannot create {}: {e}", dir.display())))?;
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| SinkError::Io(format!("cannot create {}: {e}", dir.display())))?;
             }
-            std::fs::create_dir_all(&wh).map_err(|e| SinkError::Io(format!("cannot create {}: {e}", wh.display())))?;
+            std::fs::create_dir_all(&wh)
+                .map_err(|e| SinkError::Io(format!("cannot create {}: {e}", wh.display())))?;
             let detail = format!("sqlite file {}", db.display());
-            let unreachable = |source| SinkError::Unreachable { catalog: name.to_string(), detail: detail.clone(), source };
+            let unreachable = |source| SinkError::Unreachable {
+                catalog: name.to_string(),
+                detail: detail.clone(),
+                source: Box::new(source),
+            };
             let props = HashMap::from([
-                ("uri".to_string(), format!("sqlite://{}?mode=rwc", db.display())),
+                (
+                    "uri".to_string(),
+                    format!("sqlite://{}?mode=rwc", db.display()),
+                ),
                 ("warehouse".to_string(), format!("file://{}", wh.display())),
                 ("sql_bind_style".to_string(), "QMark".to_string()),
                 // SQLite allows one writer; a small pool avoids lock errors.

@@ -13,7 +13,10 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 use iceberg::table::Table;
-use iceberg::{Catalog, Error, ErrorKind, Namespace, NamespaceIdent, Result, TableCommit, TableCreation, TableIdent};
+use iceberg::{
+    Catalog, Error, ErrorKind, Namespace, NamespaceIdent, Result, TableCommit, TableCreation,
+    TableIdent,
+};
 
 use crate::offsets::OffsetMap;
 
@@ -41,7 +44,10 @@ pub const FENCED: &str = "fenced:";
 impl FencedCatalog {
     /// Wraps a catalog.
     pub fn new(inner: std::sync::Arc<dyn Catalog>) -> Self {
-        FencedCatalog { inner, expectation: Mutex::new(None) }
+        FencedCatalog {
+            inner,
+            expectation: Mutex::new(None),
+        }
     }
 
     /// Sets (or clears) the expectation checked by the next commits.
@@ -51,7 +57,9 @@ impl FencedCatalog {
 
     async fn check(&self, ident: &TableIdent) -> Result<()> {
         let expectation = self.expectation.lock().expect("fence lock").clone();
-        let Some(exp) = expectation.filter(|e| &e.table == ident) else { return Ok(()) };
+        let Some(exp) = expectation.filter(|e| &e.table == ident) else {
+            return Ok(());
+        };
         let table = self.inner.load_table(ident).await?;
         let stored = OffsetMap::from_table(table.metadata(), &exp.pipeline)
             .map_err(|e| Error::new(ErrorKind::DataInvalid, e.to_string()))?;
@@ -77,10 +85,17 @@ pub fn is_fenced(e: &Error) -> bool {
 
 #[async_trait]
 impl Catalog for FencedCatalog {
-    async fn list_namespaces(&self, parent: Option<&NamespaceIdent>) -> Result<Vec<NamespaceIdent>> {
+    async fn list_namespaces(
+        &self,
+        parent: Option<&NamespaceIdent>,
+    ) -> Result<Vec<NamespaceIdent>> {
         self.inner.list_namespaces(parent).await
     }
-    async fn create_namespace(&self, namespace: &NamespaceIdent, properties: HashMap<String, String>) -> Result<Namespace> {
+    async fn create_namespace(
+        &self,
+        namespace: &NamespaceIdent,
+        properties: HashMap<String, String>,
+    ) -> Result<Namespace> {
         self.inner.create_namespace(namespace, properties).await
     }
     async fn get_namespace(&self, namespace: &NamespaceIdent) -> Result<Namespace> {
@@ -89,7 +104,11 @@ impl Catalog for FencedCatalog {
     async fn namespace_exists(&self, namespace: &NamespaceIdent) -> Result<bool> {
         self.inner.namespace_exists(namespace).await
     }
-    async fn update_namespace(&self, namespace: &NamespaceIdent, properties: HashMap<String, String>) -> Result<()> {
+    async fn update_namespace(
+        &self,
+        namespace: &NamespaceIdent,
+        properties: HashMap<String, String>,
+    ) -> Result<()> {
         self.inner.update_namespace(namespace, properties).await
     }
     async fn drop_namespace(&self, namespace: &NamespaceIdent) -> Result<()> {
@@ -98,7 +117,11 @@ impl Catalog for FencedCatalog {
     async fn list_tables(&self, namespace: &NamespaceIdent) -> Result<Vec<TableIdent>> {
         self.inner.list_tables(namespace).await
     }
-    async fn create_table(&self, namespace: &NamespaceIdent, creation: TableCreation) -> Result<Table> {
+    async fn create_table(
+        &self,
+        namespace: &NamespaceIdent,
+        creation: TableCreation,
+    ) -> Result<Table> {
         self.inner.create_table(namespace, creation).await
     }
     async fn load_table(&self, table: &TableIdent) -> Result<Table> {

@@ -36,16 +36,25 @@ pub struct SinkConfig {
     #[serde(default)]
     pub mode: Mode,
     /// How often buffered records are committed as one snapshot (default 60s, at least 1s).
-    #[serde(default = "default_commit_interval", deserialize_with = "crate::config::duration::deserialize")]
+    #[serde(
+        default = "default_commit_interval",
+        deserialize_with = "crate::config::duration::deserialize"
+    )]
     pub commit_interval: Duration,
     /// Commit early once this many bytes of message values are buffered (default 64MiB).
-    #[serde(default = "default_flush_bytes", deserialize_with = "crate::config::size::deserialize")]
+    #[serde(
+        default = "default_flush_bytes",
+        deserialize_with = "crate::config::size::deserialize"
+    )]
     pub flush_bytes: u64,
     /// Commit early once this many records are buffered (default 1,000,000).
     #[serde(default = "default_flush_records")]
     pub flush_records: usize,
     /// Roll to a new Parquet file past this size (default 512MiB).
-    #[serde(default = "default_target_file_size", deserialize_with = "crate::config::size::deserialize")]
+    #[serde(
+        default = "default_target_file_size",
+        deserialize_with = "crate::config::size::deserialize"
+    )]
     pub target_file_size: u64,
 }
 
@@ -88,7 +97,10 @@ impl SinkConfig {
             out.push(("table".into(), "must not be empty".into()));
         }
         if self.namespace.split('.').any(|p| p.trim().is_empty()) {
-            out.push(("namespace".into(), "must be non-empty names separated by '.'".into()));
+            out.push((
+                "namespace".into(),
+                "must be non-empty names separated by '.'".into(),
+            ));
         }
         out
     }
@@ -105,7 +117,7 @@ pub enum SinkError {
         /// Where we tried to reach it.
         detail: String,
         /// The cause.
-        source: iceberg::Error,
+        source: Box<iceberg::Error>,
     },
     /// The target table does not exist and `create_table` is off.
     #[error("table {0} does not exist; create it or set `create_table = true`")]
@@ -130,7 +142,7 @@ pub enum SinkError {
         /// Table identifier.
         table: String,
         /// The cause.
-        source: iceberg::Error,
+        source: Box<iceberg::Error>,
     },
     /// Local I/O (creating warehouse directories).
     #[error("{0}")]
@@ -143,7 +155,8 @@ mod tests {
 
     #[test]
     fn defaults_and_limits() {
-        let c: SinkConfig = toml::from_str("catalog = \"local\"\nnamespace = \"a.b\"\ntable = \"t\"").unwrap();
+        let c: SinkConfig =
+            toml::from_str("catalog = \"local\"\nnamespace = \"a.b\"\ntable = \"t\"").unwrap();
         assert_eq!(c.commit_interval, Duration::from_secs(60));
         assert_eq!(c.flush_bytes, 64 << 20);
         assert!(!c.create_table);
@@ -152,7 +165,10 @@ mod tests {
         assert_eq!(c.flush_bytes, 1024);
         let fields: Vec<_> = c.problems().into_iter().map(|p| p.0).collect();
         assert_eq!(fields, ["commit_interval", "namespace"]);
-        let e = toml::from_str::<SinkConfig>("catalog = \"l\"\nnamespace = \"n\"\ntable = \"t\"\ncommit_interval = \"soon\"").unwrap_err();
+        let e = toml::from_str::<SinkConfig>(
+            "catalog = \"l\"\nnamespace = \"n\"\ntable = \"t\"\ncommit_interval = \"soon\"",
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("invalid duration"), "{e}");
     }
 }

@@ -8,7 +8,9 @@ use iceberg::table::Table;
 use iceberg::transaction::{AddColumn, ApplyTransactionAction, Transaction};
 use iceberg::writer::base_writer::data_file_writer::DataFileWriterBuilder;
 use iceberg::writer::file_writer::ParquetWriterBuilder;
-use iceberg::writer::file_writer::location_generator::{DefaultFileNameGenerator, DefaultLocationGenerator};
+use iceberg::writer::file_writer::location_generator::{
+    DefaultFileNameGenerator, DefaultLocationGenerator,
+};
 use iceberg::writer::file_writer::rolling_writer::RollingFileWriterBuilder;
 use iceberg::writer::{IcebergWriter, IcebergWriterBuilder};
 use iceberg::{Catalog, ErrorKind, NamespaceIdent, TableCreation, TableIdent};
@@ -49,9 +51,19 @@ pub enum CommitOutcome {
 
 impl TableSink {
     /// Loads the table (or remembers to create it on the first commit, if allowed).
-    pub async fn open(catalog: Arc<dyn Catalog>, config: &SinkConfig, pipeline: &str, writer_id: &str) -> Result<TableSink, SinkError> {
-        let namespace = NamespaceIdent::from_vec(config.namespace.split('.').map(str::to_string).collect())
-            .map_err(|e| SinkError::Iceberg { operation: "parse namespace", table: config.namespace.clone(), source: e })?;
+    pub async fn open(
+        catalog: Arc<dyn Catalog>,
+        config: &SinkConfig,
+        pipeline: &str,
+        writer_id: &str,
+    ) -> Result<TableSink, SinkError> {
+        let namespace =
+            NamespaceIdent::from_vec(config.namespace.split('.').map(str::to_string).collect())
+                .map_err(|e| SinkError::Iceberg {
+                    operation: "parse namespace",
+                    table: config.namespace.clone(),
+                    source: Box::new(e),
+                })?;
         let ident = TableIdent::new(namespace, config.table.clone());
         let mut sink = TableSink {
             catalog: FencedCatalog::new(catalog),
@@ -77,7 +89,12 @@ impl TableSink {
     pub async fn reload(&mut self) -> Result<(), SinkError> {
         self.table = match self.catalog.load_table(&self.ident).await {
             Ok(t) => Some(t),
-            Err(e) if e.kind() == ErrorKind::TableNotFound || e.message().contains("No such table") => None,
+            Err(e)
+                if e.kind() == ErrorKind::TableNotFound
+                    || e.message().contains("No such table") =>
+            {
+                None
+            }
             Err(e) => return Err(self.err("load table", e)),
         };
         Ok(())
@@ -108,17 +125,31 @@ impl TableSink {
         if additions.is_empty() {
             return Ok(());
         }
-        let names: Vec<String> = additions.iter().map(|a| a.parent.as_ref().map_or(a.name.clone(), |p| format!("{p}.{}", a.name))).collect();
+        let names: Vec<String> = additions
+            .iter()
+            .map(|a| {
+                a.parent
+                    .as_ref()
+                    .map_or(a.name.clone(), |p| format!("{p}.{}", a.name))
+            })
+            .collect();
         let tx = Transaction::new(table);
         let mut action = tx.update_schema();
         for a in additions {
             action = action.add_column(match a.parent {
-                Some(parent) => AddColumn::builder().parent(parent).name(a.name).field_type(a.field_type).build(),
+                Some(parent) => AddColumn::builder()
+                    .parent(parent)
+                    .name(a.name)
+                    .field_type(a.field_type)
+                    .build(),
                 None => AddColumn::optional(a.name, a.field_type),
             });
         }
         let tx = action.apply(tx).map_err(|e| self.err("add columns", e))?;
-        let table = tx.commit(&self.catalog).await.map_err(|e| self.err("add columns", e))?;
+        let table = tx
+            .commit(&self.catalog)
+            .await
+            .map_err(|e| self.err("add columns", e))?;
         tracing::info!(pipeline = %self.pipeline, table = %self.ident, columns = ?names, "added columns");
         self.table = Some(table);
         Ok(())
@@ -126,16 +157,30 @@ impl TableSink {
 
     async fn create(&mut self, tracker: &SchemaTracker) -> Result<(), SinkError> {
         let namespace = self.ident.namespace().clone();
-        let exists = self.catalog.namespace_exists(&namespace).await.map_err(|e| self.err("check namespace", e))?;
+        let exists = self
+            .catalog
+            .namespace_exists(&namespace)
+            .await
+            .map_err(|e| self.err("check namespace", e))?;
         if !exists {
-            self.catalog.create_namespace(&namespace, HashMap::new()).await.map_err(|e| self.err("create namespace", e))?;
+            self.catalog
+                .create_namespace(&namespace, HashMap::new())
+                .await
+                .map_err(|e| self.err("create namespace", e))?;
         }
         let creation = TableCreation::builder()
             .name(self.ident.name().to_string())
             .schema(tracker.new_table_schema()?)
-            .properties(HashMap::from([("write.parquet.compression-codec".to_string(), "zstd".to_string())]))
+            .properties(HashMap::from([(
+                "write.parquet.compression-codec".to_string(),
+                "zstd".to_string(),
+            )]))
             .build();
-        let table = self.catalog.create_table(&namespace, creation).await.map_err(|e| self.err("create table", e))?;
+        let table = self
+            .catalog
+            .create_table(&namespace, creation)
+            .await
+            .map_err(|e| self.err("create table", e))?;
         tracing::info!(pipeline = %self.pipeline, table = %self.ident, "created table");
         self.table = Some(table);
         Ok(())
@@ -143,17 +188,27 @@ impl TableSink {
 
     /// Writes records as Parquet data files in the table's current schema.
     pub async fn write(&self, records: &[KafkaRecord]) -> Result<Vec<DataFile>, SinkError> {
-        let table = self.table.as_ref().ok_or_else(|| SinkError::MissingTable(self.ident.to_string()))?;
+        let table = self
+            .table
+            .as_ref()
+            .ok_or_else(|| SinkError::MissingTable(self.ident.to_string()))?;
         if records.is_empty() {
             return Ok(Vec::new());
         }
         let schema = table.metadata().current_schema().clone();
         let encoder = BatchEncoder::new(&schema)?;
         let props = WriterProperties::builder()
-            .set_compression(Compression::ZSTD(ZstdLevel::try_new(1).expect("valid zstd level")))
+            .set_compression(Compression::ZSTD(
+                ZstdLevel::try_new(1).expect("valid zstd level"),
+            ))
             .build();
-        let location = DefaultLocationGenerator::new(table.metadata()).map_err(|e| self.err("write", e))?;
-        let names = DefaultFileNameGenerator::new(format!("{}-{}", self.pipeline, Uuid::now_v7()), None, DataFileFormat::Parquet);
+        let location =
+            DefaultLocationGenerator::new(table.metadata()).map_err(|e| self.err("write", e))?;
+        let names = DefaultFileNameGenerator::new(
+            format!("{}-{}", self.pipeline, Uuid::now_v7()),
+            None,
+            DataFileFormat::Parquet,
+        );
         let rolling = RollingFileWriterBuilder::new(
             ParquetWriterBuilder::new(props, schema),
             self.config.target_file_size as usize,
@@ -161,19 +216,33 @@ impl TableSink {
             location,
             names,
         );
-        let mut writer = DataFileWriterBuilder::new(rolling).build(None).await.map_err(|e| self.err("write", e))?;
+        let mut writer = DataFileWriterBuilder::new(rolling)
+            .build(None)
+            .await
+            .map_err(|e| self.err("write", e))?;
         for chunk in records.chunks(BATCH_ROWS) {
-            writer.write(encoder.encode(chunk)?).await.map_err(|e| self.err("write", e))?;
+            writer
+                .write(encoder.encode(chunk)?)
+                .await
+                .map_err(|e| self.err("write", e))?;
         }
         writer.close().await.map_err(|e| self.err("write", e))
     }
 
     /// Commits data files as one snapshot carrying `offsets`, if the table still stores `expected`.
-    pub async fn commit(&mut self, files: Vec<DataFile>, expected: &OffsetMap, offsets: &OffsetMap) -> Result<CommitOutcome, SinkError> {
+    pub async fn commit(
+        &mut self,
+        files: Vec<DataFile>,
+        expected: &OffsetMap,
+        offsets: &OffsetMap,
+    ) -> Result<CommitOutcome, SinkError> {
         if files.is_empty() {
             return Ok(CommitOutcome::Empty);
         }
-        let table = self.table.as_ref().ok_or_else(|| SinkError::MissingTable(self.ident.to_string()))?;
+        let table = self
+            .table
+            .as_ref()
+            .ok_or_else(|| SinkError::MissingTable(self.ident.to_string()))?;
         let count = files.len();
         let props = HashMap::from([
             (OFFSETS_KEY.to_string(), offsets.to_summary_value()),
@@ -182,15 +251,27 @@ impl TableSink {
             (COMMIT_KEY.to_string(), Uuid::now_v7().to_string()),
         ]);
         let tx = Transaction::new(table);
-        let tx = tx.fast_append().add_data_files(files).set_snapshot_properties(props).apply(tx).map_err(|e| self.err("commit", e))?;
-        self.catalog.expect(Some(Expectation { pipeline: self.pipeline.clone(), table: self.ident.clone(), stored: expected.clone() }));
+        let tx = tx
+            .fast_append()
+            .add_data_files(files)
+            .set_snapshot_properties(props)
+            .apply(tx)
+            .map_err(|e| self.err("commit", e))?;
+        self.catalog.expect(Some(Expectation {
+            pipeline: self.pipeline.clone(),
+            table: self.ident.clone(),
+            stored: expected.clone(),
+        }));
         let result = tx.commit(&self.catalog).await;
         self.catalog.expect(None);
         match result {
             Ok(table) => {
                 let snapshot_id = table.metadata().current_snapshot_id().unwrap_or_default();
                 self.table = Some(table);
-                Ok(CommitOutcome::Committed { snapshot_id, files: count })
+                Ok(CommitOutcome::Committed {
+                    snapshot_id,
+                    files: count,
+                })
             }
             Err(e) if is_fenced(&e) => Err(SinkError::Fenced(e.message().to_string())),
             Err(e) => Err(self.err("commit", e)),
@@ -198,6 +279,10 @@ impl TableSink {
     }
 
     fn err(&self, operation: &'static str, source: iceberg::Error) -> SinkError {
-        SinkError::Iceberg { operation, table: self.ident.to_string(), source }
+        SinkError::Iceberg {
+            operation,
+            table: self.ident.to_string(),
+            source: Box::new(source),
+        }
     }
 }

@@ -118,10 +118,16 @@ impl SourceConfig {
         let mut out = Vec::new();
         match (self.topics.is_empty(), &self.topic_pattern) {
             (true, None) => out.push(("topics".into(), "set `topics` or `topic_pattern`".into())),
-            (false, Some(_)) => out.push(("topic_pattern".into(), "set either `topics` or `topic_pattern`, not both".into())),
+            (false, Some(_)) => out.push((
+                "topic_pattern".into(),
+                "set either `topics` or `topic_pattern`, not both".into(),
+            )),
             (_, Some(p)) => {
                 if let Err(e) = regex::Regex::new(p) {
-                    out.push(("topic_pattern".into(), format!("invalid regular expression: {e}")));
+                    out.push((
+                        "topic_pattern".into(),
+                        format!("invalid regular expression: {e}"),
+                    ));
                 }
             }
             _ => {}
@@ -132,12 +138,21 @@ impl SourceConfig {
         if self.group_id.trim().is_empty() {
             out.push(("group_id".into(), "must not be empty".into()));
         }
-        let needs_sasl = matches!(self.security_protocol, SecurityProtocol::SaslPlaintext | SecurityProtocol::SaslSsl);
+        let needs_sasl = matches!(
+            self.security_protocol,
+            SecurityProtocol::SaslPlaintext | SecurityProtocol::SaslSsl
+        );
         if needs_sasl && self.sasl.is_none() {
-            out.push(("sasl".into(), "required with SASL_PLAINTEXT and SASL_SSL".into()));
+            out.push((
+                "sasl".into(),
+                "required with SASL_PLAINTEXT and SASL_SSL".into(),
+            ));
         }
         if !needs_sasl && self.sasl.is_some() {
-            out.push(("sasl".into(), "only used with SASL_PLAINTEXT or SASL_SSL".into()));
+            out.push((
+                "sasl".into(),
+                "only used with SASL_PLAINTEXT or SASL_SSL".into(),
+            ));
         }
         out
     }
@@ -279,7 +294,12 @@ impl ClientContext for Context {
             for (partition, p) in &t.partitions {
                 // librdkafka reports -1 for partitions it does not fetch (and the internal -1 partition).
                 if *partition >= 0 && p.consumer_lag >= 0 {
-                    crate::telemetry::consumer_lag(&self.pipeline, topic, *partition, p.consumer_lag);
+                    crate::telemetry::consumer_lag(
+                        &self.pipeline,
+                        topic,
+                        *partition,
+                        p.consumer_lag,
+                    );
                 }
             }
         }
@@ -288,7 +308,12 @@ impl ClientContext for Context {
 
 impl ConsumerContext for Context {
     // Assignments are positioned from the table's offsets; only safe rdkafka calls are used.
-    fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
                 let mut assigned = Vec::new();
@@ -307,7 +332,9 @@ impl ConsumerContext for Context {
                 }
                 tracing::info!(pipeline = %self.pipeline, partitions = assigned.len(), "partitions assigned");
                 if let Err(e) = consumer.assign(tpl) {
-                    let _ = self.events.blocking_send(SourceEvent::Failed(format!("assign failed: {e}")));
+                    let _ = self
+                        .events
+                        .blocking_send(SourceEvent::Failed(format!("assign failed: {e}")));
                     return;
                 }
                 let _ = self.events.blocking_send(SourceEvent::Assigned(assigned));
@@ -342,7 +369,11 @@ const MAX_EVENT_RECORDS: usize = 4096;
 
 impl KafkaSource {
     /// Checks the brokers and topics, subscribes and starts the consumer thread.
-    pub fn start(pipeline: &str, config: &SourceConfig, positions: Arc<Positions>) -> Result<KafkaSource, SourceError> {
+    pub fn start(
+        pipeline: &str,
+        config: &SourceConfig,
+        positions: Arc<Positions>,
+    ) -> Result<KafkaSource, SourceError> {
         let (tx, rx) = mpsc::channel(16);
         let context = Context {
             pipeline: pipeline.to_string(),
@@ -350,12 +381,19 @@ impl KafkaSource {
             start: config.start,
             events: tx.clone(),
         };
-        let consumer: BaseConsumer<Context> = config.client_config().create_with_context(context)?;
+        let consumer: BaseConsumer<Context> =
+            config.client_config().create_with_context(context)?;
         let metadata = consumer
             .fetch_metadata(None, Duration::from_secs(15))
-            .map_err(|source| SourceError::Unreachable { servers: config.bootstrap_servers.clone(), source })?;
+            .map_err(|source| SourceError::Unreachable {
+                servers: config.bootstrap_servers.clone(),
+                source,
+            })?;
         for topic in &config.topics {
-            let found = metadata.topics().iter().any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty());
+            let found = metadata
+                .topics()
+                .iter()
+                .any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty());
             if !found {
                 return Err(SourceError::MissingTopic(topic.clone()));
             }
@@ -363,7 +401,9 @@ impl KafkaSource {
         match &config.topic_pattern {
             // librdkafka treats a subscription starting with '^' as a regex.
             Some(p) => consumer.subscribe(&[&format!("^{}", p.trim_start_matches('^'))])?,
-            None => consumer.subscribe(&config.topics.iter().map(String::as_str).collect::<Vec<_>>())?,
+            None => {
+                consumer.subscribe(&config.topics.iter().map(String::as_str).collect::<Vec<_>>())?
+            }
         }
         let (cmd_tx, cmd_rx) = std::sync::mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
@@ -374,7 +414,12 @@ impl KafkaSource {
             .name(format!("floe-source-{pipeline}"))
             .spawn(move || poll_loop(&name, consumer, tx, cmd_rx, &thread_stop, start))
             .map_err(|e| SourceError::Stopped(e.to_string()))?;
-        Ok(KafkaSource { events: rx, commands: cmd_tx, stop, thread: Some(thread) })
+        Ok(KafkaSource {
+            events: rx,
+            commands: cmd_tx,
+            stop,
+            thread: Some(thread),
+        })
     }
 
     /// Sends a command to the consumer thread.
@@ -448,7 +493,12 @@ fn poll_loop(
     consumer.unsubscribe();
 }
 
-fn run_command(pipeline: &str, consumer: &BaseConsumer<Context>, cmd: SourceCommand, start: StartPosition) {
+fn run_command(
+    pipeline: &str,
+    consumer: &BaseConsumer<Context>,
+    cmd: SourceCommand,
+    start: StartPosition,
+) {
     match cmd {
         SourceCommand::Seek(list) => {
             for ((topic, partition), offset) in list {
@@ -478,7 +528,13 @@ fn is_fatal(e: &KafkaError) -> bool {
     use rdkafka::error::RDKafkaErrorCode as C;
     matches!(
         e.rdkafka_error_code(),
-        Some(C::Fatal | C::SaslAuthenticationFailed | C::TopicAuthorizationFailed | C::GroupAuthorizationFailed | C::Authentication)
+        Some(
+            C::Fatal
+                | C::SaslAuthenticationFailed
+                | C::TopicAuthorizationFailed
+                | C::GroupAuthorizationFailed
+                | C::Authentication
+        )
     )
 }
 
@@ -487,7 +543,8 @@ mod tests {
     use super::*;
 
     fn base() -> SourceConfig {
-        toml::from_str("bootstrap_servers = \"127.0.0.1:9092\"\ngroup_id = \"g\"\ntopics = [\"t\"]").unwrap()
+        toml::from_str("bootstrap_servers = \"127.0.0.1:9092\"\ngroup_id = \"g\"\ntopics = [\"t\"]")
+            .unwrap()
     }
 
     #[test]
@@ -515,12 +572,17 @@ mod tests {
         let cc = c.client_config();
         assert_eq!(cc.get("sasl.mechanism"), Some("SCRAM-SHA-512"));
         assert_eq!(cc.get("security.protocol"), Some("sasl_ssl"));
-        assert!(!format!("{c:?}").contains("secret"), "password must not be printed");
+        assert!(
+            !format!("{c:?}").contains("secret"),
+            "password must not be printed"
+        );
     }
 
     #[test]
     fn unknown_keys_are_rejected() {
-        let r: Result<SourceConfig, _> = toml::from_str("bootstrap_servers = \"b\"\ngroup_id = \"g\"\ntopics = [\"t\"]\ntopicz = 1");
+        let r: Result<SourceConfig, _> = toml::from_str(
+            "bootstrap_servers = \"b\"\ngroup_id = \"g\"\ntopics = [\"t\"]\ntopicz = 1",
+        );
         assert!(r.unwrap_err().to_string().contains("topicz"));
     }
 }

@@ -31,13 +31,20 @@ pub fn install(config: &MetricsConfig) -> Result<(), TelemetryError> {
     metrics_exporter_prometheus::PrometheusBuilder::new()
         .with_http_listener(config.listen)
         .install()
-        .map_err(|e| TelemetryError { addr: config.listen, reason: e.to_string() })
+        .map_err(|e| TelemetryError {
+            addr: config.listen,
+            reason: e.to_string(),
+        })
 }
 
 /// Logs to stderr, filtered by `RUST_LOG` (default `info`).
 pub fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }
 
 /// Records read from Kafka.
@@ -57,13 +64,15 @@ pub fn records_failed(pipeline: &str, stage: &'static str) {
 
 /// Age of the newest successful commit.
 pub fn seconds_since_last_commit(pipeline: &str, seconds: f64) {
-    metrics::gauge!("floe_seconds_since_last_commit", "pipeline" => pipeline.to_string()).set(seconds);
+    metrics::gauge!("floe_seconds_since_last_commit", "pipeline" => pipeline.to_string())
+        .set(seconds);
 }
 
 /// A commit finished: snapshot count and files.
 pub fn committed(pipeline: &str, files: usize) {
     metrics::counter!("floe_commits_total", "pipeline" => pipeline.to_string()).increment(1);
-    metrics::counter!("floe_data_files_total", "pipeline" => pipeline.to_string()).increment(files as u64);
+    metrics::counter!("floe_data_files_total", "pipeline" => pipeline.to_string())
+        .increment(files as u64);
 }
 
 /// Consumer lag of one partition.

