@@ -19,7 +19,7 @@ cleanup() {
     for env in /proc/[0-9]*/environ; do
         pid="${env#/proc/}"; pid="${pid%/environ}"
         [[ "$pid" == "$$" ]] && continue
-        if tr '\0' '\n' < "$env" 2>/dev/null | grep -qx "FLOE_TEST_RUN=$FLOE_TEST_RUN"; then
+        if { tr '\0' '\n' < "$env"; } 2>/dev/null | grep -qx "FLOE_TEST_RUN=$FLOE_TEST_RUN"; then
             kill -9 "$pid" 2>/dev/null || true
         fi
     done

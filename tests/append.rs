@@ -4,7 +4,9 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use floe_tests::{Broker, PipelineSpec, Workspace, spawn_agent};
+use floe_tests::{
+    Broker, PipelineSpec, Workspace, free_port, metric_value, scrape_metrics, spawn_agent,
+};
 use serde_json::{Value, json};
 
 const N: i64 = 10_000;
@@ -49,6 +51,12 @@ async fn keyed_json_messages_reach_both_readers_and_new_fields_add_columns() -> 
         table: "events",
         commit_interval: "1s",
     })?;
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    let text = std::fs::read_to_string(&config)?;
+    std::fs::write(
+        &config,
+        format!("[metrics]\nlisten = \"{metrics_addr}\"\n{text}"),
+    )?;
     let started = Instant::now();
     let agent = spawn_agent(&config)?;
     ws.wait_for_rows("demo", "events", N, Duration::from_secs(120))
@@ -74,6 +82,45 @@ async fn keyed_json_messages_reach_both_readers_and_new_fields_add_columns() -> 
     broker.produce("events", &extra).await?;
     ws.wait_for_rows("demo", "events", N + 100, Duration::from_secs(60))
         .await?;
+
+    // The figures users alert on. Lag comes from librdkafka statistics (every 5s).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let metrics = loop {
+        let m = scrape_metrics(&metrics_addr)?;
+        let lag_reported = (0..4).all(|p| {
+            metric_value(&m, "floe_consumer_lag", &[&format!("partition=\"{p}\"")]) == Some(0.0)
+        });
+        if lag_reported || Instant::now() > deadline {
+            break m;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let pipeline = "pipeline=\"events\"";
+    assert_eq!(
+        metric_value(&metrics, "floe_records_in_total", &[pipeline]),
+        Some((N + 100) as f64),
+        "{metrics}"
+    );
+    assert_eq!(
+        metric_value(&metrics, "floe_records_out_total", &[pipeline]),
+        Some((N + 100) as f64),
+        "{metrics}"
+    );
+    let since = metric_value(&metrics, "floe_seconds_since_last_commit", &[pipeline])
+        .expect("seconds since last commit");
+    assert!(since < 30.0, "{since}");
+    for p in 0..4 {
+        let lag = metric_value(
+            &metrics,
+            "floe_consumer_lag",
+            &[pipeline, &format!("partition=\"{p}\"")],
+        );
+        assert_eq!(
+            lag,
+            Some(0.0),
+            "partition {p} lag once everything is read:\n{metrics}"
+        );
+    }
     agent.stop().await?;
 
     for reader in ["pyiceberg", "duckdb"] {

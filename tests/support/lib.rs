@@ -181,6 +181,27 @@ pub struct PipelineSpec<'a> {
     pub commit_interval: &'a str,
 }
 
+/// Fetches `http://ADDR/metrics` (Prometheus text) with a plain HTTP/1.0 request.
+pub fn scrape_metrics(addr: &str) -> Result<String> {
+    use std::io::{Read, Write};
+    let mut stream = TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    stream.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body)?;
+    Ok(body)
+}
+
+/// The value of the first sample of `metric` whose labels contain every `label=value` given.
+pub fn metric_value(text: &str, metric: &str, labels: &[&str]) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(metric) && l[metric.len()..].starts_with(['{', ' ']))
+        .find(|l| labels.iter().all(|kv| l.contains(kv)))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
 impl Workspace {
     /// A fresh directory.
     pub fn new() -> Result<Workspace> {
