@@ -53,6 +53,9 @@ pub enum FloeError {
     /// The metrics endpoint could not start.
     #[error(transparent)]
     Telemetry(#[from] telemetry::TelemetryError),
+    /// The WebAssembly engine could not start.
+    #[error(transparent)]
+    Transform(Box<transform::TransformError>),
     /// A pipeline stopped with an error.
     #[error(transparent)]
     Pipeline(#[from] pipeline::PipelineError),
@@ -75,6 +78,21 @@ pub async fn run(
             catalogs.insert(p.sink.catalog.clone(), c);
         }
     }
+    let instances: usize = config.pipelines.iter().map(|p| p.transforms.len()).sum();
+    let engine = if instances > 0 {
+        let max_memory = config
+            .pipelines
+            .iter()
+            .flat_map(|p| &p.transforms)
+            .map(|t| t.limits.memory)
+            .max()
+            .unwrap_or(0);
+        let engine = transform::TransformEngine::new(&config.plugins, instances as u32, max_memory)
+            .map_err(|e| FloeError::Transform(Box::new(e)))?;
+        Some(engine)
+    } else {
+        None
+    };
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
     for p in config.pipelines {
@@ -82,6 +100,7 @@ pub async fn run(
         tasks.spawn(pipeline::run_pipeline(
             p,
             catalog,
+            engine.clone(),
             writer_id.clone(),
             stop_rx.clone(),
         ));

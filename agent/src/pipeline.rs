@@ -1,10 +1,14 @@
 //! One pipeline, wiring the stages in the order a record travels:
 //! source -> decode -> transform -> schema -> (buffer) -> batch -> sink -> offsets.
 //!
-//! Records are buffered until the commit interval passes or a size threshold is hit;
-//! then the buffer becomes Parquet files and one snapshot. A record leaves the buffer
-//! only by being committed (or dead-lettered and synced before that commit), so the
-//! offsets stored in the table never pass data that is not durable.
+//! Records are buffered per output table until the commit interval passes or a size
+//! threshold is hit; then each buffer becomes Parquet files and one snapshot. A record
+//! leaves a buffer only by being committed (or dead-lettered and synced before that
+//! commit), so the offsets stored in a table never pass data that is not durable.
+//!
+//! With several tables (plugins routing records to streams), every table stores the
+//! offsets it covers. The pipeline reads from the smallest of them and each table skips
+//! records it already holds, so every table gets every record exactly once.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,12 +22,16 @@ use crate::dead_letter::{DeadLetterError, DeadLetterWriter};
 use crate::decode::decode_json;
 use crate::offsets::OffsetMap;
 use crate::schema::SchemaTracker;
-use crate::sink::{CommitOutcome, SinkError, TableSink};
+use crate::sink::{SinkError, TableSink};
 use crate::source::{
     KafkaRecord, KafkaSource, Positions, SourceCommand, SourceError, SourceEvent, TopicPartition,
 };
-use crate::transform::TransformChain;
+use crate::transform::{OnError, TransformChain, TransformEngine, TransformError};
 use crate::{failpoint, telemetry};
+
+/// A table with no new rows still records the pipeline's progress every this many
+/// commit rounds, so a restart does not re-read much for it.
+const OFFSETS_ONLY_EVERY: u32 = 10;
 
 /// Why a pipeline stopped.
 #[derive(Debug, thiserror::Error)]
@@ -52,30 +60,81 @@ pub enum PipelineError {
         /// Cause.
         source: Box<DeadLetterError>,
     },
+    /// A plugin could not start, faulted too often, or failed a record under `on_error = "fail"`.
+    #[error("pipeline {pipeline}: {source}")]
+    Transform {
+        /// Pipeline name.
+        pipeline: String,
+        /// Cause.
+        source: Box<TransformError>,
+    },
+    /// A record failed in a plugin whose policy is `fail`.
+    #[error(
+        "pipeline {pipeline}: plugin {plugin} failed on {topic}/{partition}@{offset}: {message} (on_error = \"fail\")"
+    )]
+    RecordFailed {
+        /// Pipeline name.
+        pipeline: String,
+        /// Plugin name.
+        plugin: String,
+        /// Topic of the record.
+        topic: String,
+        /// Partition of the record.
+        partition: i32,
+        /// Offset of the record.
+        offset: i64,
+        /// What the plugin said.
+        message: String,
+    },
+}
+
+/// One output table: its sink, schema, committed offsets and buffered rows.
+struct Table {
+    sink: TableSink,
+    tracker: SchemaTracker,
+    /// What the table stores for this pipeline.
+    committed: OffsetMap,
+    buffer: Vec<KafkaRecord>,
+    buffer_bytes: u64,
+    rounds_without_commit: u32,
+}
+
+impl Table {
+    /// Whether the table already holds the record at `offset` of `tp`.
+    fn holds(&self, tp: &TopicPartition, offset: i64) -> bool {
+        self.committed.0.get(tp).is_some_and(|&c| offset < c)
+    }
+
+    fn discard(&mut self) {
+        self.buffer.clear();
+        self.buffer_bytes = 0;
+        self.tracker = self.sink.tracker();
+    }
 }
 
 struct Pipeline {
     config: PipelineConfig,
-    sink: TableSink,
     chain: TransformChain,
-    tracker: SchemaTracker,
     dead_letters: DeadLetterWriter,
     positions: Arc<Positions>,
-    /// What the table stores for this pipeline.
-    committed: OffsetMap,
-    /// Next offset expected per partition: the end of the buffer, or `committed`.
+    /// Index 0 is the default table; then one per configured stream.
+    tables: Vec<Table>,
+    routes: HashMap<String, usize>,
+    /// Next offset expected per partition: the end of what is buffered, or the resume point.
     next: HashMap<TopicPartition, i64>,
-    buffer: Vec<KafkaRecord>,
-    buffer_bytes: u64,
+    /// Records read before the last seek are ignored (see [`SourceCommand::Seek`]).
+    epoch: u64,
     assigned: Vec<TopicPartition>,
     last_flush: Instant,
     last_commit: Instant,
+    consecutive_faults: u32,
 }
 
 /// Runs one pipeline until `shutdown` turns true or an error stops it.
 pub async fn run_pipeline(
     config: PipelineConfig,
     catalog: Arc<dyn Catalog>,
+    engine: Option<TransformEngine>,
     writer_id: String,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), PipelineError> {
@@ -84,12 +143,42 @@ pub async fn run_pipeline(
         pipeline: name.clone(),
         source: Box::new(source),
     };
-    let sink = TableSink::open(catalog, &config.sink, &config.name, &writer_id)
+    let mut table_names = vec![config.sink.table.clone()];
+    let mut routes = HashMap::new();
+    for (stream, table) in &config.sink.streams {
+        routes.insert(stream.clone(), table_names.len());
+        table_names.push(table.clone());
+    }
+    let mut tables = Vec::with_capacity(table_names.len());
+    for table in &table_names {
+        let sink = TableSink::open(
+            catalog.clone(),
+            &config.sink,
+            table,
+            &config.name,
+            &writer_id,
+        )
         .await
         .map_err(sink_err)?;
-    let committed = sink.stored_offsets().map_err(sink_err)?;
-    let positions = Arc::new(Positions::default());
-    positions.replace(committed.0.clone());
+        let committed = sink.stored_offsets().map_err(sink_err)?;
+        tables.push(Table {
+            tracker: sink.tracker(),
+            sink,
+            committed,
+            buffer: Vec::new(),
+            buffer_bytes: 0,
+            rounds_without_commit: 0,
+        });
+    }
+    let chain = match (&engine, config.transforms.is_empty()) {
+        (_, true) => TransformChain::empty(),
+        (Some(engine), false) => TransformChain::new(&config.name, engine, &config.transforms)
+            .map_err(|source| PipelineError::Transform {
+                pipeline: name.clone(),
+                source: Box::new(source),
+            })?,
+        (None, false) => unreachable!("run() builds an engine when any pipeline has transforms"),
+    };
     let dead_letters =
         DeadLetterWriter::open(&config.name, &config.dead_letter).map_err(|source| {
             PipelineError::DeadLetter {
@@ -97,51 +186,53 @@ pub async fn run_pipeline(
                 source: Box::new(source),
             }
         })?;
-    tracing::info!(pipeline = %name, table = %sink.ident(), partitions_with_offsets = committed.0.len(), "resuming from offsets stored in the table");
-    let mut source =
-        KafkaSource::start(&config.name, &config.source, positions.clone()).map_err(|source| {
-            PipelineError::Source {
-                pipeline: name.clone(),
-                source: Box::new(source),
-            }
-        })?;
 
     let mut p = Pipeline {
-        tracker: sink.tracker(),
-        next: committed.0.clone(),
-        committed,
-        sink,
-        chain: TransformChain::empty(),
+        config,
+        chain,
         dead_letters,
-        positions,
-        buffer: Vec::new(),
-        buffer_bytes: 0,
+        positions: Arc::new(Positions::default()),
+        tables,
+        routes,
+        next: HashMap::new(),
+        epoch: 0,
         assigned: Vec::new(),
         last_flush: Instant::now(),
         last_commit: Instant::now(),
-        config,
+        consecutive_faults: 0,
     };
+    let resume = p.resume_offsets();
+    p.positions.replace(resume.0.clone());
+    p.next = resume.0.clone();
+    tracing::info!(pipeline = %name, tables = ?table_names, partitions_with_offsets = resume.0.len(), "resuming from offsets stored in the table(s)");
+    let mut source = KafkaSource::start(&p.config.name, &p.config.source, p.positions.clone())
+        .map_err(|source| PipelineError::Source {
+            pipeline: name.clone(),
+            source: Box::new(source),
+        })?;
+
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     let result = loop {
         tokio::select! {
             _ = shutdown.changed() => {
                 tracing::info!(pipeline = %name, "shutting down: committing what is buffered");
-                break p.flush(&source).await;
+                break p.flush(&source, true).await;
             }
             event = source.events.recv() => {
                 let step = match event {
-                    Some(SourceEvent::Records(records)) => p.accept_all(records),
+                    Some(SourceEvent::Records(epoch, records)) if epoch == p.epoch => p.accept_all(records, &source),
+                    Some(SourceEvent::Records(..)) => Ok(()),
                     Some(SourceEvent::Assigned(tps)) => { p.assigned = tps; Ok(()) }
-                    Some(SourceEvent::Revoked) => { p.discard_buffer(); Ok(()) }
+                    Some(SourceEvent::Revoked) => { p.discard_buffers(); Ok(()) }
                     Some(SourceEvent::Failed(reason)) => Err(PipelineError::Source { pipeline: name.clone(), source: Box::new(SourceError::Stopped(reason)) }),
                     None => Err(PipelineError::Source { pipeline: name.clone(), source: Box::new(SourceError::Stopped("channel closed".into())) }),
                 };
                 if let Err(e) = step { break Err(e); }
-                if p.buffer_full() && let Err(e) = p.flush(&source).await { break Err(e); }
+                if p.buffer_full() && let Err(e) = p.flush(&source, false).await { break Err(e); }
             }
             _ = tick.tick() => {
                 telemetry::seconds_since_last_commit(&name, p.last_commit.elapsed().as_secs_f64());
-                if p.last_flush.elapsed() >= p.config.sink.commit_interval && let Err(e) = p.flush(&source).await { break Err(e); }
+                if p.last_flush.elapsed() >= p.config.sink.commit_interval && let Err(e) = p.flush(&source, false).await { break Err(e); }
             }
         }
     };
@@ -150,51 +241,211 @@ pub async fn run_pipeline(
 }
 
 impl Pipeline {
-    fn buffer_full(&self) -> bool {
-        self.buffer_bytes >= self.config.sink.flush_bytes
-            || self.buffer.len() >= self.config.sink.flush_records
+    /// Where reading continues: per partition, the smallest offset any table stores
+    /// (a table without the partition needs it from the start).
+    fn resume_offsets(&self) -> OffsetMap {
+        let mut resume: HashMap<TopicPartition, i64> = HashMap::new();
+        let mut missing = std::collections::HashSet::new();
+        for t in &self.tables {
+            for (tp, &o) in &t.committed.0 {
+                resume
+                    .entry(tp.clone())
+                    .and_modify(|r| *r = (*r).min(o))
+                    .or_insert(o);
+            }
+        }
+        for tp in resume.keys() {
+            if self
+                .tables
+                .iter()
+                .any(|t| t.sink.exists() && !t.committed.0.contains_key(tp))
+            {
+                missing.insert(tp.clone());
+            }
+        }
+        resume.retain(|tp, _| !missing.contains(tp));
+        OffsetMap(resume)
     }
 
-    fn accept_all(&mut self, records: Vec<KafkaRecord>) -> Result<(), PipelineError> {
+    fn buffer_full(&self) -> bool {
+        let bytes: u64 = self.tables.iter().map(|t| t.buffer_bytes).sum();
+        let records: usize = self.tables.iter().map(|t| t.buffer.len()).sum();
+        bytes >= self.config.sink.flush_bytes || records >= self.config.sink.flush_records
+    }
+
+    fn sink_err(&self, source: SinkError) -> PipelineError {
+        PipelineError::Sink {
+            pipeline: self.config.name.clone(),
+            source: Box::new(source),
+        }
+    }
+
+    fn dl_err(&self, source: DeadLetterError) -> PipelineError {
+        PipelineError::DeadLetter {
+            pipeline: self.config.name.clone(),
+            source: Box::new(source),
+        }
+    }
+
+    /// Decodes a batch from Kafka, runs the plugins, and buffers or dead-letters every record.
+    fn accept_all(
+        &mut self,
+        records: Vec<KafkaRecord>,
+        source: &KafkaSource,
+    ) -> Result<(), PipelineError> {
         telemetry::records_in(&self.config.name, records.len() as u64);
+        let mut for_chain = Vec::new();
         for record in records {
-            self.accept(record)?;
+            let tp = (record.topic.clone(), record.partition);
+            if self.next.get(&tp).is_some_and(|&n| record.offset < n) {
+                // Already committed or buffered (re-delivery after a rebalance or seek).
+                continue;
+            }
+            self.next.insert(tp, record.offset + 1);
+            if record
+                .key
+                .as_deref()
+                .is_some_and(|k| std::str::from_utf8(k).is_err())
+            {
+                self.dead_letter(
+                    &record,
+                    "decode",
+                    "message key is not UTF-8 (the _kafka_key column is a string)",
+                )?;
+                continue;
+            }
+            let Some(value) = &record.value else {
+                // A tombstone is a row with only the Kafka columns; plugins never see it.
+                self.buffer(0, record, None)?;
+                continue;
+            };
+            let decoded = match decode_json(value) {
+                Ok(m) => m,
+                Err(e) => {
+                    self.dead_letter(&record, "decode", &e.to_string())?;
+                    continue;
+                }
+            };
+            if self.chain.is_empty() {
+                self.buffer(0, record, Some(decoded))?;
+            } else {
+                for_chain.push(record);
+            }
+        }
+        if !for_chain.is_empty() {
+            self.transform(for_chain, source)?;
         }
         Ok(())
     }
 
-    /// Decode, transform and check one record, then buffer it or dead-letter it.
-    fn accept(&mut self, record: KafkaRecord) -> Result<(), PipelineError> {
-        let tp = (record.topic.clone(), record.partition);
-        if self.next.get(&tp).is_some_and(|&n| record.offset < n) {
-            // Already committed or buffered (re-delivery after a rebalance or seek).
+    /// Runs records through the plugin chain and buffers what comes out.
+    fn transform(
+        &mut self,
+        records: Vec<KafkaRecord>,
+        source: &KafkaSource,
+    ) -> Result<(), PipelineError> {
+        let refs: Vec<&KafkaRecord> = records.iter().collect();
+        let result = match self.chain.run(&refs) {
+            Ok(r) => r,
+            Err(TransformError::Fault(fault)) => {
+                self.consecutive_faults += 1;
+                telemetry::records_failed(&self.config.name, "transform_fault");
+                if self.consecutive_faults >= self.config.max_consecutive_faults {
+                    tracing::error!(pipeline = %self.config.name, %fault, faults = self.consecutive_faults, "plugin faulted too often: stopping");
+                    return Err(PipelineError::Transform {
+                        pipeline: self.config.name.clone(),
+                        source: Box::new(fault.into()),
+                    });
+                }
+                tracing::warn!(pipeline = %self.config.name, %fault, faults = self.consecutive_faults, "plugin fault: dropping uncommitted records, rebuilding the plugin, re-reading");
+                self.rewind(source);
+                return Ok(());
+            }
+            Err(other) => {
+                return Err(PipelineError::Transform {
+                    pipeline: self.config.name.clone(),
+                    source: Box::new(other),
+                });
+            }
+        };
+        self.consecutive_faults = 0;
+        for e in &result.errors {
+            let record = &records[e.origin];
+            match e.policy {
+                OnError::DeadLetter => {
+                    telemetry::plugin_record_error(&self.config.name, &e.plugin, "dead_letter");
+                    self.dead_letter(
+                        record,
+                        "transform",
+                        &format!("plugin {}: {}", e.plugin, e.message),
+                    )?;
+                }
+                OnError::Drop => {
+                    telemetry::plugin_record_error(&self.config.name, &e.plugin, "drop")
+                }
+                OnError::Fail => {
+                    telemetry::plugin_record_error(&self.config.name, &e.plugin, "fail");
+                    return Err(PipelineError::RecordFailed {
+                        pipeline: self.config.name.clone(),
+                        plugin: e.plugin.clone(),
+                        topic: record.topic.to_string(),
+                        partition: record.partition,
+                        offset: record.offset,
+                        message: e.message.clone(),
+                    });
+                }
+            }
+        }
+        for out in result.outputs {
+            let origin = &records[out.origin];
+            let table = match &out.route {
+                None => 0,
+                Some(stream) => match self.routes.get(stream) {
+                    Some(&i) => i,
+                    None => {
+                        let reason = format!(
+                            "routed to stream {stream:?}, which has no table in [pipelines.sink.streams]"
+                        );
+                        self.dead_letter(origin, "transform", &reason)?;
+                        continue;
+                    }
+                },
+            };
+            let decoded = match decode_json(&out.value) {
+                Ok(m) => m,
+                Err(e) => {
+                    self.dead_letter(origin, "transform", &format!("plugin output: {e}"))?;
+                    continue;
+                }
+            };
+            let row = KafkaRecord {
+                value: Some(out.value),
+                ..origin.clone_meta()
+            };
+            self.buffer(table, row, Some(decoded))?;
+        }
+        Ok(())
+    }
+
+    /// Checks a row against its table's schema and buffers it (or dead-letters it).
+    fn buffer(
+        &mut self,
+        table: usize,
+        row: KafkaRecord,
+        decoded: Option<serde_json::Map<String, serde_json::Value>>,
+    ) -> Result<(), PipelineError> {
+        let tp = (row.topic.clone(), row.partition);
+        let t = &mut self.tables[table];
+        if t.holds(&tp, row.offset) {
             return Ok(());
         }
-        self.next.insert(tp, record.offset + 1);
-        if record
-            .key
-            .as_deref()
-            .is_some_and(|k| std::str::from_utf8(k).is_err())
+        if let Some(map) = &decoded
+            && let Err(conflict) = t.tracker.observe(map)
         {
-            return self.dead_letter(
-                &record,
-                "decode",
-                "message key is not UTF-8 (the _kafka_key column is a string)",
-            );
+            return self.dead_letter(&row, "schema", &conflict.to_string());
         }
-        if let Some(value) = &record.value {
-            let decoded = match decode_json(value) {
-                Ok(m) => m,
-                Err(e) => return self.dead_letter(&record, "decode", &e.to_string()),
-            };
-            // With no plugins the chain returns the record as it is, so the original bytes stay valid.
-            let transformed = self.chain.apply(decoded);
-            if let Err(conflict) = self.tracker.observe(&transformed) {
-                return self.dead_letter(&record, "schema", &conflict.to_string());
-            }
-            self.buffer_bytes += value.len() as u64;
-        }
-        self.buffer.push(record);
+        t.buffer_bytes += row.value.as_ref().map_or(0, |v| v.len() as u64);
+        t.buffer.push(row);
         Ok(())
     }
 
@@ -208,92 +459,148 @@ impl Pipeline {
         telemetry::records_failed(&self.config.name, stage);
         self.dead_letters
             .write(record, stage, reason)
-            .map_err(|source| PipelineError::DeadLetter {
-                pipeline: self.config.name.clone(),
-                source: Box::new(source),
-            })?;
+            .map_err(|e| self.dl_err(e))?;
         Ok(())
     }
 
     /// Drops everything not yet committed; the consumer re-reads it from the stored offsets.
-    fn discard_buffer(&mut self) {
-        self.buffer.clear();
-        self.buffer_bytes = 0;
-        self.next = self.committed.0.clone();
-        self.tracker = self.sink.tracker();
+    fn discard_buffers(&mut self) {
+        for t in &mut self.tables {
+            t.discard();
+        }
+        self.next = self.resume_offsets().0;
     }
 
-    /// Writes the buffer as one snapshot together with the offsets it covers.
-    async fn flush(&mut self, source: &KafkaSource) -> Result<(), PipelineError> {
+    /// Drops what is buffered and moves the consumer back to the stored offsets.
+    fn rewind(&mut self, source: &KafkaSource) {
+        self.discard_buffers();
+        let resume = self.resume_offsets();
+        self.positions.replace(resume.0.clone());
+        self.epoch += 1;
+        let positions = self
+            .assigned
+            .iter()
+            .map(|tp| (tp.clone(), resume.0.get(tp).copied()))
+            .collect();
+        source.command(SourceCommand::Seek {
+            epoch: self.epoch,
+            positions,
+        });
+    }
+
+    /// Commits every table's buffer as one snapshot per table, with the offsets it covers.
+    /// `closing`: also record progress in tables without new rows.
+    async fn flush(&mut self, source: &KafkaSource, closing: bool) -> Result<(), PipelineError> {
         self.last_flush = Instant::now();
-        let mut offsets = self.committed.clone();
-        offsets
-            .0
-            .extend(self.next.iter().map(|(tp, o)| (tp.clone(), *o)));
-        if offsets == self.committed {
-            return Ok(());
-        }
         let started = Instant::now();
-        let name = self.config.name.clone();
-        let sink_err = |source| PipelineError::Sink {
-            pipeline: name.clone(),
-            source: Box::new(source),
-        };
-        failpoint::hit(failpoint::BEFORE_WRITE);
-        let files = if self.buffer.is_empty() {
-            Vec::new()
-        } else {
-            self.sink
-                .apply_schema(&self.tracker)
-                .await
-                .map_err(sink_err)?;
-            self.sink.write(&self.buffer).await.map_err(sink_err)?
-        };
-        failpoint::hit(failpoint::AFTER_WRITE);
-        self.dead_letters
-            .sync()
-            .map_err(|source| PipelineError::DeadLetter {
-                pipeline: name.clone(),
-                source: Box::new(source),
-            })?;
-        match self.sink.commit(files, &self.committed, &offsets).await {
-            Ok(CommitOutcome::Committed { snapshot_id, files }) => {
-                failpoint::hit(failpoint::AFTER_COMMIT);
-                let rows = self.buffer.len();
-                tracing::info!(pipeline = %name, snapshot_id, files, rows, ms = started.elapsed().as_millis() as u64, "committed");
-                telemetry::records_out(&name, rows as u64);
-                telemetry::committed(&name, files);
-                self.positions.update(offsets.0.iter());
-                self.committed = offsets;
-                self.last_commit = Instant::now();
-                self.buffer.clear();
-                self.buffer_bytes = 0;
-                self.tracker = self.sink.tracker();
-                let group: Vec<_> = self
-                    .assigned
-                    .iter()
-                    .filter_map(|tp| self.committed.0.get(tp).map(|o| (tp.clone(), *o)))
-                    .collect();
-                source.command(SourceCommand::CommitGroupOffsets(group));
-                Ok(())
+        let before = self.resume_offsets();
+        let mut synced = false;
+        let mut committed_any = false;
+        if self.tables.iter().any(|t| !t.buffer.is_empty()) {
+            failpoint::hit(failpoint::BEFORE_WRITE);
+        }
+        for i in 0..self.tables.len() {
+            let t = &mut self.tables[i];
+            let mut target = t.committed.clone();
+            target
+                .0
+                .extend(self.next.iter().map(|(tp, o)| (tp.clone(), *o)));
+            let has_rows = !t.buffer.is_empty();
+            if target == t.committed {
+                continue;
             }
-            // Only dead letters since the last commit: they are synced; the offsets ride on the next snapshot.
-            Ok(CommitOutcome::Empty) => Ok(()),
-            Err(SinkError::Fenced(reason)) => {
-                tracing::warn!(pipeline = %name, %reason, "commit fenced: reloading offsets from the table and re-reading");
-                self.sink.reload().await.map_err(sink_err)?;
-                self.committed = self.sink.stored_offsets().map_err(sink_err)?;
-                self.positions.replace(self.committed.0.clone());
-                self.discard_buffer();
-                let seek = self
-                    .assigned
-                    .iter()
-                    .map(|tp| (tp.clone(), self.committed.0.get(tp).copied()))
-                    .collect();
-                source.command(SourceCommand::Seek(seek));
-                Ok(())
+            if !has_rows && !closing && t.rounds_without_commit + 1 < OFFSETS_ONLY_EVERY {
+                t.rounds_without_commit += 1;
+                continue;
             }
-            Err(e) => Err(sink_err(e)),
+            if !has_rows && !t.sink.exists() {
+                continue;
+            }
+            let files = if has_rows {
+                t.sink
+                    .apply_schema(&t.tracker, &before)
+                    .await
+                    .map_err(|e| PipelineError::Sink {
+                        pipeline: self.config.name.clone(),
+                        source: Box::new(e),
+                    })?;
+                let files = t
+                    .sink
+                    .write(&t.buffer)
+                    .await
+                    .map_err(|e| PipelineError::Sink {
+                        pipeline: self.config.name.clone(),
+                        source: Box::new(e),
+                    })?;
+                failpoint::hit(failpoint::AFTER_WRITE);
+                files
+            } else {
+                Vec::new()
+            };
+            if !synced {
+                self.dead_letters.sync().map_err(|e| self.dl_err(e))?;
+                synced = true;
+            }
+            let t = &mut self.tables[i];
+            match t.sink.commit(files, &t.committed, &target).await {
+                Ok(outcome) => {
+                    let rows = t.buffer.len();
+                    tracing::info!(pipeline = %self.config.name, table = %t.sink.ident(), snapshot_id = outcome.snapshot_id, files = outcome.files, rows, ms = started.elapsed().as_millis() as u64, "committed");
+                    telemetry::records_out(&self.config.name, rows as u64);
+                    telemetry::committed(&self.config.name, outcome.files);
+                    t.committed = target;
+                    t.rounds_without_commit = 0;
+                    t.discard();
+                    committed_any = true;
+                    failpoint::hit(failpoint::AFTER_COMMIT);
+                }
+                Err(SinkError::Fenced(reason)) => {
+                    tracing::warn!(pipeline = %self.config.name, table = %t.sink.ident(), %reason, "commit fenced: reloading offsets from the tables and re-reading");
+                    for t in &mut self.tables {
+                        t.sink.reload().await.map_err(|e| PipelineError::Sink {
+                            pipeline: self.config.name.clone(),
+                            source: Box::new(e),
+                        })?;
+                        t.committed = t.sink.stored_offsets().map_err(|e| PipelineError::Sink {
+                            pipeline: self.config.name.clone(),
+                            source: Box::new(e),
+                        })?;
+                    }
+                    self.rewind(source);
+                    return Ok(());
+                }
+                Err(e) => return Err(self.sink_err(e)),
+            }
+        }
+        if !synced {
+            self.dead_letters.sync().map_err(|e| self.dl_err(e))?;
+        }
+        if committed_any {
+            self.last_commit = Instant::now();
+            let resume = self.resume_offsets();
+            self.positions.replace(resume.0.clone());
+            self.dead_letters.forget_below(&resume.0);
+            let group: Vec<_> = self
+                .assigned
+                .iter()
+                .filter_map(|tp| resume.0.get(tp).map(|o| (tp.clone(), *o)))
+                .collect();
+            source.command(SourceCommand::CommitGroupOffsets(group));
+        }
+        Ok(())
+    }
+}
+
+impl KafkaRecord {
+    /// The same record's metadata without its value (for plugin outputs).
+    fn clone_meta(&self) -> KafkaRecord {
+        KafkaRecord {
+            topic: self.topic.clone(),
+            partition: self.partition,
+            offset: self.offset,
+            timestamp_ms: self.timestamp_ms,
+            key: self.key.clone(),
+            value: None,
         }
     }
 }

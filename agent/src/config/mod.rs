@@ -16,12 +16,15 @@ use crate::decode::DecodeConfig;
 use crate::sink::{CatalogConfig, SinkConfig};
 use crate::source::SourceConfig;
 use crate::telemetry::MetricsConfig;
+use crate::transform::{PluginsConfig, TransformConfig};
 
 /// The whole agent configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Prometheus endpoint; off when absent.
     pub metrics: Option<MetricsConfig>,
+    /// Where plugins are looked up and their compiled code cached.
+    pub plugins: PluginsConfig,
     /// Catalogs by name, referenced by `pipelines[].sink.catalog`.
     pub catalogs: BTreeMap<String, CatalogConfig>,
     /// The pipelines this agent runs, each one topic set into one table.
@@ -37,6 +40,10 @@ pub struct PipelineConfig {
     pub source: SourceConfig,
     /// How message values are decoded.
     pub decode: DecodeConfig,
+    /// Plugins run in order on every decoded record.
+    pub transforms: Vec<TransformConfig>,
+    /// Plugin faults in a row after which the pipeline stops (default 3).
+    pub max_consecutive_faults: u32,
     /// Where records go and how often they are committed.
     pub sink: SinkConfig,
     /// Where records that cannot be written go.
@@ -100,6 +107,10 @@ impl Config {
         let metrics = root
             .remove("metrics")
             .and_then(|v| section::<MetricsConfig>(v, "metrics", &mut errors));
+        let plugins = match root.remove("plugins") {
+            Some(v) => section::<PluginsConfig>(v, "plugins", &mut errors).unwrap_or_default(),
+            None => PluginsConfig::default(),
+        };
 
         let mut catalogs = BTreeMap::new();
         match root.remove("catalogs") {
@@ -139,6 +150,7 @@ impl Config {
 
         let config = Config {
             metrics,
+            plugins,
             catalogs,
             pipelines,
         };
@@ -222,12 +234,14 @@ fn pipeline(
     let name = take("name", true);
     let source = take("source", true);
     let decode = take("decode", false);
+    let transforms = take("transforms", false);
+    let max_faults = take("max_consecutive_faults", false);
     let sink = take("sink", true);
     let dead_letter = take("dead_letter", false);
     for key in t.keys() {
         errors.push(err(
             &format!("{path}.{key}"),
-            "unknown key (expected name, source, decode, sink, dead_letter)",
+            "unknown key (expected name, source, decode, transforms, max_consecutive_faults, sink, dead_letter)",
         ));
     }
     let name = name.and_then(|v| section::<String>(v, &format!("{path}.name"), errors));
@@ -254,6 +268,30 @@ fn pipeline(
         Some(v) => section::<DecodeConfig>(v, &format!("{path}.decode"), errors),
         None => Some(DecodeConfig::default()),
     };
+    let transforms = match transforms {
+        None => Some(Vec::new()),
+        Some(toml::Value::Array(items)) => {
+            let parsed: Vec<_> = items
+                .into_iter()
+                .enumerate()
+                .map(|(j, v)| {
+                    section::<TransformConfig>(v, &format!("{path}.transforms[{j}]"), errors)
+                })
+                .collect();
+            parsed.into_iter().collect::<Option<Vec<_>>>()
+        }
+        Some(_) => {
+            errors.push(err(
+                &format!("{path}.transforms"),
+                "must be an array: use [[pipelines.transforms]]",
+            ));
+            None
+        }
+    };
+    let max_consecutive_faults = match max_faults {
+        None => Some(3),
+        Some(v) => section::<u32>(v, &format!("{path}.max_consecutive_faults"), errors),
+    };
     let sink = sink.and_then(|v| section::<SinkConfig>(v, &format!("{path}.sink"), errors));
     for (field, message) in sink.as_ref().map(SinkConfig::problems).unwrap_or_default() {
         errors.push(err(&format!("{path}.sink.{field}"), &message));
@@ -267,6 +305,8 @@ fn pipeline(
         name: name?,
         source: source?,
         decode: decode?,
+        transforms: transforms?,
+        max_consecutive_faults: max_consecutive_faults?,
         sink: sink?,
         dead_letter: dead_letter?,
     })

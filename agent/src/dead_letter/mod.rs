@@ -6,7 +6,7 @@
 //! record is never skipped without being kept. After a crash the same records are read
 //! again; on start the file is scanned and records already in it are not written twice.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -78,8 +78,9 @@ pub struct DeadLetterWriter {
     pipeline: String,
     path: PathBuf,
     out: BufWriter<File>,
-    /// Highest offset already in the file per partition, to skip re-deliveries after a crash.
-    written: HashMap<TopicPartition, i64>,
+    /// Records already in the file that may be read again (at or after the resume point),
+    /// so a re-delivery after a crash or rewind is not written twice.
+    written: HashSet<(TopicPartition, i64)>,
     pending: usize,
 }
 
@@ -120,7 +121,7 @@ impl DeadLetterWriter {
         reason: &str,
     ) -> Result<bool, DeadLetterError> {
         let tp = (record.topic.clone(), record.partition);
-        if self.written.get(&tp).is_some_and(|&o| record.offset <= o) {
+        if self.written.contains(&(tp.clone(), record.offset)) {
             return Ok(false);
         }
         let letter = DeadLetter {
@@ -142,7 +143,7 @@ impl DeadLetterWriter {
         };
         self.out.write_all(line.as_bytes()).map_err(io)?;
         self.out.write_all(b"\n").map_err(io)?;
-        self.written.insert(tp, record.offset);
+        self.written.insert((tp, record.offset));
         self.pending += 1;
         Ok(true)
     }
@@ -162,6 +163,12 @@ impl DeadLetterWriter {
         Ok(())
     }
 
+    /// Forgets records below the resume point: they will never be read again.
+    pub fn forget_below(&mut self, resume: &HashMap<TopicPartition, i64>) {
+        self.written
+            .retain(|(tp, offset)| resume.get(tp).is_none_or(|&r| *offset >= r));
+    }
+
     /// Reads all dead letters of a file (for tests and tools).
     pub fn read_all(path: &Path) -> std::io::Result<Vec<DeadLetter>> {
         let file = File::open(path)?;
@@ -177,8 +184,8 @@ impl DeadLetterWriter {
     }
 }
 
-fn index_existing(path: &Path, pipeline: &str) -> std::io::Result<HashMap<TopicPartition, i64>> {
-    let mut written: HashMap<TopicPartition, i64> = HashMap::new();
+fn index_existing(path: &Path, pipeline: &str) -> std::io::Result<HashSet<(TopicPartition, i64)>> {
+    let mut written = HashSet::new();
     if !path.exists() {
         return Ok(written);
     }
@@ -189,13 +196,12 @@ fn index_existing(path: &Path, pipeline: &str) -> std::io::Result<HashMap<TopicP
         let Ok(letter) = serde_json::from_str::<DeadLetter>(&line) else {
             continue;
         };
-        if letter.pipeline != pipeline {
-            continue;
+        if letter.pipeline == pipeline {
+            written.insert((
+                (Arc::from(letter.topic.as_str()), letter.partition),
+                letter.offset,
+            ));
         }
-        let e = written
-            .entry((Arc::from(letter.topic.as_str()), letter.partition))
-            .or_insert(letter.offset);
-        *e = (*e).max(letter.offset);
     }
     Ok(written)
 }
@@ -232,8 +238,18 @@ mod tests {
         );
         assert!(w.write(&rec(9, b"[]"), "decode", "array").unwrap());
         w.sync().unwrap();
+        assert!(
+            w.write(&rec(3, b"{"), "decode", "torn").unwrap(),
+            "an earlier offset that is not in the file is written"
+        );
+        w.forget_below(&HashMap::from([((Arc::from("t"), 2), 8)]));
+        assert!(
+            w.write(&rec(7, b"x"), "decode", "again").unwrap(),
+            "forgotten below the resume point"
+        );
+        w.sync().unwrap();
         let all = DeadLetterWriter::read_all(&config.path).unwrap();
-        assert_eq!(all.len(), 2);
+        assert_eq!(all.len(), 4);
         assert_eq!(
             B64.decode(all[0].value_base64.as_ref().unwrap()).unwrap(),
             b"\xff{bad"

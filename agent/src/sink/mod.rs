@@ -28,6 +28,11 @@ pub struct SinkConfig {
     pub namespace: String,
     /// Table name.
     pub table: String,
+    /// Tables of named output streams (plugins route records with `Emit::to(stream, ...)`):
+    /// `streams = { eu = "events_eu" }`, in the same namespace. A record routed to a
+    /// stream not listed here goes to the dead-letter file.
+    #[serde(default)]
+    pub streams: std::collections::BTreeMap<String, String>,
     /// Create the namespace and table (from the first records' schema) if missing.
     /// Off by default: production jobs rarely hold the privilege to create tables.
     #[serde(default)]
@@ -95,6 +100,19 @@ impl SinkConfig {
         }
         if self.table.trim().is_empty() {
             out.push(("table".into(), "must not be empty".into()));
+        }
+        for (stream, table) in &self.streams {
+            if table.trim().is_empty() {
+                out.push((
+                    format!("streams.{stream}"),
+                    "table name must not be empty".into(),
+                ));
+            } else if table == &self.table {
+                out.push((
+                    format!("streams.{stream}"),
+                    "must differ from the pipeline's default table".into(),
+                ));
+            }
         }
         if self.namespace.split('.').any(|p| p.trim().is_empty()) {
             out.push((

@@ -37,23 +37,20 @@ pub struct TableSink {
 
 /// What a commit did.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CommitOutcome {
-    /// A snapshot was committed.
-    Committed {
-        /// Its id.
-        snapshot_id: i64,
-        /// Data files it added.
-        files: usize,
-    },
-    /// Nothing to write (every record went to the dead-letter path); offsets are carried to the next commit.
-    Empty,
+pub struct CommitOutcome {
+    /// The new snapshot.
+    pub snapshot_id: i64,
+    /// Data files it added (0 for a snapshot that only moves offsets).
+    pub files: usize,
 }
 
 impl TableSink {
-    /// Loads the table (or remembers to create it on the first commit, if allowed).
+    /// Loads the table `table` of the sink's namespace (or remembers to create it on the
+    /// first commit, if allowed).
     pub async fn open(
         catalog: Arc<dyn Catalog>,
         config: &SinkConfig,
+        table: &str,
         pipeline: &str,
         writer_id: &str,
     ) -> Result<TableSink, SinkError> {
@@ -64,7 +61,7 @@ impl TableSink {
                     table: config.namespace.clone(),
                     source: Box::new(e),
                 })?;
-        let ident = TableIdent::new(namespace, config.table.clone());
+        let ident = TableIdent::new(namespace, table.to_string());
         let mut sink = TableSink {
             catalog: FencedCatalog::new(catalog),
             ident,
@@ -78,6 +75,11 @@ impl TableSink {
             return Err(SinkError::MissingTable(sink.ident.to_string()));
         }
         Ok(sink)
+    }
+
+    /// Whether the table exists in the catalog.
+    pub fn exists(&self) -> bool {
+        self.table.is_some()
     }
 
     /// The table identifier.
@@ -117,9 +119,19 @@ impl TableSink {
     }
 
     /// Creates the table, or adds the columns the tracker learned.
-    pub async fn apply_schema(&mut self, tracker: &SchemaTracker) -> Result<(), SinkError> {
+    /// A new table starts with a snapshot carrying `initial` offsets (the pipeline's
+    /// position before this commit), so that a crash before its first data commit makes
+    /// the pipeline read that data again.
+    pub async fn apply_schema(
+        &mut self,
+        tracker: &SchemaTracker,
+        initial: &OffsetMap,
+    ) -> Result<(), SinkError> {
         let Some(table) = &self.table else {
-            return self.create(tracker).await;
+            self.create(tracker).await?;
+            self.commit(Vec::new(), &OffsetMap::default(), initial)
+                .await?;
+            return Ok(());
         };
         let additions = tracker.additions();
         if additions.is_empty() {
@@ -229,16 +241,14 @@ impl TableSink {
         writer.close().await.map_err(|e| self.err("write", e))
     }
 
-    /// Commits data files as one snapshot carrying `offsets`, if the table still stores `expected`.
+    /// Commits data files (possibly none) as one snapshot carrying `offsets`, if the table
+    /// still stores `expected` for this pipeline.
     pub async fn commit(
         &mut self,
         files: Vec<DataFile>,
         expected: &OffsetMap,
         offsets: &OffsetMap,
     ) -> Result<CommitOutcome, SinkError> {
-        if files.is_empty() {
-            return Ok(CommitOutcome::Empty);
-        }
         let table = self
             .table
             .as_ref()
@@ -268,7 +278,7 @@ impl TableSink {
             Ok(table) => {
                 let snapshot_id = table.metadata().current_snapshot_id().unwrap_or_default();
                 self.table = Some(table);
-                Ok(CommitOutcome::Committed {
+                Ok(CommitOutcome {
                     snapshot_id,
                     files: count,
                 })

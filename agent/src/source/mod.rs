@@ -262,8 +262,8 @@ pub struct KafkaRecord {
 /// What the consumer thread tells the pipeline, in order.
 #[derive(Debug)]
 pub enum SourceEvent {
-    /// Records polled from the assigned partitions.
-    Records(Vec<KafkaRecord>),
+    /// Records polled from the assigned partitions, tagged with the seek epoch they belong to.
+    Records(u64, Vec<KafkaRecord>),
     /// Partitions were assigned, positioned at the stored offsets.
     Assigned(Vec<TopicPartition>),
     /// All partitions were revoked: uncommitted records must be dropped.
@@ -275,8 +275,15 @@ pub enum SourceEvent {
 /// What the pipeline asks of the consumer thread.
 #[derive(Debug)]
 pub enum SourceCommand {
-    /// Re-position these partitions (after a fenced commit); `None` means the start position.
-    Seek(Vec<(TopicPartition, Option<i64>)>),
+    /// Re-position these partitions (after a fenced commit or a plugin fault); `None`
+    /// means the start position. Records polled afterwards carry the new `epoch`, so
+    /// the pipeline can ignore the ones that were already on their way.
+    Seek {
+        /// The epoch of records read after the seek.
+        epoch: u64,
+        /// Where each partition continues.
+        positions: Vec<(TopicPartition, Option<i64>)>,
+    },
     /// Commit these next-offsets to the consumer group (monitoring only).
     CommitGroupOffsets(Vec<(TopicPartition, i64)>),
 }
@@ -448,9 +455,10 @@ fn poll_loop(
     start: StartPosition,
 ) {
     let mut topics: HashMap<String, Arc<str>> = HashMap::new();
+    let mut epoch = 0;
     while !stop.load(Ordering::SeqCst) {
         while let Ok(cmd) = commands.try_recv() {
-            run_command(pipeline, &consumer, cmd, start);
+            run_command(pipeline, &consumer, cmd, start, &mut epoch);
         }
         let mut batch = Vec::new();
         let mut timeout = Duration::from_millis(100);
@@ -486,7 +494,11 @@ fn poll_loop(
             }
             timeout = Duration::ZERO;
         }
-        if !batch.is_empty() && events.blocking_send(SourceEvent::Records(batch)).is_err() {
+        if !batch.is_empty()
+            && events
+                .blocking_send(SourceEvent::Records(epoch, batch))
+                .is_err()
+        {
             break;
         }
     }
@@ -498,10 +510,15 @@ fn run_command(
     consumer: &BaseConsumer<Context>,
     cmd: SourceCommand,
     start: StartPosition,
+    epoch: &mut u64,
 ) {
     match cmd {
-        SourceCommand::Seek(list) => {
-            for ((topic, partition), offset) in list {
+        SourceCommand::Seek {
+            epoch: new_epoch,
+            positions,
+        } => {
+            *epoch = new_epoch;
+            for ((topic, partition), offset) in positions {
                 let to = match (offset, start) {
                     (Some(o), _) => Offset::Offset(o),
                     (None, StartPosition::Earliest) => Offset::Beginning,

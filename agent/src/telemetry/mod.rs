@@ -80,3 +80,33 @@ pub fn consumer_lag(pipeline: &str, topic: &str, partition: i32, lag: i64) {
     metrics::gauge!("floe_consumer_lag", "pipeline" => pipeline.to_string(), "topic" => topic.to_string(), "partition" => partition.to_string())
         .set(lag as f64);
 }
+
+/// One batch through one plugin: records in and out, and time spent.
+pub fn plugin_batch(
+    pipeline: &str,
+    plugin: &str,
+    records_in: usize,
+    records_out: usize,
+    spent: std::time::Duration,
+) {
+    let labels = [
+        ("pipeline", pipeline.to_string()),
+        ("plugin", plugin.to_string()),
+    ];
+    metrics::counter!("floe_plugin_records_in_total", &labels).increment(records_in as u64);
+    metrics::counter!("floe_plugin_records_out_total", &labels).increment(records_out as u64);
+    metrics::counter!("floe_plugin_seconds_total", &labels)
+        .increment(spent.as_micros() as u64 / 1_000_000);
+    metrics::histogram!("floe_plugin_batch_seconds", &labels).record(spent.as_secs_f64());
+}
+
+/// A record a plugin rejected, by what happened to it (`dead_letter`, `drop`, `fail`).
+pub fn plugin_record_error(pipeline: &str, plugin: &str, policy: &'static str) {
+    metrics::counter!("floe_plugin_records_failed_total", "pipeline" => pipeline.to_string(), "plugin" => plugin.to_string(), "policy" => policy)
+        .increment(1);
+}
+
+/// A plugin fault (trap, panic, limit).
+pub fn plugin_fault(pipeline: &str, plugin: &str) {
+    metrics::counter!("floe_plugin_faults_total", "pipeline" => pipeline.to_string(), "plugin" => plugin.to_string()).increment(1);
+}

@@ -1,0 +1,127 @@
+//! The shared wasmtime engine and plugin lookup.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Deserialize;
+use wasmtime::component::Component;
+use wasmtime::{
+    Cache, CacheConfig, Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig,
+};
+
+use super::{TransformConfig, TransformError};
+
+/// `[plugins]`: where plugins are found and compiled code is cached.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PluginsConfig {
+    /// Directories searched for `uses = "name"` (as `<dir>/<name>.wasm`), after the
+    /// directories in the `FLOE_PLUGIN_PATH` environment variable.
+    #[serde(default = "default_path")]
+    pub path: Vec<PathBuf>,
+    /// Where compiled plugins are cached, so a restart does not compile them again.
+    #[serde(default = "default_cache_dir")]
+    pub cache_dir: PathBuf,
+}
+
+fn default_path() -> Vec<PathBuf> {
+    vec![PathBuf::from("plugins/dist")]
+}
+
+fn default_cache_dir() -> PathBuf {
+    PathBuf::from(".floe/wasm-cache")
+}
+
+impl Default for PluginsConfig {
+    fn default() -> Self {
+        PluginsConfig {
+            path: default_path(),
+            cache_dir: default_cache_dir(),
+        }
+    }
+}
+
+impl PluginsConfig {
+    /// Finds the `.wasm` file a `uses` value names.
+    pub fn resolve(&self, uses: &str) -> Option<PathBuf> {
+        let direct = Path::new(uses);
+        if uses.ends_with(".wasm") || uses.contains('/') {
+            return direct.exists().then(|| direct.to_path_buf());
+        }
+        let env_dirs: Vec<PathBuf> = std::env::var_os("FLOE_PLUGIN_PATH")
+            .map(|v| std::env::split_paths(&v).collect())
+            .unwrap_or_default();
+        env_dirs
+            .iter()
+            .chain(&self.path)
+            .map(|d| d.join(format!("{uses}.wasm")))
+            .find(|p| p.exists())
+    }
+}
+
+/// The engine every plugin instance of the agent runs in.
+#[derive(Clone)]
+pub struct TransformEngine {
+    pub(crate) engine: Engine,
+    pub(crate) plugins: Arc<PluginsConfig>,
+}
+
+impl TransformEngine {
+    /// Builds the engine: fuel metering, pooling allocator sized for `instances` plugin
+    /// instances of at most `max_memory` bytes each, and the on-disk compilation cache.
+    pub fn new(
+        plugins: &PluginsConfig,
+        instances: u32,
+        max_memory: u64,
+    ) -> Result<TransformEngine, TransformError> {
+        let engine_err = |e: wasmtime::Error| TransformError::Engine(format!("{e:#}"));
+        let mut config = Config::new();
+        config.consume_fuel(true);
+        let mut pool = PoolingAllocationConfig::default();
+        let instances = instances.max(1) * 2; // room to rebuild an instance while the old one drops
+        pool.total_component_instances(instances)
+            .total_core_instances(instances * 4)
+            .total_memories(instances * 2)
+            .total_tables(instances * 4)
+            .total_stacks(instances)
+            .max_memory_size(usize::try_from(max_memory).unwrap_or(usize::MAX));
+        config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        std::fs::create_dir_all(&plugins.cache_dir).map_err(|e| {
+            TransformError::Engine(format!(
+                "cannot create plugin cache {}: {e}",
+                plugins.cache_dir.display()
+            ))
+        })?;
+        let mut cache = CacheConfig::new();
+        cache.with_directory(
+            std::path::absolute(&plugins.cache_dir).unwrap_or_else(|_| plugins.cache_dir.clone()),
+        );
+        config.cache(Some(Cache::new(cache).map_err(engine_err)?));
+        let engine = Engine::new(&config).map_err(engine_err)?;
+        Ok(TransformEngine {
+            engine,
+            plugins: Arc::new(plugins.clone()),
+        })
+    }
+
+    /// Finds and compiles (or loads from the cache) the component of one transform.
+    pub fn load(&self, transform: &TransformConfig) -> Result<Component, TransformError> {
+        let plugin = transform.display_name();
+        let load_err = |reason: String| TransformError::Load {
+            plugin: plugin.clone(),
+            uses: transform.uses.clone(),
+            reason,
+        };
+        let path = self.plugins.resolve(&transform.uses).ok_or_else(|| {
+            load_err(format!(
+                "no such file (searched FLOE_PLUGIN_PATH and {:?} for {}.wasm)",
+                self.plugins.path, transform.uses
+            ))
+        })?;
+        let started = std::time::Instant::now();
+        let component = Component::from_file(&self.engine, &path)
+            .map_err(|e| load_err(format!("{}: {e:#}", path.display())))?;
+        tracing::info!(plugin = %plugin, path = %path.display(), ms = started.elapsed().as_millis() as u64, "plugin loaded");
+        Ok(component)
+    }
+}
