@@ -40,6 +40,10 @@ step "build"
 cargo build --locked --workspace --all-targets
 export FLOE_BIN="$CARGO_TARGET_DIR/debug/floe"
 
+step "plugins (wasm32-wasip2)"
+export FLOE_PLUGIN_DIR="$FLOE_CACHE/plugins"
+bash scripts/build-plugins.sh
+
 step "clippy"
 cargo clippy --locked --workspace --all-targets -- -D warnings
 

@@ -132,3 +132,71 @@ fn run_names_an_unusable_catalog_and_a_missing_table() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn a_scaffolded_plugin_builds_passes_its_tests_and_runs() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let sdk = repo_root().join("sdk");
+    let (code, stdout, stderr) = floe_cmd(&[
+        "plugin",
+        "new",
+        "drop-email",
+        "--dir",
+        dir.path().to_str().unwrap(),
+        "--sdk-path",
+        sdk.to_str().unwrap(),
+    ])?;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("created"), "{stdout}");
+    let crate_dir = dir.path().join("drop-email");
+    // Its own target dir, kept between runs (the SDK and serde_json compile once).
+    let target = std::env::var("FLOE_CACHE")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| std::env::temp_dir())
+        .join("target-scaffold");
+    let cargo = |args: &[&str]| -> Result<()> {
+        let out = std::process::Command::new("cargo")
+            .args(args)
+            .current_dir(&crate_dir)
+            .env("CARGO_TARGET_DIR", &target)
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "cargo {args:?} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
+    };
+    cargo(&["test"])?;
+    cargo(&["build", "--release", "--target", "wasm32-wasip2"])?;
+    let wasm = target.join("wasm32-wasip2/release/drop_email.wasm");
+    let (code, stdout, stderr) = floe_cmd(&[
+        "plugin",
+        "test",
+        wasm.to_str().unwrap(),
+        "--input",
+        crate_dir.join("sample.ndjson").to_str().unwrap(),
+    ])?;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains(r#"#0 -> {"id":1}"#), "{stdout}");
+    assert!(
+        stdout.contains("2 in, 2 out, 0 dropped, 0 errors"),
+        "{stdout}"
+    );
+
+    // A plugin's per-record error is shown, and the exit code says so.
+    std::fs::write(dir.path().join("bad.ndjson"), "{\"id\": 1}\n[1]\n")?;
+    let (code, stdout, _) = floe_cmd(&[
+        "plugin",
+        "test",
+        wasm.to_str().unwrap(),
+        "--input",
+        dir.path().join("bad.ndjson").to_str().unwrap(),
+    ])?;
+    assert_eq!(code, 3);
+    assert!(
+        stdout.contains("#1 !! error: input is not a JSON object"),
+        "{stdout}"
+    );
+    Ok(())
+}

@@ -28,6 +28,41 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Tools for plugin authors.
+    #[command(subcommand)]
+    Plugin(PluginCommand),
+}
+
+#[derive(Subcommand)]
+enum PluginCommand {
+    /// Create a plugin crate that builds and passes its tests as it is.
+    New {
+        /// Crate name (lowercase letters, digits, '-' and '_').
+        name: String,
+        /// Directory to create it in.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// Path of the floe-sdk crate the plugin depends on.
+        #[arg(long, env = "FLOE_SDK_PATH")]
+        sdk_path: PathBuf,
+    },
+    /// Run a built plugin (.wasm) on records from an NDJSON file and print what it emits.
+    Test {
+        /// Path of the .wasm component (or a plugin name found in FLOE_PLUGIN_PATH).
+        plugin: String,
+        /// NDJSON file, one JSON object per line.
+        #[arg(long)]
+        input: PathBuf,
+        /// The plugin's `with` settings, as JSON.
+        #[arg(long, default_value = "{}")]
+        with: String,
+        /// Fuel per batch.
+        #[arg(long, default_value_t = 10_000_000_000)]
+        fuel: u64,
+        /// Memory limit in bytes.
+        #[arg(long, default_value_t = 64 << 20)]
+        memory: u64,
+    },
 }
 
 fn main() -> ExitCode {
@@ -48,6 +83,51 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Command::Plugin(PluginCommand::New {
+            name,
+            dir,
+            sdk_path,
+        }) => match floe::transform::tools::scaffold(&dir, &name, &sdk_path) {
+            Ok(root) => {
+                println!(
+                    "created {}: `cargo test` runs its tests, `cargo build --release --target wasm32-wasip2` builds it",
+                    root.display()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Plugin(PluginCommand::Test {
+            plugin,
+            input,
+            with,
+            fuel,
+            memory,
+        }) => {
+            floe::telemetry::init_logging();
+            let limits = floe::transform::Limits {
+                fuel,
+                memory,
+                ..Default::default()
+            };
+            match floe::transform::tools::test_plugin(
+                &plugin,
+                &with,
+                limits,
+                &input,
+                &mut std::io::stdout(),
+            ) {
+                Ok(summary) if summary.errors == 0 => ExitCode::SUCCESS,
+                Ok(_) => ExitCode::from(3),
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Run { config } => {
             floe::telemetry::init_logging();
             let config = match Config::load(&config) {

@@ -523,3 +523,23 @@ pub fn spawn_agent(config: &Path) -> Result<InProcessAgent> {
     }));
     Ok(InProcessAgent { stop, handle })
 }
+
+/// Path of a built plugin (`scripts/build-plugins.sh` puts them in `FLOE_PLUGIN_DIR`).
+pub fn plugin_path(name: &str) -> PathBuf {
+    let path = tool("FLOE_PLUGIN_DIR").join(format!("{name}.wasm"));
+    assert!(
+        path.exists(),
+        "{} not found: run scripts/build-plugins.sh",
+        path.display()
+    );
+    path
+}
+
+/// Appends TOML to a config file (e.g. `[[pipelines.transforms]]` entries for its last pipeline).
+pub fn append_config(config: &Path, toml: &str) -> Result<()> {
+    let mut text = std::fs::read_to_string(config)?;
+    text.push('\n');
+    text.push_str(toml);
+    std::fs::write(config, text)?;
+    Ok(())
+}

@@ -15,6 +15,7 @@
 mod chain;
 mod engine;
 mod plugin;
+pub mod tools;
 
 use std::path::PathBuf;
 
@@ -22,7 +23,7 @@ use serde::Deserialize;
 
 pub use chain::{ChainOutput, ChainResult, RecordError, TransformChain};
 pub use engine::{PluginsConfig, TransformEngine};
-pub use plugin::Fault;
+pub use plugin::{Fault, FaultKind};
 
 /// One entry of `[[pipelines.transforms]]`.
 #[derive(Debug, Clone, Deserialize)]

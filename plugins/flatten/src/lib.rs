@@ -1,0 +1,282 @@
+//! `flatten`: turns nested objects into top-level fields whose names join the path.
+//!
+//! `{"a": {"b": 1, "c": {"d": 2}}, "e": [{"f": 3}]}` becomes
+//! `{"a_b": 1, "a_c_d": 2, "e": [{"f": 3}]}`.
+//!
+//! # Config
+//!
+//! ```toml
+//! [[pipelines.transforms]]
+//! uses = "plugins/dist/flatten.wasm"
+//! [pipelines.transforms.with]
+//! separator = "_"   # optional, default "_"
+//! max_depth = 2     # optional, default unlimited
+//! ```
+//!
+//! - `separator` (optional string, default `"_"`): put between the keys of a path.
+//!   It may be empty (`{"a": {"b": 1}}` -> `{"ab": 1}`).
+//! - `max_depth` (optional integer >= 1, default unlimited): how many levels of
+//!   nesting are flattened. With `max_depth = 1`, `{"a": {"b": {"c": 1}}}` becomes
+//!   `{"a_b": {"c": 1}}`: objects deeper than that are kept as values.
+//!
+//! Arrays are left as they are, objects inside them included. An empty object is
+//! kept as an empty object under its flattened name (`{"a": {"b": {}}}` ->
+//! `{"a_b": {}}`), so the field is not lost. Fields keep their order, nested fields
+//! taking the place of their parent.
+//!
+//! Per-record error: two fields that flatten to the same name, e.g. an existing
+//! `a_b` next to `{"a": {"b": ...}}`. Config errors: `max_depth = 0`, wrong types,
+//! an unknown key.
+
+use std::collections::HashMap;
+
+use floe_sdk::{Config, Emit, Map, Record, Transform, Value};
+use serde::Deserialize;
+
+/// The plugin.
+#[derive(Debug)]
+pub struct Flatten {
+    separator: String,
+    max_depth: Option<usize>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    separator: Option<String>,
+    max_depth: Option<usize>,
+}
+
+/// Output being built: the flattened fields and, for error messages, where each came from.
+struct Out {
+    fields: Map<String, Value>,
+    origins: HashMap<String, String>,
+}
+
+impl Flatten {
+    fn add(
+        &self,
+        out: &mut Out,
+        name: String,
+        origin: String,
+        value: Value,
+        levels_left: Option<usize>,
+    ) -> Result<(), String> {
+        match value {
+            Value::Object(inner) if !inner.is_empty() && levels_left != Some(0) => {
+                for (key, v) in inner {
+                    let child_name = format!("{name}{}{key}", self.separator);
+                    let child_origin = format!("{origin}.{key}");
+                    self.add(out, child_name, child_origin, v, levels_left.map(|n| n - 1))?;
+                }
+                Ok(())
+            }
+            value => {
+                if let Some(first) = out.origins.get(&name) {
+                    return Err(format!(
+                        "flatten: `{first}` and `{origin}` both flatten to `{name}`"
+                    ));
+                }
+                out.origins.insert(name.clone(), origin);
+                out.fields.insert(name, value);
+                Ok(())
+            }
+        }
+    }
+}
+
+impl Transform for Flatten {
+    fn init(config: &Config) -> Result<Self, String> {
+        let raw: RawConfig = config.parse()?;
+        if raw.max_depth == Some(0) {
+            return Err(
+                "flatten: `max_depth` must be at least 1 (leave it out for unlimited)".to_string(),
+            );
+        }
+        Ok(Flatten {
+            separator: raw.separator.unwrap_or_else(|| "_".to_string()),
+            max_depth: raw.max_depth,
+        })
+    }
+
+    fn process(&mut self, record: Record) -> Result<Vec<Emit>, String> {
+        let mut out = Out {
+            fields: Map::new(),
+            origins: HashMap::new(),
+        };
+        for (key, value) in record.value {
+            self.add(&mut out, key.clone(), key, value, self.max_depth)?;
+        }
+        Ok(vec![Emit::new(out.fields)])
+    }
+}
+
+floe_sdk::export_transform!(Flatten);
+
+#[cfg(test)]
+mod tests {
+    use floe_sdk::testing::Harness;
+    use floe_sdk::{Value, json};
+
+    use super::*;
+
+    fn flatten(config: Value) -> Harness<Flatten> {
+        Harness::new(config).unwrap()
+    }
+
+    fn run(h: &mut Harness<Flatten>, record: Value) -> Value {
+        let mut out = h.run(record).unwrap();
+        assert_eq!(out.len(), 1);
+        let emit = out.remove(0);
+        assert_eq!(emit.route, None);
+        Value::Object(emit.value)
+    }
+
+    fn keys(v: &Value) -> Vec<String> {
+        v.as_object().unwrap().keys().cloned().collect()
+    }
+
+    fn init_error(config: Value) -> String {
+        match Harness::<Flatten>::new(config) {
+            Ok(_) => panic!("init should fail"),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn flattens_nested_objects_with_the_default_separator() {
+        let mut h = flatten(json!({}));
+        assert_eq!(
+            run(&mut h, json!({"a": {"b": 1, "c": {"d": 2}}})),
+            json!({"a_b": 1, "a_c_d": 2})
+        );
+        let mut h = flatten(Value::Null);
+        assert_eq!(run(&mut h, json!({"a": {"b": null}})), json!({"a_b": null}));
+    }
+
+    #[test]
+    fn keeps_order_with_nested_fields_in_place_of_their_parent() {
+        let mut h = flatten(json!({}));
+        let out = run(
+            &mut h,
+            json!({"z": 0, "a": {"y": 1, "b": {"x": 2}}, "m": 3}),
+        );
+        assert_eq!(keys(&out), ["z", "a_y", "a_b_x", "m"]);
+    }
+
+    #[test]
+    fn arrays_are_left_alone() {
+        let mut h = flatten(json!({}));
+        let record = json!({"e": [{"f": {"g": 3}}, 1], "h": {"i": [{"j": {"k": 1}}]}});
+        assert_eq!(
+            run(&mut h, record),
+            json!({"e": [{"f": {"g": 3}}, 1], "h_i": [{"j": {"k": 1}}]})
+        );
+    }
+
+    #[test]
+    fn flat_records_are_unchanged() {
+        let mut h = flatten(json!({}));
+        let record = json!({"a": 1, "b": "x", "c": null, "d": [1], "e": true, "f": 1.5});
+        assert_eq!(run(&mut h, record.clone()), record);
+        assert_eq!(run(&mut h, json!({})), json!({}));
+    }
+
+    #[test]
+    fn empty_objects_are_kept() {
+        let mut h = flatten(json!({}));
+        assert_eq!(
+            run(&mut h, json!({"a": {}, "b": {"c": {}, "d": 1}})),
+            json!({"a": {}, "b_c": {}, "b_d": 1})
+        );
+    }
+
+    #[test]
+    fn custom_separator() {
+        let mut h = flatten(json!({"separator": "."}));
+        assert_eq!(
+            run(&mut h, json!({"a": {"b": {"c": 1}}})),
+            json!({"a.b.c": 1})
+        );
+        let mut h = flatten(json!({"separator": "__"}));
+        assert_eq!(run(&mut h, json!({"a": {"b": 1}})), json!({"a__b": 1}));
+        let mut h = flatten(json!({"separator": ""}));
+        assert_eq!(run(&mut h, json!({"a": {"b": 1}})), json!({"ab": 1}));
+    }
+
+    #[test]
+    fn max_depth_limits_levels() {
+        let record = json!({"a": {"b": {"c": {"d": 1}}, "e": 2}, "f": 3});
+        let mut h = flatten(json!({"max_depth": 1}));
+        assert_eq!(
+            run(&mut h, record.clone()),
+            json!({"a_b": {"c": {"d": 1}}, "a_e": 2, "f": 3})
+        );
+        let mut h = flatten(json!({"max_depth": 2}));
+        assert_eq!(
+            run(&mut h, record.clone()),
+            json!({"a_b_c": {"d": 1}, "a_e": 2, "f": 3})
+        );
+        let mut h = flatten(json!({"max_depth": 3}));
+        assert_eq!(
+            run(&mut h, record.clone()),
+            json!({"a_b_c_d": 1, "a_e": 2, "f": 3})
+        );
+        let mut h = flatten(json!({"max_depth": 100}));
+        assert_eq!(run(&mut h, record), json!({"a_b_c_d": 1, "a_e": 2, "f": 3}));
+    }
+
+    #[test]
+    fn deep_nesting() {
+        let mut record = json!(1);
+        for _ in 0..50 {
+            record = json!({"n": record});
+        }
+        let mut h = flatten(json!({}));
+        let out = run(&mut h, record);
+        assert_eq!(out, json!({ vec!["n"; 50].join("_"): 1 }));
+    }
+
+    #[test]
+    fn collisions_are_record_errors() {
+        let mut h = flatten(json!({}));
+        let err = h.run(json!({"a_b": 1, "a": {"b": 2}})).unwrap_err();
+        assert_eq!(err, "flatten: `a_b` and `a.b` both flatten to `a_b`");
+        let err = h.run(json!({"a": {"b": 2}, "a_b": 1})).unwrap_err();
+        assert_eq!(err, "flatten: `a.b` and `a_b` both flatten to `a_b`");
+        let err = h
+            .run(json!({"a": {"b_c": 1}, "a_b": {"c": 2}}))
+            .unwrap_err();
+        assert_eq!(err, "flatten: `a.b_c` and `a_b.c` both flatten to `a_b_c`");
+        // The next record is fine.
+        assert_eq!(run(&mut h, json!({"a": {"b": 2}})), json!({"a_b": 2}));
+        // A collision with a field that is not flattened (beyond max_depth) counts too.
+        let mut h = flatten(json!({"max_depth": 1}));
+        let err = h.run(json!({"a": {"b": {"c": 1}}, "a_b": 0})).unwrap_err();
+        assert!(err.contains("both flatten to `a_b`"), "{err}");
+    }
+
+    #[test]
+    fn bad_config_fails_init() {
+        let e = init_error(json!({"max_depth": 0}));
+        assert!(e.contains("at least 1"), "{e}");
+        let e = init_error(json!({"max_depth": -1}));
+        assert!(e.contains("invalid plugin config"), "{e}");
+        let e = init_error(json!({"max_depth": "2"}));
+        assert!(e.contains("invalid plugin config"), "{e}");
+        let e = init_error(json!({"separator": 1}));
+        assert!(e.contains("invalid plugin config"), "{e}");
+        let e = init_error(json!({"sep": "."}));
+        assert!(e.contains("unknown field `sep`"), "{e}");
+    }
+
+    #[test]
+    fn input_that_is_not_an_object_is_a_record_error() {
+        let mut h = flatten(json!({}));
+        assert!(
+            h.run_bytes(b"42")
+                .unwrap_err()
+                .contains("not a JSON object")
+        );
+    }
+}

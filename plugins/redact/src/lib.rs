@@ -1,0 +1,440 @@
+//! `redact`: removes, hashes or masks sensitive fields.
+//!
+//! # Config
+//!
+//! ```toml
+//! [[pipelines.transforms]]
+//! uses = "plugins/dist/redact.wasm"
+//! [pipelines.transforms.with]
+//! drop = ["email", "user.ssn"]   # remove these fields
+//! hash = ["user_id"]             # replace with hex SHA-256 of salt + value
+//! salt = "s3cr3t"                # optional, default ""
+//! mask = ["card"]                # "4111111111111111" -> "***1111"
+//! ```
+//!
+//! - `drop` (optional, list of dotted paths): the fields are removed.
+//! - `hash` (optional, list of dotted paths): the value is replaced by the lowercase
+//!   hex SHA-256 of `salt` followed by the value's text: a string's raw text, any other
+//!   value's compact JSON text (`42`, `true`, `{"a":1}` with keys in record order).
+//!   The same value and salt always give the same hash, so hashed ids still join.
+//! - `salt` (optional string, default `""`): prepended to every hashed value.
+//! - `mask` (optional, list of dotted paths): a string becomes `"***"` followed by
+//!   its last 4 characters (`"4111111111111111"` -> `"***1111"`); a string of 4
+//!   characters or fewer becomes `"***"` alone, so it is never shown whole. A number
+//!   is masked like its JSON text (and becomes a string); booleans, arrays and objects
+//!   become `"***"`.
+//!
+//! A dotted path (`user.ssn`) names a key inside nested objects. Missing fields (and
+//! paths through something that is not an object) are ignored, and a JSON `null` is
+//! left as it is by `hash` and `mask` (there is nothing to hide, and a constant hash
+//! would look like a real value). Masking runs first, then hashing, then dropping.
+//! At least one of `drop`, `hash`, `mask` must be given; a path listed under two of
+//! them, an empty path or an unknown key fails `init`.
+
+use std::fmt::Write as _;
+
+use floe_sdk::{Config, Emit, Map, Record, Transform, Value};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+/// The plugin.
+#[derive(Debug)]
+pub struct Redact {
+    drop: Vec<Vec<String>>,
+    hash: Vec<Vec<String>>,
+    mask: Vec<Vec<String>>,
+    salt: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    drop: Vec<String>,
+    #[serde(default)]
+    hash: Vec<String>,
+    #[serde(default)]
+    mask: Vec<String>,
+    #[serde(default)]
+    salt: String,
+}
+
+/// How many trailing characters `mask` keeps.
+const MASK_KEEP: usize = 4;
+/// What `mask` puts in front of the kept characters.
+const MASK: &str = "***";
+
+fn parse_paths(list: &[String], name: &str) -> Result<Vec<Vec<String>>, String> {
+    list.iter()
+        .map(|field| {
+            if field.split('.').any(str::is_empty) {
+                Err(format!(
+                    "redact: `{name}` entries must be dotted paths like `user.ssn`, got {field:?}"
+                ))
+            } else {
+                Ok(field.split('.').map(str::to_string).collect())
+            }
+        })
+        .collect()
+}
+
+/// The value at a dotted path, mutably, if every parent is an object.
+fn lookup_mut<'a>(record: &'a mut Map<String, Value>, path: &[String]) -> Option<&'a mut Value> {
+    let (last, parents) = path.split_last()?;
+    let mut map = record;
+    for key in parents {
+        map = map.get_mut(key)?.as_object_mut()?;
+    }
+    map.get_mut(last)
+}
+
+/// Removes the value at a dotted path, keeping the order of the remaining keys.
+fn remove(record: &mut Map<String, Value>, path: &[String]) {
+    let Some((last, parents)) = path.split_last() else {
+        return;
+    };
+    let mut map = record;
+    for key in parents {
+        match map.get_mut(key).and_then(Value::as_object_mut) {
+            Some(inner) => map = inner,
+            None => return,
+        }
+    }
+    map.shift_remove(last);
+}
+
+/// Lowercase hex SHA-256 of `salt` + the value's text.
+pub fn hash_value(salt: &str, value: &Value) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(salt.as_bytes());
+    match value {
+        Value::String(s) => hasher.update(s.as_bytes()),
+        other => hasher.update(other.to_string().as_bytes()),
+    }
+    let digest = hasher.finalize();
+    let mut hex = String::with_capacity(digest.len() * 2);
+    for byte in digest {
+        let _ = write!(hex, "{byte:02x}");
+    }
+    hex
+}
+
+/// `"***"` + the last 4 characters of `text`, or `"***"` alone for short text.
+pub fn mask_text(text: &str) -> String {
+    let count = text.chars().count();
+    if count <= MASK_KEEP {
+        return MASK.to_string();
+    }
+    let start = text
+        .char_indices()
+        .nth(count - MASK_KEEP)
+        .map_or(0, |(i, _)| i);
+    format!("{MASK}{}", &text[start..])
+}
+
+fn mask_value(value: &Value) -> Value {
+    match value {
+        Value::String(s) => Value::String(mask_text(s)),
+        Value::Number(n) => Value::String(mask_text(&n.to_string())),
+        _ => Value::String(MASK.to_string()),
+    }
+}
+
+impl Transform for Redact {
+    fn init(config: &Config) -> Result<Self, String> {
+        let raw: RawConfig = config.parse()?;
+        if raw.drop.is_empty() && raw.hash.is_empty() && raw.mask.is_empty() {
+            return Err("redact: nothing to do; give `drop`, `hash` and/or `mask`".to_string());
+        }
+        let lists = [
+            ("drop", &raw.drop),
+            ("hash", &raw.hash),
+            ("mask", &raw.mask),
+        ];
+        for (i, (a, list_a)) in lists.iter().enumerate() {
+            for (b, list_b) in &lists[i + 1..] {
+                if let Some(both) = list_a.iter().find(|f| list_b.contains(f)) {
+                    return Err(format!(
+                        "redact: `{both}` is listed under both `{a}` and `{b}`"
+                    ));
+                }
+            }
+        }
+        Ok(Redact {
+            drop: parse_paths(&raw.drop, "drop")?,
+            hash: parse_paths(&raw.hash, "hash")?,
+            mask: parse_paths(&raw.mask, "mask")?,
+            salt: raw.salt,
+        })
+    }
+
+    fn process(&mut self, record: Record) -> Result<Vec<Emit>, String> {
+        let mut value = record.value;
+        for path in &self.mask {
+            if let Some(v) = lookup_mut(&mut value, path).filter(|v| !v.is_null()) {
+                *v = mask_value(v);
+            }
+        }
+        for path in &self.hash {
+            if let Some(v) = lookup_mut(&mut value, path).filter(|v| !v.is_null()) {
+                *v = Value::String(hash_value(&self.salt, v));
+            }
+        }
+        for path in &self.drop {
+            remove(&mut value, path);
+        }
+        Ok(vec![Emit::new(value)])
+    }
+}
+
+floe_sdk::export_transform!(Redact);
+
+#[cfg(test)]
+mod tests {
+    use floe_sdk::testing::{Harness, object};
+    use floe_sdk::{Value, json};
+
+    use super::*;
+
+    fn redact(config: Value) -> Harness<Redact> {
+        Harness::new(config).unwrap()
+    }
+
+    fn run(h: &mut Harness<Redact>, record: Value) -> Value {
+        let mut out = h.run(record).unwrap();
+        assert_eq!(out.len(), 1);
+        let emit = out.remove(0);
+        assert_eq!(emit.route, None);
+        Value::Object(emit.value)
+    }
+
+    fn init_error(config: Value) -> String {
+        match Harness::<Redact>::new(config) {
+            Ok(_) => panic!("init should fail"),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn drops_top_level_and_nested_fields_keeping_order() {
+        let mut h = redact(json!({"drop": ["email", "user.ssn"]}));
+        let out = run(
+            &mut h,
+            json!({"a": 1, "email": "x@y", "user": {"name": "n", "ssn": "123", "z": 2}, "b": 3}),
+        );
+        assert_eq!(out, json!({"a": 1, "user": {"name": "n", "z": 2}, "b": 3}));
+        let keys: Vec<_> = out.as_object().unwrap().keys().cloned().collect();
+        assert_eq!(keys, ["a", "user", "b"]);
+        let keys: Vec<_> = out["user"].as_object().unwrap().keys().cloned().collect();
+        assert_eq!(keys, ["name", "z"]);
+    }
+
+    #[test]
+    fn drops_whole_objects_and_nulls() {
+        let mut h = redact(json!({"drop": ["user", "n"]}));
+        assert_eq!(
+            run(&mut h, json!({"user": {"ssn": 1}, "n": null, "k": 0})),
+            json!({"k": 0})
+        );
+    }
+
+    #[test]
+    fn missing_fields_are_ignored() {
+        let mut h = redact(
+            json!({"drop": ["email", "user.ssn"], "hash": ["id", "a.b.c"], "mask": ["card"]}),
+        );
+        let record = json!({"other": 1, "user": "not an object", "a": {"b": 5}});
+        assert_eq!(run(&mut h, record.clone()), record);
+        assert_eq!(run(&mut h, json!({})), json!({}));
+    }
+
+    #[test]
+    fn hashes_strings_as_raw_text_with_salt() {
+        let mut h = redact(json!({"hash": ["user_id"]}));
+        assert_eq!(
+            run(&mut h, json!({"user_id": "abc", "k": 1})),
+            json!({"user_id": "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad", "k": 1})
+        );
+        let mut h = redact(json!({"hash": ["user_id"], "salt": "pepper"}));
+        assert_eq!(
+            run(&mut h, json!({"user_id": "u-42"})),
+            json!({"user_id": "d5edbbd3f8a9c935546d328a403d50aff769f7a8dcabe236880002f7fa7730ab"})
+        );
+    }
+
+    #[test]
+    fn hashes_other_values_as_json_text() {
+        let mut h = redact(json!({"hash": ["n", "o", "l"]}));
+        let out = run(
+            &mut h,
+            json!({"n": 42, "o": {"a": 1, "b": [true, null]}, "l": [1, 2]}),
+        );
+        assert_eq!(
+            out,
+            json!({
+                "n": "73475cb40a568e8da8a045ced110137e159f890ac4da883b6b17dc651b3a8049",
+                "o": "1cc69c7fa23616ca2ec3ee70d24390a6225c8832db8a4c814c7e0e7f942f8668",
+                "l": "49a64717d5d4cb19952e6eac2946415cf6879adacf9908e7d872332d32c6e684",
+            })
+        );
+        let mut h = redact(json!({"hash": ["user.id"], "salt": "pepper"}));
+        assert_eq!(
+            run(&mut h, json!({"user": {"id": 42, "name": "n"}})),
+            json!({"user": {"id": "93ca73bec2907ec825519db1f7ee28cb033d71c83d14b76ef78b0c4e64566e6e", "name": "n"}})
+        );
+        // A number and the string of its digits hash alike (both texts are `42`).
+        assert_eq!(
+            hash_value("pepper", &json!(42)),
+            hash_value("pepper", &json!("42"))
+        );
+    }
+
+    #[test]
+    fn hash_and_mask_leave_null_alone() {
+        let mut h = redact(json!({"hash": ["id"], "mask": ["card"]}));
+        assert_eq!(
+            run(&mut h, json!({"id": null, "card": null})),
+            json!({"id": null, "card": null})
+        );
+    }
+
+    #[test]
+    fn masks_keeping_the_last_four_characters() {
+        let mut h = redact(json!({"mask": ["card", "pay.iban"]}));
+        assert_eq!(
+            run(
+                &mut h,
+                json!({"card": "4111 1111 1111 1234", "pay": {"iban": "DE89370400440532013000"}})
+            ),
+            json!({"card": "***1234", "pay": {"iban": "***3000"}})
+        );
+        assert_eq!(
+            run(&mut h, json!({"card": "12345"})),
+            json!({"card": "***2345"})
+        );
+        assert_eq!(run(&mut h, json!({"card": "1234"})), json!({"card": "***"}));
+        assert_eq!(run(&mut h, json!({"card": "1"})), json!({"card": "***"}));
+        assert_eq!(run(&mut h, json!({"card": ""})), json!({"card": "***"}));
+        assert_eq!(
+            run(&mut h, json!({"card": "äöüßéñ"})),
+            json!({"card": "***üßéñ"}),
+            "characters, not bytes"
+        );
+        assert_eq!(
+            run(&mut h, json!({"card": 4_111_111_111_111_234_u64})),
+            json!({"card": "***1234"})
+        );
+        assert_eq!(run(&mut h, json!({"card": 12})), json!({"card": "***"}));
+        assert_eq!(run(&mut h, json!({"card": true})), json!({"card": "***"}));
+        assert_eq!(
+            run(&mut h, json!({"card": {"n": "4111111111111234"}})),
+            json!({"card": "***"})
+        );
+        assert_eq!(
+            run(&mut h, json!({"card": ["4111111111111234"]})),
+            json!({"card": "***"})
+        );
+    }
+
+    #[test]
+    fn all_three_together() {
+        let mut h = redact(json!({
+            "drop": ["email", "user.ssn"],
+            "hash": ["user_id"],
+            "salt": "pepper",
+            "mask": ["card"],
+        }));
+        let out = run(
+            &mut h,
+            json!({"user_id": "abc", "email": "a@b.c", "card": "4111111111111234", "user": {"ssn": "1", "age": 3}}),
+        );
+        assert_eq!(
+            out,
+            json!({
+                "user_id": "fadf7b97406e1eaa259a82e26e6839e564c37c256876e060e17838c86b7275ef",
+                "card": "***1234",
+                "user": {"age": 3},
+            })
+        );
+    }
+
+    #[test]
+    fn parent_and_child_in_different_lists() {
+        // Masking runs before hashing, hashing before dropping.
+        let mut h = redact(json!({"hash": ["user"], "mask": ["user.card"]}));
+        let out = run(&mut h, json!({"user": {"card": "4111111111111234"}}));
+        assert_eq!(
+            out,
+            json!({"user": hash_value("", &json!({"card": "***1234"}))})
+        );
+
+        let mut h = redact(json!({"hash": ["user"], "drop": ["user.card"], "salt": "pepper"}));
+        // `user` is a hash (a string) by the time `user.card` would be dropped.
+        assert_eq!(
+            run(&mut h, json!({"user": {"a": 1}})),
+            json!({"user": "faa9c19ff81acac836d40c81c85eb498a17a3861f864ac9f6af1eeb65fae451f"})
+        );
+
+        let mut h = redact(json!({"drop": ["user"], "hash": ["user.id"]}));
+        assert_eq!(
+            run(&mut h, json!({"user": {"id": 1}, "k": 2})),
+            json!({"k": 2})
+        );
+    }
+
+    #[test]
+    fn record_is_otherwise_unchanged() {
+        let mut h = redact(json!({"drop": ["x"]}));
+        let record = json!({"a": [1, {"b": null}], "c": {"d": "e"}, "f": 1.5});
+        assert_eq!(
+            h.run(record.clone()).unwrap(),
+            vec![Emit::new(object(record))]
+        );
+    }
+
+    #[test]
+    fn bad_config_fails_init() {
+        assert!(init_error(json!({})).contains("nothing to do"));
+        assert!(init_error(Value::Null).contains("nothing to do"));
+        assert!(init_error(json!({"salt": "x"})).contains("nothing to do"));
+        assert!(init_error(json!({"drop": [], "hash": []})).contains("nothing to do"));
+        let e = init_error(json!({"drop": ["a"], "hash": ["b", "a"]}));
+        assert!(
+            e.contains("`a` is listed under both `drop` and `hash`"),
+            "{e}"
+        );
+        let e = init_error(json!({"hash": ["a"], "mask": ["a"]}));
+        assert!(e.contains("both `hash` and `mask`"), "{e}");
+        for path in ["", "a.", ".a", "a..b"] {
+            let e = init_error(json!({"mask": [path]}));
+            assert!(e.contains("`mask` entries must be dotted paths"), "{e}");
+        }
+        let e = init_error(json!({"drop": "email"}));
+        assert!(e.contains("invalid plugin config"), "{e}");
+        let e = init_error(json!({"drop": ["a"], "salt": 5}));
+        assert!(e.contains("invalid plugin config"), "{e}");
+        let e = init_error(json!({"drop": ["a"], "masks": ["b"]}));
+        assert!(e.contains("unknown field `masks`"), "{e}");
+    }
+
+    #[test]
+    fn input_that_is_not_an_object_is_a_record_error() {
+        let mut h = redact(json!({"drop": ["a"]}));
+        assert!(
+            h.run_bytes(b"\"text\"")
+                .unwrap_err()
+                .contains("not a JSON object")
+        );
+        assert!(h.run_bytes(b"").unwrap_err().contains("not valid JSON"));
+        assert_eq!(run(&mut h, json!({"a": 1, "b": 2})), json!({"b": 2}));
+    }
+
+    #[test]
+    fn helpers() {
+        assert_eq!(
+            hash_value("", &json!("")),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+        assert_eq!(mask_text("abcdefgh"), "***efgh");
+    }
+}

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Builds every WebAssembly plugin of the repo (plugins/*/ and the test plugins in
+# tests/plugins/*/) as wasm32-wasip2 components with the `plugin` profile, in one cargo
+# invocation, and copies them to the plugin directory:
+#   plugins/<name>       (package floe-plugin-<name>)      -> $FLOE_PLUGIN_DIR/<name>.wasm
+#   tests/plugins/<name> (package floe-test-plugin-<name>) -> $FLOE_PLUGIN_DIR/test-<name>.wasm
+#
+# Environment:
+#   FLOE_CACHE       cache root (default /var/cache/floe); cargo builds into $FLOE_CACHE/target-wasm
+#   FLOE_PLUGIN_DIR  where the .wasm files go (default $FLOE_CACHE/plugins)
+set -euo pipefail
+
+root="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)"
+# From the root, rustup and cargo follow the repo's rust-toolchain.toml.
+cd "$root"
+
+cache="${FLOE_CACHE:-/var/cache/floe}"
+export CARGO_TARGET_DIR="$cache/target-wasm"
+out_dir="${FLOE_PLUGIN_DIR:-$cache/plugins}"
+target=wasm32-wasip2
+profile=plugin
+
+if command -v rustup >/dev/null 2>&1; then
+    if ! rustup target list --installed | grep -qx "$target"; then
+        rustup target add "$target"
+    fi
+fi
+
+# The `name = "..."` of a manifest's [package] section.
+package_name() {
+    awk '
+        /^[[:space:]]*\[/ { in_package = ($0 ~ /^[[:space:]]*\[package\][[:space:]]*$/); next }
+        in_package && /^[[:space:]]*name[[:space:]]*=/ {
+            sub(/^[^=]*=[[:space:]]*"/, ""); sub(/".*$/, ""); print; exit
+        }
+    ' "$1"
+}
+
+packages=()   # cargo package names
+artifacts=()  # file names cargo writes
+outputs=()    # file names in $out_dir
+shopt -s nullglob
+for manifest in plugins/*/Cargo.toml tests/plugins/*/Cargo.toml; do
+    name="$(package_name "$manifest")"
+    if [[ -z "$name" ]]; then
+        echo "build-plugins: no package name in $manifest" >&2
+        exit 1
+    fi
+    case "$manifest" in
+        tests/*) prefix=floe-test-plugin- out_prefix=test- ;;
+        *) prefix=floe-plugin- out_prefix= ;;
+    esac
+    if [[ "$name" != "$prefix"* ]]; then
+        echo "build-plugins: package $name in $manifest should be named $prefix<name>" >&2
+        exit 1
+    fi
+    packages+=("$name")
+    artifacts+=("${name//-/_}.wasm")
+    short="${name#"$prefix"}"
+    outputs+=("$out_prefix${short//-/_}.wasm")
+done
+shopt -u nullglob
+
+if ((${#packages[@]} == 0)); then
+    echo "build-plugins: no plugins found under plugins/ or tests/plugins/" >&2
+    exit 1
+fi
+
+args=()
+for p in "${packages[@]}"; do args+=(-p "$p"); done
+cargo build --locked --target "$target" --profile "$profile" "${args[@]}"
+
+mkdir -p "$out_dir"
+for i in "${!packages[@]}"; do
+    src="$CARGO_TARGET_DIR/$target/$profile/${artifacts[$i]}"
+    dst="$out_dir/${outputs[$i]}"
+    if [[ ! -f "$src" ]]; then
+        echo "build-plugins: cargo did not produce $src (is crate-type cdylib?)" >&2
+        exit 1
+    fi
+    # Copy then rename, so a reader never sees a half-written file.
+    cp -- "$src" "$dst.tmp.$$"
+    mv -f -- "$dst.tmp.$$" "$dst"
+    size=$(wc -c <"$dst")
+    printf '%-32s %9d bytes (%d KiB)  %s\n' "${outputs[$i]}" "$size" $(((size + 1023) / 1024)) "$dst"
+done

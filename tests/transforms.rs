@@ -1,0 +1,320 @@
+//! The WebAssembly transform chain end to end: a real broker, plugins built to
+//! `wasm32-wasip2`, routed tables read back by PyIceberg and DuckDB, error policies,
+//! and faults (panic, fuel, memory).
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use anyhow::Result;
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
+use floe::dead_letter::DeadLetterWriter;
+use floe_tests::{
+    Broker, Message, PipelineSpec, Workspace, append_config, plugin_path, spawn_agent,
+};
+use serde_json::{Value, json};
+
+const REGIONS: [&str; 3] = ["eu", "us", "apac"];
+
+fn event(i: i64) -> Value {
+    let region = REGIONS[(i % 3) as usize];
+    let mut v = json!({
+        "id": i,
+        "user": format!("user-{}", i % 50),
+        "email": format!("u{i}@example.com"),
+        "region": region,
+        "paid": i % 2 == 0,
+        "amount": i as f64 + 0.5,
+    });
+    match region {
+        "eu" => v["vat_rate"] = json!(0.2),
+        "us" => v["state"] = json!("CA"),
+        _ => {}
+    }
+    v
+}
+
+fn messages(values: impl Iterator<Item = Value>) -> Vec<Message> {
+    values
+        .map(|v| (None, Some(v.to_string().into_bytes())))
+        .collect()
+}
+
+async fn setup(
+    topic: &str,
+    values: impl Iterator<Item = Value>,
+) -> Result<(Broker, Workspace, std::path::PathBuf)> {
+    let broker = Broker::start()?;
+    broker.create_topic(topic, 2).await?;
+    broker.produce(topic, &messages(values)).await?;
+    let ws = Workspace::new()?;
+    let config = ws.write_config(&PipelineSpec {
+        name: topic,
+        bootstrap: &broker.bootstrap,
+        topic,
+        namespace: "wasm",
+        table: topic,
+        commit_interval: "1s",
+    })?;
+    Ok((broker, ws, config))
+}
+
+fn ids(rows: &[Value]) -> BTreeSet<i64> {
+    rows.iter().map(|r| r["id"].as_i64().expect("id")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filter_redact_route_chain_writes_one_table_per_stream() -> Result<()> {
+    const N: i64 = 600;
+    let (_broker, ws, config) = setup("events", (0..N).map(event)).await?;
+    append_config(
+        &config,
+        &format!(
+            r#"
+[pipelines.sink.streams]
+eu = "events_eu"
+us = "events_us"
+
+[[pipelines.transforms]]
+uses = "{filter}"
+with = {{ all = [{{ field = "paid", op = "eq", value = true }}] }}
+
+[[pipelines.transforms]]
+uses = "{redact}"
+with = {{ drop = ["email"], hash = ["user"], salt = "pepper" }}
+
+[[pipelines.transforms]]
+uses = "{route}"
+with = {{ field = "region", routes = {{ eu = "eu", us = "us" }} }}
+"#,
+            filter = plugin_path("filter").display(),
+            redact = plugin_path("redact").display(),
+            route = plugin_path("route").display(),
+        ),
+    )?;
+    let agent = spawn_agent(&config)?;
+    for table in ["events", "events_eu", "events_us"] {
+        ws.wait_for_rows("wasm", table, 100, Duration::from_secs(120))
+            .await?;
+    }
+    agent.stop().await?;
+
+    let expected = |region: usize| -> BTreeSet<i64> {
+        (0..N)
+            .filter(|i| i % 2 == 0 && (i % 3) as usize == region)
+            .collect()
+    };
+    for reader in ["pyiceberg", "duckdb"] {
+        let eu = ws.read(reader, "wasm", "events_eu", "id")?;
+        let us = ws.read(reader, "wasm", "events_us", "id")?;
+        let rest = ws.read(reader, "wasm", "events", "id")?;
+        assert_eq!(
+            ids(eu.rows()),
+            expected(0),
+            "{reader}: eu table holds the paid EU events"
+        );
+        assert_eq!(
+            ids(us.rows()),
+            expected(1),
+            "{reader}: us table holds the paid US events"
+        );
+        assert_eq!(
+            ids(rest.rows()),
+            expected(2),
+            "{reader}: unrouted events stay in the default table"
+        );
+        // Each table's schema is inferred from its own records.
+        assert!(
+            eu.columns().contains(&"vat_rate".to_string())
+                && !eu.columns().contains(&"state".to_string()),
+            "{reader}: {:?}",
+            eu.columns()
+        );
+        assert!(
+            us.columns().contains(&"state".to_string())
+                && !us.columns().contains(&"vat_rate".to_string()),
+            "{reader}: {:?}",
+            us.columns()
+        );
+        for dump in [&eu, &us, &rest] {
+            assert!(
+                !dump.columns().contains(&"email".to_string()),
+                "{reader}: email was dropped"
+            );
+            for row in dump.rows() {
+                let user = row["user"].as_str().expect("user");
+                assert_eq!(
+                    user.len(),
+                    64,
+                    "{reader}: user is a SHA-256 hex digest: {user}"
+                );
+                assert!(user.chars().all(|c| c.is_ascii_hexdigit()));
+                assert_eq!(
+                    row["amount"],
+                    json!(row["id"].as_i64().unwrap() as f64 + 0.5)
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs the faulty test plugin until `rows` rows are committed, then stops the agent.
+async fn run_faulty(topic: &str, n: i64, with: &str, extra: &str, rows: i64) -> Result<Workspace> {
+    let (_broker, ws, config) = setup(
+        topic,
+        (0..n).map(|i| json!({"id": i, "v": format!("x{i}")})),
+    )
+    .await?;
+    append_config(
+        &config,
+        &format!(
+            "[[pipelines.transforms]]\nuses = \"{}\"\nname = \"faulty\"\nwith = {with}\n{extra}\n",
+            plugin_path("test-faulty").display()
+        ),
+    )?;
+    let agent = spawn_agent(&config)?;
+    ws.wait_for_rows("wasm", topic, rows, Duration::from_secs(90))
+        .await?;
+    agent.stop().await?;
+    Ok(ws)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_error_dead_letters_exactly_that_record() -> Result<()> {
+    const N: i64 = 3_000;
+    let ws = run_faulty(
+        "errors",
+        N,
+        "{ mode = \"fail_every\", every = 1000 }",
+        "",
+        N - 3,
+    )
+    .await?;
+    let rows = ws.read("pyiceberg", "wasm", "errors", "id")?;
+    let expected: BTreeSet<i64> = (0..N).filter(|i| i % 1000 != 0).collect();
+    assert_eq!(ids(rows.rows()), expected);
+    let letters = DeadLetterWriter::read_all(&ws.path("dead-letter.ndjson"))?;
+    let rejected: BTreeSet<i64> = letters
+        .iter()
+        .map(|l| {
+            let v: Value =
+                serde_json::from_slice(&B64.decode(l.value_base64.as_deref().unwrap()).unwrap())
+                    .unwrap();
+            v["id"].as_i64().unwrap()
+        })
+        .collect();
+    assert_eq!(
+        rejected,
+        BTreeSet::from([0, 1000, 2000]),
+        "exactly the rejected records, with their original bytes"
+    );
+    for l in &letters {
+        assert_eq!(l.stage, "transform");
+        assert!(
+            l.reason
+                .starts_with("plugin faulty: faulty: rejected record"),
+            "{}",
+            l.reason
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drop_policy_drops_and_fail_policy_stops() -> Result<()> {
+    let ws = run_faulty(
+        "dropped",
+        2_000,
+        "{ mode = \"fail_every\", every = 1000 }",
+        "on_error = \"drop\"",
+        1_998,
+    )
+    .await?;
+    assert_eq!(
+        ws.read("duckdb", "wasm", "dropped", "id")?.rows().len(),
+        1_998
+    );
+    assert!(
+        !ws.path("dead-letter.ndjson").exists()
+            || DeadLetterWriter::read_all(&ws.path("dead-letter.ndjson"))?.is_empty()
+    );
+
+    let err = stops_with(
+        "failing",
+        "{ mode = \"fail_every\", every = 1000 }",
+        "on_error = \"fail\"",
+    )
+    .await?;
+    assert!(
+        err.contains("plugin faulty failed on failing/")
+            && err.contains("faulty: rejected record 0"),
+        "{err}"
+    );
+    Ok(())
+}
+
+/// Runs a pipeline whose plugin makes it stop; returns the error text.
+async fn stops_with(topic: &str, with: &str, extra: &str) -> Result<String> {
+    let (_broker, ws, config) = setup(topic, (0..50).map(|i| json!({"id": i}))).await?;
+    append_config(
+        &config,
+        &format!(
+            "[[pipelines.transforms]]\nuses = \"{}\"\nname = \"faulty\"\nwith = {with}\n{extra}\n",
+            plugin_path("test-faulty").display()
+        ),
+    )?;
+    let config = floe::config::Config::load(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let result = tokio::time::timeout(
+        Duration::from_secs(120),
+        floe::run(config, std::future::pending()),
+    )
+    .await?;
+    let err = result
+        .expect_err("the pipeline must stop with an error")
+        .to_string();
+    assert_eq!(
+        ws.committed_rows("wasm", topic).await?,
+        0,
+        "nothing of a failed batch is committed"
+    );
+    Ok(err)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_stop_the_pipeline_with_a_clear_error() -> Result<()> {
+    let panic = stops_with("panics", "{ mode = \"panic\", at_offset = 3 }", "").await?;
+    assert!(
+        panic.contains("plugin faulty panicked: faulty plugin panicked on purpose at offset 3"),
+        "{panic}"
+    );
+
+    let fuel = stops_with(
+        "spins",
+        "{ mode = \"spin\" }",
+        "limits = { fuel = 50000000 }",
+    )
+    .await?;
+    assert!(
+        fuel.contains("plugin faulty exceeded its fuel limit (50000000 per batch"),
+        "{fuel}"
+    );
+
+    let memory = stops_with(
+        "hogs",
+        "{ mode = \"hog\", bytes = 67108864 }",
+        "limits = { memory = \"16MiB\" }",
+    )
+    .await?;
+    assert!(
+        memory.contains("plugin faulty exceeded its memory limit (16 MiB"),
+        "{memory}"
+    );
+
+    let init = stops_with("refuses", "{ mode = \"init_error\" }", "").await?;
+    assert!(
+        init.contains("plugin faulty: init failed: faulty: init refused"),
+        "{init}"
+    );
+    Ok(())
+}
