@@ -18,7 +18,7 @@ pub mod bindings {
 }
 
 #[cfg(target_arch = "wasm32")]
-use bindings::floe::transform::types::{Input, Outcome, Output};
+use bindings::floe_plugin::transform::types::{Input, Outcome, Output};
 
 /// Reports panics through the host's log so the agent can show the message
 /// (the trap itself only says `unreachable`).

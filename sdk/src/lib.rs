@@ -211,7 +211,7 @@ macro_rules! export_transform {
     ($plugin:ty) => {
         #[cfg(target_arch = "wasm32")]
         const _: () = {
-            use $crate::__export::bindings::floe::transform::types::{Input, Outcome};
+            use $crate::__export::bindings::floe_plugin::transform::types::{Input, Outcome};
 
             ::std::thread_local! {
                 static INSTANCE: ::std::cell::RefCell<Option<$plugin>> = const { ::std::cell::RefCell::new(None) };

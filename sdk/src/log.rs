@@ -23,8 +23,8 @@ pub const PANIC_PREFIX: &str = "panic: ";
 pub fn log(level: Level, message: &str) {
     #[cfg(target_arch = "wasm32")]
     {
-        use crate::__export::bindings::floe::transform::host;
-        use crate::__export::bindings::floe::transform::types::Level as L;
+        use crate::__export::bindings::floe_plugin::transform::host;
+        use crate::__export::bindings::floe_plugin::transform::types::Level as L;
         let level = match level {
             Level::Trace => L::Trace,
             Level::Debug => L::Debug,

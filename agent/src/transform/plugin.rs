@@ -18,8 +18,8 @@ wasmtime::component::bindgen!({
     path: "../wit/transform.wit",
 });
 
-use floe::transform::types::Level;
-pub use floe::transform::types::Metadata;
+use floe_plugin::transform::types::Level;
+pub use floe_plugin::transform::types::Metadata;
 
 /// A plugin fault: the batch it happened in is not committed and the instance is rebuilt.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -90,9 +90,9 @@ impl WasiView for HostState {
     }
 }
 
-impl floe::transform::types::Host for HostState {}
+impl floe_plugin::transform::types::Host for HostState {}
 
-impl floe::transform::host::Host for HostState {
+impl floe_plugin::transform::host::Host for HostState {
     fn log(&mut self, level: Level, message: String) {
         if let Some(panic) = message.strip_prefix("panic: ") {
             self.last_panic = Some(panic.to_string());

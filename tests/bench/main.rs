@@ -1,0 +1,528 @@
+//! `floe-bench`: throughput, CPU per record and memory of Floe, side by side with the
+//! limits around it and with a peer a user would write instead.
+//!
+//! Workload (like OLake's public Kafka benchmark): JSON records of about 144 bytes,
+//! produced to a real local broker before timing starts. Scenarios:
+//! (a) the broker read-only rate with rdkafka (the Kafka-side limit);
+//! (b) JSON -> Arrow -> Parquet -> Iceberg commit on the same records without Kafka;
+//! (c) Floe, no plugin; (d) Floe with 1 and 3 passthrough plugins (the `floe` binary,
+//! measured from outside: CPU from /proc, peak RSS from VmHWM);
+//! (e) a Python consumer (confluent-kafka) batching into pyarrow and appending with PyIceberg.
+//!
+//! Run with `scripts/bench.sh` (builds in release, installs tools, prints a table and
+//! writes JSON).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use floe::sink::{CatalogConfig, TableSink, open_catalog};
+use floe_tests::{Broker, Message, Workspace, free_port, metric_value, scrape_metrics};
+use iceberg::{Catalog, TableIdent};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use serde_json::{Value, json};
+
+#[derive(Parser)]
+struct Args {
+    /// Records to produce and ingest.
+    #[arg(long, default_value_t = 1_000_000)]
+    records: usize,
+    /// Topic partitions.
+    #[arg(long, default_value_t = 8)]
+    partitions: i32,
+    /// Where the JSON results go.
+    #[arg(long, default_value = "bench-results.json")]
+    out: PathBuf,
+    /// Skip the Python peer.
+    #[arg(long)]
+    skip_peer: bool,
+}
+
+/// One scenario's figures.
+#[derive(Debug, Clone, serde::Serialize)]
+struct Figures {
+    scenario: String,
+    records: usize,
+    seconds: f64,
+    cpu_seconds: f64,
+    peak_rss_mib: Option<f64>,
+    files: Option<i64>,
+    snapshots: Option<i64>,
+    bytes: u64,
+}
+
+impl Figures {
+    fn rate(&self) -> f64 {
+        self.records as f64 / self.seconds
+    }
+    fn mb_per_s(&self) -> f64 {
+        self.bytes as f64 / 1e6 / self.seconds
+    }
+    fn cpu_per_million(&self) -> f64 {
+        self.cpu_seconds / (self.records as f64 / 1e6)
+    }
+    fn per_core(&self) -> f64 {
+        self.records as f64 / self.cpu_seconds
+    }
+}
+
+fn record(i: usize) -> Value {
+    const EVENTS: [&str; 5] = ["page_view", "click", "signup", "purchase", "logout"];
+    json!({
+        "id": i,
+        "user": format!("user-{}@example.com", (i * 7919) % 100_000),
+        "event": EVENTS[i % 5],
+        "amount": (i % 10_000) as f64 / 100.0,
+        "ts": format!("2024-01-01T{:02}:{:02}:{:02}.{:06}Z", (i / 3600) % 24, (i / 60) % 60, i % 60, i % 1_000_000),
+        "tags": ["beta", "web"],
+    })
+}
+
+/// CPU seconds (user + system) of a process, from /proc.
+fn cpu_seconds(pid: &str) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after = &stat[stat.rfind(')').context("stat format")? + 2..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = fields[11].parse::<f64>()? + fields[12].parse::<f64>()?;
+    Ok(ticks / clock_ticks())
+}
+
+fn clock_ticks() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+fn peak_rss_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
+async fn table_stats(catalog: &Arc<dyn Catalog>, ident: &TableIdent) -> Result<(i64, i64, i64)> {
+    let table = catalog.load_table(ident).await?;
+    let meta = table.metadata();
+    let snapshots = meta.snapshots().count() as i64;
+    let summary = |k: &str| {
+        meta.current_snapshot()
+            .and_then(|s| {
+                s.summary()
+                    .additional_properties
+                    .get(k)
+                    .and_then(|v| v.parse().ok())
+            })
+            .unwrap_or(0)
+    };
+    Ok((
+        summary("total-records"),
+        summary("total-data-files"),
+        snapshots,
+    ))
+}
+
+/// (a) How fast rdkafka reads the topic with nothing else to do.
+fn read_only(
+    broker: &Broker,
+    topic: &str,
+    partitions: i32,
+    n: usize,
+    bytes: u64,
+) -> Result<Figures> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &broker.bootstrap)
+        .set("group.id", "bench-read-only")
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
+    }
+    consumer.assign(&tpl)?;
+    let cpu0 = cpu_seconds("self")?;
+    let start = Instant::now();
+    let mut seen = 0;
+    let mut payload_bytes = 0usize;
+    while seen < n {
+        if let Some(m) = consumer.poll(Duration::from_secs(5)) {
+            let m = m?;
+            payload_bytes += m.payload_len();
+            seen += 1;
+        } else if start.elapsed() > Duration::from_secs(300) {
+            bail!("read only {seen} of {n}");
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    std::hint::black_box(payload_bytes);
+    Ok(Figures {
+        scenario: "a: broker read-only (rdkafka)".into(),
+        records: n,
+        seconds,
+        cpu_seconds: cpu_seconds("self")? - cpu0,
+        peak_rss_mib: None,
+        files: None,
+        snapshots: None,
+        bytes,
+    })
+}
+
+/// (b) Decode, infer, encode to Arrow, write Parquet and commit, from memory.
+async fn encode_limit(values: &[Vec<u8>], flush_bytes: u64) -> Result<Figures> {
+    let ws = Workspace::new()?;
+    let catalog = open_catalog(
+        "local",
+        &CatalogConfig::Embedded {
+            path: ws.path("catalog.db"),
+            warehouse: ws.path("warehouse"),
+        },
+    )
+    .await?;
+    let sink_config: floe::sink::SinkConfig = toml_sink();
+    let cpu0 = cpu_seconds("self")?;
+    let start = Instant::now();
+    let mut sink =
+        TableSink::open(catalog.clone(), &sink_config, "encode", "bench", "bench").await?;
+    let topic: Arc<str> = Arc::from("bench");
+    let mut committed = floe::offsets::OffsetMap::default();
+    let mut batch = Vec::new();
+    let mut batch_bytes = 0u64;
+    let mut tracker = sink.tracker();
+    for (i, v) in values.iter().enumerate() {
+        let decoded = floe::decode::decode_json(v)?;
+        tracker.observe(&decoded)?;
+        batch_bytes += v.len() as u64;
+        batch.push(floe::source::KafkaRecord {
+            topic: topic.clone(),
+            partition: 0,
+            offset: i as i64,
+            timestamp_ms: Some(0),
+            key: None,
+            value: Some(v.clone()),
+        });
+        if batch_bytes >= flush_bytes || i + 1 == values.len() {
+            sink.apply_schema(&tracker, &committed).await?;
+            let files = sink.write(&batch).await?;
+            let mut next = committed.clone();
+            next.0.insert((topic.clone(), 0), i as i64 + 1);
+            sink.commit(files, &committed, &next).await?;
+            committed = next;
+            tracker = sink.tracker();
+            batch.clear();
+            batch_bytes = 0;
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let cpu = cpu_seconds("self")? - cpu0;
+    let (rows, files, snapshots) = table_stats(&catalog, sink.ident()).await?;
+    anyhow::ensure!(
+        rows as usize == values.len(),
+        "encode limit wrote {rows} rows"
+    );
+    let bytes = values.iter().map(|v| v.len() as u64).sum();
+    Ok(Figures {
+        scenario: "b: JSON->Arrow->Parquet, no Kafka (in-process)".into(),
+        records: values.len(),
+        seconds,
+        cpu_seconds: cpu,
+        peak_rss_mib: None,
+        files: Some(files),
+        snapshots: Some(snapshots),
+        bytes,
+    })
+}
+
+fn toml_sink() -> floe::sink::SinkConfig {
+    toml::from_str(
+        "catalog = \"local\"\nnamespace = \"bench\"\ntable = \"encode\"\ncreate_table = true",
+    )
+    .expect("sink config")
+}
+
+/// (c)/(d) The `floe` binary ingesting the topic, measured from outside.
+async fn floe_run(
+    name: &str,
+    broker: &Broker,
+    topic: &str,
+    n: usize,
+    bytes: u64,
+    plugins: usize,
+) -> Result<Figures> {
+    let ws = Workspace::new()?;
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let d = ws.dir.path().display();
+    let mut config = format!(
+        r#"[metrics]
+listen = "{metrics}"
+[plugins]
+cache_dir = "{cache}"
+[catalogs.local]
+type = "embedded"
+path = "{d}/catalog.db"
+warehouse = "{d}/warehouse"
+[[pipelines]]
+name = "bench"
+[pipelines.source]
+bootstrap_servers = "{bootstrap}"
+group_id = "bench-{name}"
+topics = ["{topic}"]
+[pipelines.source.properties]
+"session.timeout.ms" = "6000"
+"fetch.max.bytes" = "52428800"
+[pipelines.sink]
+catalog = "local"
+namespace = "bench"
+table = "events"
+create_table = true
+commit_interval = "10s"
+flush_bytes = "64MiB"
+"#,
+        cache = std::env::temp_dir().join("floe-bench-wasm-cache").display(),
+        bootstrap = broker.bootstrap,
+    );
+    for _ in 0..plugins {
+        config.push_str(&format!(
+            "[[pipelines.transforms]]\nuses = \"{}\"\n",
+            floe_tests::plugin_path("passthrough").display()
+        ));
+    }
+    let path = ws.path("floe.toml");
+    std::fs::write(&path, config)?;
+    let bin = floe_tests::floe_bin();
+    let start = Instant::now();
+    let mut child = Command::new(&bin)
+        .args(["run", "--config"])
+        .arg(&path)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(ws.path("floe.log"))?)
+        .spawn()?;
+    let pid = child.id();
+    let mut peak = 0.0f64;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            bail!(
+                "floe exited early ({status}): {}",
+                std::fs::read_to_string(ws.path("floe.log"))?
+            );
+        }
+        peak = peak.max(peak_rss_mib(pid).unwrap_or(0.0));
+        let read = scrape_metrics(&metrics)
+            .ok()
+            .and_then(|m| metric_value(&m, "floe_records_in_total", &[]))
+            .unwrap_or(0.0);
+        if read as usize >= n {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(900) {
+            bail!("floe read {read} of {n} records in 900s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Everything is read: a graceful stop commits the rest, and the clock stops at exit.
+    Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()?;
+    let mut cpu = 0.0;
+    loop {
+        peak = peak.max(peak_rss_mib(pid).unwrap_or(0.0));
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        if let Ok(c) = cpu_seconds(&pid.to_string()) {
+            cpu = c;
+        }
+        // A zombie keeps its CPU times until it is reaped.
+        if stat.contains(") Z ") || stat.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let status = child.wait()?;
+    anyhow::ensure!(
+        status.success(),
+        "floe failed: {}",
+        std::fs::read_to_string(ws.path("floe.log"))?
+    );
+    let catalog = ws.catalog().await?;
+    let (rows, files, snapshots) =
+        table_stats(&catalog, &TableIdent::from_strs(["bench", "events"])?).await?;
+    anyhow::ensure!(rows as usize == n, "floe committed {rows} of {n} rows");
+    let scenario = match plugins {
+        0 => "c: floe, no plugin".to_string(),
+        1 => "d: floe, 1 passthrough plugin".to_string(),
+        k => format!("d: floe, {k} passthrough plugins"),
+    };
+    Ok(Figures {
+        scenario,
+        records: n,
+        seconds,
+        cpu_seconds: cpu,
+        peak_rss_mib: Some(peak),
+        files: Some(files),
+        snapshots: Some(snapshots),
+        bytes,
+    })
+}
+
+/// (e) The Python peer (`tests/bench/peer.py`).
+fn python_peer(broker: &Broker, topic: &str, n: usize, bytes: u64) -> Result<Figures> {
+    let ws = Workspace::new()?;
+    let python =
+        std::env::var("FLOE_PYTHON").context("FLOE_PYTHON not set: run scripts/bench.sh")?;
+    let out = Command::new(python)
+        .arg(floe_tests::repo_root().join("tests/bench/peer.py"))
+        .args([
+            "--bootstrap",
+            &broker.bootstrap,
+            "--topic",
+            topic,
+            "--records",
+            &n.to_string(),
+            "--commit-interval",
+            "10",
+            "--flush-bytes",
+            &(64 << 20).to_string(),
+        ])
+        .arg("--workdir")
+        .arg(ws.dir.path())
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "peer failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout)?;
+    Ok(Figures {
+        scenario: "e: Python peer (confluent-kafka + pyarrow + PyIceberg)".into(),
+        records: v["records"].as_u64().unwrap_or(0) as usize,
+        seconds: v["seconds"].as_f64().unwrap_or(f64::NAN),
+        cpu_seconds: v["cpu_seconds"].as_f64().unwrap_or(f64::NAN),
+        peak_rss_mib: v["peak_rss_mib"].as_f64(),
+        files: v["files"].as_i64(),
+        snapshots: v["snapshots"].as_i64(),
+        bytes,
+    })
+}
+
+fn print_table(results: &[Figures]) {
+    println!(
+        "\n{:<52} {:>10} {:>9} {:>9} {:>12} {:>13} {:>9} {:>6} {:>6}",
+        "scenario",
+        "records/s",
+        "MB/s",
+        "wall s",
+        "CPU s/1M",
+        "rec/CPU-s",
+        "RSS MiB",
+        "files",
+        "snaps"
+    );
+    for f in results {
+        println!(
+            "{:<52} {:>10.0} {:>9.1} {:>9.2} {:>12.2} {:>13.0} {:>9} {:>6} {:>6}",
+            f.scenario,
+            f.rate(),
+            f.mb_per_s(),
+            f.seconds,
+            f.cpu_per_million(),
+            f.per_core(),
+            f.peak_rss_mib.map_or("-".into(), |m| format!("{m:.0}")),
+            f.files.map_or("-".into(), |x| x.to_string()),
+            f.snapshots.map_or("-".into(), |x| x.to_string()),
+        );
+    }
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(bench(args))
+}
+
+async fn bench(args: Args) -> Result<()> {
+    let n = args.records;
+    let values: Vec<Vec<u8>> = (0..n).map(|i| record(i).to_string().into_bytes()).collect();
+    let bytes: u64 = values.iter().map(|v| v.len() as u64).sum();
+    println!(
+        "workload: {n} JSON records, {:.0} bytes on average, {} partitions",
+        bytes as f64 / n as f64,
+        args.partitions
+    );
+
+    let broker = Broker::start()?;
+    let topic = "bench";
+    broker.create_topic(topic, args.partitions).await?;
+    let started = Instant::now();
+    for chunk in values.chunks(100_000) {
+        let messages: Vec<Message> = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (Some(format!("k{i}").into_bytes()), Some(v.clone())))
+            .collect();
+        broker.produce(topic, &messages).await?;
+    }
+    println!(
+        "produced in {:.1}s (not timed below)",
+        started.elapsed().as_secs_f64()
+    );
+
+    let mut results = vec![read_only(&broker, topic, args.partitions, n, bytes)?];
+    println!("{:?}", results.last().map(|f| (&f.scenario, f.rate())));
+    results.push(encode_limit(&values, 64 << 20).await?);
+    println!("{:?}", results.last().map(|f| (&f.scenario, f.rate())));
+    drop(values);
+    for plugins in [0, 1, 3] {
+        results.push(floe_run(&format!("p{plugins}"), &broker, topic, n, bytes, plugins).await?);
+        println!("{:?}", results.last().map(|f| (&f.scenario, f.rate())));
+    }
+    if !args.skip_peer {
+        results.push(python_peer(&broker, topic, n, bytes)?);
+    }
+    print_table(&results);
+
+    let find = |prefix: &str| {
+        results
+            .iter()
+            .find(|f| f.scenario.starts_with(prefix))
+            .cloned()
+    };
+    let ratio = |a: Option<Figures>, b: Option<Figures>| a.zip(b).map(|(a, b)| a.rate() / b.rate());
+    let c = find("c:");
+    let ratios = json!({
+        "c_over_a": ratio(c.clone(), find("a:")),
+        "c_over_b": ratio(c.clone(), find("b:")),
+        "d1_over_c": ratio(find("d: floe, 1 "), c.clone()),
+        "d3_over_c": ratio(find("d: floe, 3 "), c.clone()),
+        "c_over_e": ratio(c.clone(), find("e:")),
+    });
+    println!(
+        "\nratios (records/s): {}",
+        serde_json::to_string_pretty(&ratios)?
+    );
+    let commit = Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .current_dir(floe_tests::repo_root())
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let report = json!({
+        "commit": commit,
+        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "records": n,
+        "avg_record_bytes": bytes as f64 / n as f64,
+        "partitions": args.partitions,
+        "results": results,
+        "ratios": ratios,
+    });
+    std::fs::write(&args.out, serde_json::to_string_pretty(&report)?)?;
+    println!("wrote {}", Path::new(&args.out).display());
+    Ok(())
+}
