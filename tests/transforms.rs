@@ -318,3 +318,61 @@ async fn faults_stop_the_pipeline_with_a_clear_error() -> Result<()> {
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_two_tables_commits_loses_and_duplicates_nothing() -> Result<()> {
+    const N: i64 = 600;
+    let (_broker, ws, config) = setup("routed", (0..N).map(event)).await?;
+    append_config(
+        &config,
+        &format!(
+            "[pipelines.sink.streams]\neu = \"routed_eu\"\nus = \"routed_us\"\n\n[[pipelines.transforms]]\nuses = \"{}\"\nwith = {{ field = \"region\", routes = {{ eu = \"eu\", us = \"us\" }} }}\n",
+            plugin_path("route").display()
+        ),
+    )?;
+    // Killed right after the first table (the default one) commits, before the others do.
+    let mut agent = floe_tests::AgentProcess::start(
+        &config,
+        &[("FLOE_FAILPOINT", floe::failpoint::AFTER_COMMIT)],
+    )?;
+    agent.wait_for_line(
+        "FLOE_FAILPOINT after_commit reached",
+        Duration::from_secs(90),
+    )?;
+    agent.kill9()?;
+    assert_eq!(
+        ws.committed_rows("wasm", "routed").await?,
+        N / 3,
+        "the default table committed"
+    );
+    assert_eq!(
+        ws.committed_rows("wasm", "routed_eu").await?,
+        0,
+        "the eu table did not"
+    );
+
+    let agent = floe_tests::AgentProcess::start(&config, &[])?;
+    for table in ["routed", "routed_eu", "routed_us"] {
+        ws.wait_for_rows("wasm", table, N / 3, Duration::from_secs(90))
+            .await?;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    agent.terminate()?;
+    for (table, region) in [("routed", 2), ("routed_eu", 0), ("routed_us", 1)] {
+        for reader in ["pyiceberg", "duckdb"] {
+            let dump = ws.read(reader, "wasm", table, "id")?;
+            let expected: BTreeSet<i64> = (0..N).filter(|i| i % 3 == region).collect();
+            assert_eq!(
+                dump.rows().len(),
+                expected.len(),
+                "{reader}: {table} has no duplicates"
+            );
+            assert_eq!(
+                ids(dump.rows()),
+                expected,
+                "{reader}: {table} has every record"
+            );
+        }
+    }
+    Ok(())
+}

@@ -499,6 +499,21 @@ impl Pipeline {
         if self.tables.iter().any(|t| !t.buffer.is_empty()) {
             failpoint::hit(failpoint::BEFORE_WRITE);
         }
+        // Schemas first: every table that receives rows exists (a new one starting at
+        // `before`) before any table commits, so a crash between two tables' commits
+        // leaves the later tables behind and the pipeline re-reads for them.
+        for t in self.tables.iter_mut().filter(|t| !t.buffer.is_empty()) {
+            let sink_err = |e| PipelineError::Sink {
+                pipeline: self.config.name.clone(),
+                source: Box::new(e),
+            };
+            t.sink
+                .apply_schema(&t.tracker, &before)
+                .await
+                .map_err(sink_err)?;
+            // A table created just now stores `before`.
+            t.committed = t.sink.stored_offsets().map_err(sink_err)?;
+        }
         for i in 0..self.tables.len() {
             let t = &mut self.tables[i];
             let mut target = t.committed.clone();
@@ -517,13 +532,6 @@ impl Pipeline {
                 continue;
             }
             let files = if has_rows {
-                t.sink
-                    .apply_schema(&t.tracker, &before)
-                    .await
-                    .map_err(|e| PipelineError::Sink {
-                        pipeline: self.config.name.clone(),
-                        source: Box::new(e),
-                    })?;
                 let files = t
                     .sink
                     .write(&t.buffer)
