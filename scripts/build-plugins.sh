@@ -84,3 +84,16 @@ for i in "${!packages[@]}"; do
     size=$(wc -c <"$dst")
     printf '%-32s %9d bytes (%d KiB)  %s\n' "${outputs[$i]}" "$size" $(((size + 1023) / 1024)) "$dst"
 done
+
+# Core-module builds of passthrough: the agent turns them into components at load time
+# (wasm32-wasip1 through the preview 1 adapter). Used by the tests of that path.
+for core_target in wasm32-wasip1 wasm32-unknown-unknown; do
+    if command -v rustup >/dev/null 2>&1 && ! rustup target list --installed | grep -qx "$core_target"; then
+        rustup target add "$core_target"
+    fi
+    cargo build --locked --target "$core_target" --profile "$profile" -p floe-plugin-passthrough
+    dst="$out_dir/passthrough-${core_target#wasm32-}.wasm"
+    cp -- "$CARGO_TARGET_DIR/$core_target/$profile/floe_plugin_passthrough.wasm" "$dst.tmp.$$"
+    mv -f -- "$dst.tmp.$$" "$dst"
+    printf '%-32s %9d bytes  %s\n' "${dst##*/}" "$(wc -c <"$dst")" "$dst"
+done

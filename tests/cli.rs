@@ -200,3 +200,25 @@ fn a_scaffolded_plugin_builds_passes_its_tests_and_runs() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn core_modules_for_wasip1_and_unknown_unknown_are_accepted() -> Result<()> {
+    let input = repo_root().join("examples/data/events.ndjson");
+    for name in ["passthrough-wasip1", "passthrough-unknown-unknown"] {
+        let plugin = floe_tests::plugin_path(name);
+        let (code, stdout, stderr) = floe_cmd(&[
+            "plugin",
+            "test",
+            plugin.to_str().unwrap(),
+            "--input",
+            input.to_str().unwrap(),
+        ])?;
+        // The sample holds 2 malformed lines on purpose: the plugin reports them as record errors.
+        assert_eq!(code, 3, "{name}: {stderr}");
+        assert!(
+            stdout.contains("502 in, 500 out, 0 dropped, 2 errors"),
+            "{name}: {stdout}"
+        );
+    }
+    Ok(())
+}

@@ -119,9 +119,48 @@ impl TransformEngine {
             ))
         })?;
         let started = std::time::Instant::now();
-        let component = Component::from_file(&self.engine, &path)
+        let bytes =
+            std::fs::read(&path).map_err(|e| load_err(format!("{}: {e}", path.display())))?;
+        let bytes = if wasmparser::Parser::is_core_wasm(&bytes) {
+            into_component(&bytes).map_err(|e| {
+                load_err(format!(
+                    "{}: cannot make a component of this core module: {e:#}",
+                    path.display()
+                ))
+            })?
+        } else {
+            bytes
+        };
+        let component = Component::from_binary(&self.engine, &bytes)
             .map_err(|e| load_err(format!("{}: {e:#}", path.display())))?;
         tracing::info!(plugin = %plugin, path = %path.display(), ms = started.elapsed().as_millis() as u64, "plugin loaded");
         Ok(component)
     }
+}
+
+/// Wraps a core module (built for `wasm32-unknown-unknown` or `wasm32-wasip1` with the
+/// SDK, which embeds the component type) into a component; WASI preview 1 imports go
+/// through the standard preview 1 -> preview 2 adapter.
+fn into_component(module: &[u8]) -> anyhow::Result<Vec<u8>> {
+    use wasi_preview1_component_adapter_provider::{
+        WASI_SNAPSHOT_PREVIEW1_ADAPTER_NAME, WASI_SNAPSHOT_PREVIEW1_REACTOR_ADAPTER,
+    };
+    let mut uses_wasi_p1 = false;
+    for payload in wasmparser::Parser::new(0).parse_all(module) {
+        if let wasmparser::Payload::ImportSection(imports) = payload? {
+            for import in imports.into_imports() {
+                uses_wasi_p1 |= import?.module == WASI_SNAPSHOT_PREVIEW1_ADAPTER_NAME;
+            }
+        }
+    }
+    let mut encoder = wit_component::ComponentEncoder::default()
+        .module(module)?
+        .validate(true);
+    if uses_wasi_p1 {
+        encoder = encoder.adapter(
+            WASI_SNAPSHOT_PREVIEW1_ADAPTER_NAME,
+            WASI_SNAPSHOT_PREVIEW1_REACTOR_ADAPTER,
+        )?;
+    }
+    encoder.encode()
 }
