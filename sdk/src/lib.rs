@@ -48,6 +48,12 @@
 //! assert!(t.run(serde_json::json!({"paid": false})).unwrap().is_empty());
 //! ```
 //!
+//! # Nested fields
+//!
+//! [`path::FieldPath`] parses a dotted path such as `user.address.city` once (in
+//! [`Transform::init`]) and reads, changes, removes or writes the value it names in
+//! each record, keeping the key order of the record.
+//!
 //! # Sandbox
 //!
 //! A plugin has no file system, no network and a frozen clock unless the pipeline
@@ -62,6 +68,7 @@ pub use serde;
 pub use serde_json::{self, Map, Value, json};
 
 pub mod log;
+pub mod path;
 pub mod testing;
 
 #[doc(hidden)]

@@ -218,8 +218,16 @@ impl Workspace {
     /// Writes `floe.toml` for one pipeline on the embedded catalog `local`; returns its path.
     pub fn write_config(&self, spec: &PipelineSpec<'_>) -> Result<PathBuf> {
         let d = self.dir.path().display();
+        // Compiled plugins are cached once for all tests (they compile in seconds in debug builds).
+        let cache = std::env::var_os("FLOE_CACHE")
+            .map(PathBuf::from)
+            .unwrap_or_else(std::env::temp_dir)
+            .join("wasm-cache-tests");
         let text = format!(
             r#"
+[plugins]
+cache_dir = "{cache}"
+
 [catalogs.local]
 type = "embedded"
 path = "{d}/catalog.db"
@@ -249,6 +257,7 @@ path = "{d}/dead-letter.ndjson"
             ns = spec.namespace,
             table = spec.table,
             interval = spec.commit_interval,
+            cache = cache.display(),
         );
         let path = self.path("floe.toml");
         std::fs::write(&path, text)?;

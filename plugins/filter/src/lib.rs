@@ -53,6 +53,7 @@
 
 use std::cmp::Ordering;
 
+use floe_sdk::path::FieldPath;
 use floe_sdk::serde_json::Number;
 use floe_sdk::{Config, Emit, Map, Record, Transform, Value};
 use serde::{Deserialize, Deserializer};
@@ -88,7 +89,7 @@ fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
 /// One parsed condition.
 #[derive(Debug)]
 struct Condition {
-    path: Vec<String>,
+    path: FieldPath,
     test: Test,
 }
 
@@ -175,7 +176,7 @@ impl Condition {
     }
 
     fn holds(&self, record: &Map<String, Value>) -> bool {
-        let found = lookup(record, &self.path);
+        let found = self.path.get(record);
         match &self.test {
             Test::Exists => found.is_some_and(|v| !v.is_null()),
             Test::Missing => found.is_none_or(Value::is_null),
@@ -208,24 +209,10 @@ impl Condition {
     }
 }
 
-/// Splits a dotted path; empty paths and empty segments are config errors.
-fn parse_path(field: &str) -> Result<Vec<String>, String> {
-    if field.split('.').any(str::is_empty) {
-        return Err(format!(
-            "`field` must be a dotted path like `user.country`, got {field:?}"
-        ));
-    }
-    Ok(field.split('.').map(str::to_string).collect())
-}
-
-/// The value at a dotted path, if every step exists and every parent is an object.
-fn lookup<'a>(record: &'a Map<String, Value>, path: &[String]) -> Option<&'a Value> {
-    let (last, parents) = path.split_last()?;
-    let mut map = record;
-    for key in parents {
-        map = map.get(key)?.as_object()?;
-    }
-    map.get(last)
+/// Parses a dotted path; empty paths and empty segments are config errors.
+fn parse_path(field: &str) -> Result<FieldPath, String> {
+    FieldPath::parse(field)
+        .map_err(|_| format!("`field` must be a dotted path like `user.country`, got {field:?}"))
 }
 
 fn same_kind(a: &Value, b: &Value) -> bool {

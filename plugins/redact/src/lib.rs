@@ -33,16 +33,17 @@
 
 use std::fmt::Write as _;
 
-use floe_sdk::{Config, Emit, Map, Record, Transform, Value};
+use floe_sdk::path::FieldPath;
+use floe_sdk::{Config, Emit, Record, Transform, Value};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 /// The plugin.
 #[derive(Debug)]
 pub struct Redact {
-    drop: Vec<Vec<String>>,
-    hash: Vec<Vec<String>>,
-    mask: Vec<Vec<String>>,
+    drop: Vec<FieldPath>,
+    hash: Vec<FieldPath>,
+    mask: Vec<FieldPath>,
     salt: String,
 }
 
@@ -64,43 +65,16 @@ const MASK_KEEP: usize = 4;
 /// What `mask` puts in front of the kept characters.
 const MASK: &str = "***";
 
-fn parse_paths(list: &[String], name: &str) -> Result<Vec<Vec<String>>, String> {
+fn parse_paths(list: &[String], name: &str) -> Result<Vec<FieldPath>, String> {
     list.iter()
         .map(|field| {
-            if field.split('.').any(str::is_empty) {
-                Err(format!(
+            FieldPath::parse(field).map_err(|_| {
+                format!(
                     "redact: `{name}` entries must be dotted paths like `user.ssn`, got {field:?}"
-                ))
-            } else {
-                Ok(field.split('.').map(str::to_string).collect())
-            }
+                )
+            })
         })
         .collect()
-}
-
-/// The value at a dotted path, mutably, if every parent is an object.
-fn lookup_mut<'a>(record: &'a mut Map<String, Value>, path: &[String]) -> Option<&'a mut Value> {
-    let (last, parents) = path.split_last()?;
-    let mut map = record;
-    for key in parents {
-        map = map.get_mut(key)?.as_object_mut()?;
-    }
-    map.get_mut(last)
-}
-
-/// Removes the value at a dotted path, keeping the order of the remaining keys.
-fn remove(record: &mut Map<String, Value>, path: &[String]) {
-    let Some((last, parents)) = path.split_last() else {
-        return;
-    };
-    let mut map = record;
-    for key in parents {
-        match map.get_mut(key).and_then(Value::as_object_mut) {
-            Some(inner) => map = inner,
-            None => return,
-        }
-    }
-    map.shift_remove(last);
 }
 
 /// Lowercase hex SHA-256 of `salt` + the value's text.
@@ -171,17 +145,17 @@ impl Transform for Redact {
     fn process(&mut self, record: Record) -> Result<Vec<Emit>, String> {
         let mut value = record.value;
         for path in &self.mask {
-            if let Some(v) = lookup_mut(&mut value, path).filter(|v| !v.is_null()) {
+            if let Some(v) = path.get_mut(&mut value).filter(|v| !v.is_null()) {
                 *v = mask_value(v);
             }
         }
         for path in &self.hash {
-            if let Some(v) = lookup_mut(&mut value, path).filter(|v| !v.is_null()) {
+            if let Some(v) = path.get_mut(&mut value).filter(|v| !v.is_null()) {
                 *v = Value::String(hash_value(&self.salt, v));
             }
         }
         for path in &self.drop {
-            remove(&mut value, path);
+            path.remove(&mut value);
         }
         Ok(vec![Emit::new(value)])
     }

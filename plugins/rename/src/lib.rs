@@ -33,6 +33,7 @@
 
 use std::collections::HashMap;
 
+use floe_sdk::path::FieldPath;
 use floe_sdk::{Config, Emit, Map, Record, Transform, Value};
 use serde::Deserialize;
 
@@ -45,13 +46,13 @@ pub struct Rename {
 
 #[derive(Debug)]
 struct Move {
-    from: Vec<String>,
-    to: Vec<String>,
+    from: FieldPath,
+    to: FieldPath,
 }
 
 impl Move {
     fn same_parent(&self) -> bool {
-        self.from[..self.from.len() - 1] == self.to[..self.to.len() - 1]
+        self.from.parent_segments() == self.to.parent_segments()
     }
 }
 
@@ -63,94 +64,39 @@ struct RawConfig {
     overwrite: bool,
 }
 
-fn parse_path(path: &str) -> Result<Vec<String>, String> {
-    if path.split('.').any(str::is_empty) {
-        return Err(format!(
-            "rename: paths must be dotted paths like `user.name`, got {path:?}"
-        ));
-    }
-    Ok(path.split('.').map(str::to_string).collect())
+fn parse_path(path: &str) -> Result<FieldPath, String> {
+    FieldPath::parse(path)
+        .map_err(|_| format!("rename: paths must be dotted paths like `user.name`, got {path:?}"))
 }
 
 /// Fails if one path of the list is a prefix of another (or equal to it).
-fn check_overlaps(paths: &[&Vec<String>], what: &str) -> Result<(), String> {
+fn check_overlaps(paths: &[&FieldPath], what: &str) -> Result<(), String> {
     for (i, a) in paths.iter().enumerate() {
         for b in &paths[i + 1..] {
-            let n = a.len().min(b.len());
-            if a[..n] == b[..n] {
-                return Err(format!(
-                    "rename: {what} `{}` and `{}` overlap",
-                    a.join("."),
-                    b.join(".")
-                ));
+            if a.starts_with(b) || b.starts_with(a) {
+                return Err(format!("rename: {what} `{a}` and `{b}` overlap"));
             }
         }
     }
     Ok(())
-}
-
-fn object_at_mut<'a>(
-    record: &'a mut Map<String, Value>,
-    path: &[String],
-) -> Option<&'a mut Map<String, Value>> {
-    let mut map = record;
-    for key in path {
-        map = map.get_mut(key)?.as_object_mut()?;
-    }
-    Some(map)
-}
-
-/// Takes the value at a dotted path out of the record, keeping the order of the rest.
-fn take(record: &mut Map<String, Value>, path: &[String]) -> Option<Value> {
-    let (last, parents) = path.split_last()?;
-    object_at_mut(record, parents)?.shift_remove(last)
 }
 
 /// Writes a value at a dotted path, creating absent (or null) intermediate objects.
 fn put(
     record: &mut Map<String, Value>,
-    path: &[String],
+    path: &FieldPath,
     value: Value,
     overwrite: bool,
 ) -> Result<(), String> {
-    let (last, parents) = path.split_last().expect("paths are never empty");
-    let mut map = record;
-    for (i, key) in parents.iter().enumerate() {
-        let slot = map.entry(key.clone()).or_insert(Value::Null);
-        if slot.is_null() {
-            *slot = Value::Object(Map::new());
-        }
-        map = match slot {
-            Value::Object(inner) => inner,
-            other => {
-                let kind = kind(other);
-                return Err(format!(
-                    "rename: cannot write `{}`: `{}` is {kind}, not an object",
-                    path.join("."),
-                    parents[..=i].join(".")
-                ));
-            }
-        };
-    }
-    if !overwrite && map.get(last).is_some_and(|v| !v.is_null()) {
+    // A value found here means every parent is an object, so `insert` could not fail.
+    if !overwrite && path.get(record).is_some_and(|v| !v.is_null()) {
         return Err(format!(
-            "rename: target `{}` already exists (set `overwrite = true` to replace it)",
-            path.join(".")
+            "rename: target `{path}` already exists (set `overwrite = true` to replace it)"
         ));
     }
-    map.insert(last.clone(), value);
+    path.insert(record, value)
+        .map_err(|e| format!("rename: {e}"))?;
     Ok(())
-}
-
-fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 impl Transform for Rename {
@@ -200,21 +146,23 @@ impl Transform for Rename {
     fn process(&mut self, record: Record) -> Result<Vec<Emit>, String> {
         let mut value = record.value;
 
-        // Key order of the objects where a field is renamed in place, to restore it.
-        let mut orders: Vec<(&[String], Vec<String>)> = Vec::new();
+        // Key order of the objects where a field is renamed in place, to restore it;
+        // each object is named by the first source in it.
+        let mut orders: Vec<(&FieldPath, Vec<String>)> = Vec::new();
         for m in self.renames.iter().filter(|m| m.same_parent()) {
-            let parent = &m.from[..m.from.len() - 1];
-            if orders.iter().all(|(p, _)| *p != parent)
-                && let Some(map) = object_at_mut(&mut value, parent)
+            if orders
+                .iter()
+                .all(|(p, _)| p.parent_segments() != m.from.parent_segments())
+                && let Some(map) = m.from.parent_object_mut(&mut value)
             {
-                orders.push((parent, map.keys().cloned().collect()));
+                orders.push((&m.from, map.keys().cloned().collect()));
             }
         }
 
         let taken: Vec<Option<Value>> = self
             .renames
             .iter()
-            .map(|m| take(&mut value, &m.from))
+            .map(|m| m.from.remove(&mut value))
             .collect();
         for (m, v) in self.renames.iter().zip(taken) {
             if let Some(v) = v {
@@ -222,20 +170,15 @@ impl Transform for Rename {
             }
         }
 
-        for (parent, original) in orders {
-            let Some(map) = object_at_mut(&mut value, parent) else {
+        for (first, original) in orders {
+            let Some(map) = first.parent_object_mut(&mut value) else {
                 continue;
             };
             let moved: Vec<(&str, &str)> = self
                 .renames
                 .iter()
-                .filter(|m| m.same_parent() && &m.from[..m.from.len() - 1] == parent)
-                .map(|m| {
-                    (
-                        m.from.last().unwrap().as_str(),
-                        m.to.last().unwrap().as_str(),
-                    )
-                })
+                .filter(|m| m.same_parent() && m.from.parent_segments() == first.parent_segments())
+                .map(|m| (m.from.key(), m.to.key()))
                 .collect();
             let rank = |key: &str| -> usize {
                 let at = |k: &str| original.iter().position(|o| o == k);

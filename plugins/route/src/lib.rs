@@ -31,13 +31,14 @@
 
 use std::collections::HashMap;
 
-use floe_sdk::{Config, Emit, Map, Record, Transform, Value};
+use floe_sdk::path::FieldPath;
+use floe_sdk::{Config, Emit, Record, Transform, Value};
 use serde::Deserialize;
 
 /// The plugin.
 #[derive(Debug)]
 pub struct Route {
-    path: Vec<String>,
+    path: FieldPath,
     routes: HashMap<String, String>,
     default: Option<String>,
     drop_field: bool,
@@ -63,38 +64,15 @@ fn as_text(value: &Value) -> Option<String> {
     }
 }
 
-fn lookup<'a>(record: &'a Map<String, Value>, path: &[String]) -> Option<&'a Value> {
-    let (last, parents) = path.split_last()?;
-    let mut map = record;
-    for key in parents {
-        map = map.get(key)?.as_object()?;
-    }
-    map.get(last)
-}
-
-fn remove(record: &mut Map<String, Value>, path: &[String]) {
-    let Some((last, parents)) = path.split_last() else {
-        return;
-    };
-    let mut map = record;
-    for key in parents {
-        match map.get_mut(key).and_then(Value::as_object_mut) {
-            Some(inner) => map = inner,
-            None => return,
-        }
-    }
-    map.shift_remove(last);
-}
-
 impl Transform for Route {
     fn init(config: &Config) -> Result<Self, String> {
         let raw: RawConfig = config.parse()?;
-        if raw.field.split('.').any(str::is_empty) {
-            return Err(format!(
+        let path = FieldPath::parse(&raw.field).map_err(|_| {
+            format!(
                 "route: `field` must be a dotted path like `geo.region`, got {:?}",
                 raw.field
-            ));
-        }
+            )
+        })?;
         if let Some((value, _)) = raw.routes.iter().find(|(_, stream)| stream.is_empty()) {
             return Err(format!("route: the stream name for `{value}` is empty"));
         }
@@ -108,7 +86,7 @@ impl Transform for Route {
             );
         }
         Ok(Route {
-            path: raw.field.split('.').map(str::to_string).collect(),
+            path,
             routes: raw.routes,
             default: raw.default,
             drop_field: raw.drop_field,
@@ -117,13 +95,15 @@ impl Transform for Route {
 
     fn process(&mut self, record: Record) -> Result<Vec<Emit>, String> {
         let mut value = record.value;
-        let stream = lookup(&value, &self.path)
+        let stream = self
+            .path
+            .get(&value)
             .and_then(as_text)
             .and_then(|text| self.routes.get(&text))
             .or(self.default.as_ref())
             .cloned();
         if self.drop_field {
-            remove(&mut value, &self.path);
+            self.path.remove(&mut value);
         }
         Ok(vec![match stream {
             Some(stream) => Emit::to(stream, value),

@@ -45,14 +45,15 @@
 
 use chrono::format::{Item, Parsed, StrftimeItems};
 use chrono::{DateTime, Datelike, FixedOffset, SecondsFormat, TimeZone, Utc};
-use floe_sdk::{Config, Emit, Map, Record, Transform, Value};
+use floe_sdk::path::FieldPath;
+use floe_sdk::{Config, Emit, Record, Transform, Value};
 use serde::Deserialize;
 
 /// The plugin.
 #[derive(Debug)]
 pub struct Timestamp {
-    field: Vec<String>,
-    target: Vec<String>,
+    field: FieldPath,
+    target: FieldPath,
     format: Format,
     /// The config's `format` text, for error messages.
     format_name: String,
@@ -80,13 +81,10 @@ struct RawConfig {
     required: bool,
 }
 
-fn parse_path(path: &str, name: &str) -> Result<Vec<String>, String> {
-    if path.split('.').any(str::is_empty) {
-        return Err(format!(
-            "timestamp: `{name}` must be a dotted path like `event.time`, got {path:?}"
-        ));
-    }
-    Ok(path.split('.').map(str::to_string).collect())
+fn parse_path(path: &str, name: &str) -> Result<FieldPath, String> {
+    FieldPath::parse(path).map_err(|_| {
+        format!("timestamp: `{name}` must be a dotted path like `event.time`, got {path:?}")
+    })
 }
 
 /// Parses `Z`, `UTC`, `+HH:MM`, `-HHMM` or `+HH`.
@@ -221,36 +219,6 @@ fn parse_strftime(
         .ok_or_else(|| "out of range".to_string())
 }
 
-fn lookup<'a>(record: &'a Map<String, Value>, path: &[String]) -> Option<&'a Value> {
-    let (last, parents) = path.split_last()?;
-    let mut map = record;
-    for key in parents {
-        map = map.get(key)?.as_object()?;
-    }
-    map.get(last)
-}
-
-/// Writes a value at a dotted path, creating absent (or null) parent objects.
-fn put(record: &mut Map<String, Value>, path: &[String], value: Value) -> Result<(), String> {
-    let (last, parents) = path.split_last().expect("paths are never empty");
-    let mut map = record;
-    for (i, key) in parents.iter().enumerate() {
-        let slot = map.entry(key.clone()).or_insert(Value::Null);
-        if slot.is_null() {
-            *slot = Value::Object(Map::new());
-        }
-        map = slot.as_object_mut().ok_or_else(|| {
-            format!(
-                "timestamp: cannot write `{}`: `{}` is not an object",
-                path.join("."),
-                parents[..=i].join(".")
-            )
-        })?;
-    }
-    map.insert(last.clone(), value);
-    Ok(())
-}
-
 /// A value for an error message, shortened if long.
 fn show(value: &Value) -> String {
     let text = value.to_string();
@@ -320,12 +288,12 @@ impl Transform for Timestamp {
 
     fn process(&mut self, record: Record) -> Result<Vec<Emit>, String> {
         let mut value = record.value;
-        let found = lookup(&value, &self.field).filter(|v| !v.is_null());
+        let found = self.field.get(&value).filter(|v| !v.is_null());
         let Some(found) = found else {
             if self.required {
                 return Err(format!(
                     "timestamp: field `{}` is missing or null",
-                    self.field.join(".")
+                    self.field
                 ));
             }
             return Ok(vec![Emit::new(value)]);
@@ -333,7 +301,7 @@ impl Transform for Timestamp {
         let instant = self.parse(found).map_err(|e| {
             format!(
                 "timestamp: cannot parse field `{}` = {} with format {:?}: {e}",
-                self.field.join("."),
+                self.field,
                 show(found),
                 self.format_name
             )
@@ -341,13 +309,22 @@ impl Transform for Timestamp {
         if !(0..=9999).contains(&instant.year()) {
             return Err(format!(
                 "timestamp: field `{}` = {} with format {:?} is outside the years 0000-9999",
-                self.field.join("."),
+                self.field,
                 show(found),
                 self.format_name
             ));
         }
         let text = instant.to_rfc3339_opts(SecondsFormat::Micros, true);
-        put(&mut value, &self.target, Value::String(text))?;
+        // Absent (or null) parent objects are created.
+        self.target
+            .insert(&mut value, Value::String(text))
+            .map_err(|e| {
+                format!(
+                    "timestamp: cannot write `{}`: `{}` is not an object",
+                    e.path(),
+                    e.parent()
+                )
+            })?;
         Ok(vec![Emit::new(value)])
     }
 }
