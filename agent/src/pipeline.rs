@@ -24,7 +24,8 @@ use crate::offsets::OffsetMap;
 use crate::schema::SchemaTracker;
 use crate::sink::{SinkError, TableSink};
 use crate::source::{
-    KafkaRecord, KafkaSource, Positions, SourceCommand, SourceError, SourceEvent, TopicPartition,
+    KafkaRecord, KafkaSource, PartitionMap, Positions, SourceCommand, SourceError, SourceEvent,
+    TopicPartition,
 };
 use crate::transform::{OnError, TransformChain, TransformEngine, TransformError};
 use crate::{failpoint, telemetry};
@@ -121,7 +122,7 @@ struct Pipeline {
     tables: Vec<Table>,
     routes: HashMap<String, usize>,
     /// Next offset expected per partition: the end of what is buffered, or the resume point.
-    next: HashMap<TopicPartition, i64>,
+    next: PartitionMap<i64>,
     /// Records read before the last seek are ignored (see [`SourceCommand::Seek`]).
     epoch: u64,
     assigned: Vec<TopicPartition>,
@@ -194,7 +195,7 @@ pub async fn run_pipeline(
         positions: Arc::new(Positions::default()),
         tables,
         routes,
-        next: HashMap::new(),
+        next: PartitionMap::default(),
         epoch: 0,
         assigned: Vec::new(),
         last_flush: Instant::now(),
@@ -244,7 +245,7 @@ impl Pipeline {
     /// Where reading continues: per partition, the smallest offset any table stores
     /// (a table without the partition needs it from the start).
     fn resume_offsets(&self) -> OffsetMap {
-        let mut resume: HashMap<TopicPartition, i64> = HashMap::new();
+        let mut resume: PartitionMap<i64> = PartitionMap::default();
         let mut missing = std::collections::HashSet::new();
         for t in &self.tables {
             for (tp, &o) in &t.committed.0 {
@@ -296,12 +297,15 @@ impl Pipeline {
         telemetry::records_in(&self.config.name, records.len() as u64);
         let mut for_chain = Vec::new();
         for record in records {
-            let tp = (record.topic.clone(), record.partition);
-            if self.next.get(&tp).is_some_and(|&n| record.offset < n) {
+            let next = self
+                .next
+                .entry((record.topic.clone(), record.partition))
+                .or_insert(record.offset);
+            if record.offset < *next {
                 // Already committed or buffered (re-delivery after a rebalance or seek).
                 continue;
             }
-            self.next.insert(tp, record.offset + 1);
+            *next = record.offset + 1;
             if record
                 .key
                 .as_deref()

@@ -92,7 +92,9 @@ fn cpu_seconds(pid: &str) -> Result<f64> {
 }
 
 fn clock_ticks() -> f64 {
-    Command::new("getconf")
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        Command::new("getconf")
         .arg("CLK_TCK")
         .output()
         .ok()

@@ -6,7 +6,7 @@
 //! record is never skipped without being kept. After a crash the same records are read
 //! again; on start the file is scanned and records already in it are not written twice.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -16,7 +16,7 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use serde::Deserialize;
 
-use crate::source::{KafkaRecord, TopicPartition};
+use crate::source::{KafkaRecord, PartitionMap, TopicPartition};
 
 /// `[pipelines.dead_letter]`.
 #[derive(Debug, Clone, Deserialize)]
@@ -164,7 +164,7 @@ impl DeadLetterWriter {
     }
 
     /// Forgets records below the resume point: they will never be read again.
-    pub fn forget_below(&mut self, resume: &HashMap<TopicPartition, i64>) {
+    pub fn forget_below(&mut self, resume: &PartitionMap<i64>) {
         self.written
             .retain(|(tp, offset)| resume.get(tp).is_none_or(|&r| *offset >= r));
     }
@@ -242,7 +242,7 @@ mod tests {
             w.write(&rec(3, b"{"), "decode", "torn").unwrap(),
             "an earlier offset that is not in the file is written"
         );
-        w.forget_below(&HashMap::from([((Arc::from("t"), 2), 8)]));
+        w.forget_below(&PartitionMap::from_iter([((Arc::from("t"), 2), 8)]));
         assert!(
             w.write(&rec(7, b"x"), "decode", "again").unwrap(),
             "forgotten below the resume point"

@@ -7,12 +7,12 @@
 //! newest one of its pipeline and resumes exactly there. The consumer group's offsets
 //! are written only after the Iceberg commit and are never read back.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use iceberg::spec::TableMetadata;
 
-use crate::source::TopicPartition;
+use crate::source::PartitionMap;
 
 /// Summary key holding the offsets JSON.
 pub const OFFSETS_KEY: &str = "floe.offsets";
@@ -25,7 +25,7 @@ pub const COMMIT_KEY: &str = "floe.commit-id";
 
 /// Next offset to read per topic-partition.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct OffsetMap(pub HashMap<TopicPartition, i64>);
+pub struct OffsetMap(pub PartitionMap<i64>);
 
 /// Errors reading stored offsets.
 #[derive(Debug, thiserror::Error)]
@@ -57,7 +57,7 @@ impl OffsetMap {
     pub fn from_summary_value(s: &str) -> Result<OffsetMap, String> {
         let parsed: BTreeMap<String, BTreeMap<String, i64>> =
             serde_json::from_str(s).map_err(|e| e.to_string())?;
-        let mut map = HashMap::new();
+        let mut map = PartitionMap::default();
         for (topic, partitions) in parsed {
             let topic: Arc<str> = Arc::from(topic);
             for (p, o) in partitions {

@@ -316,19 +316,23 @@ pub fn timestamp_shape(s: &str) -> Option<bool> {
             true
         }
     };
-    // The shape is right; make sure the values are a real date and time.
-    let mut normal = s.replacen(' ', "T", 1);
-    if normal.ends_with(['Z', 'z']) {
-        normal.truncate(normal.len() - 1);
-        normal.push_str("+00:00");
-    }
-    let parsed = if with_offset {
-        ["%Y-%m-%dT%H:%M:%S%.f%:z", "%Y-%m-%dT%H:%M:%S%.f%z"]
-            .iter()
-            .any(|f| chrono::DateTime::parse_from_str(&normal, f).is_ok())
-    } else {
-        chrono::NaiveDateTime::parse_from_str(&normal, "%Y-%m-%dT%H:%M:%S%.f").is_ok()
+    // The shape is right; make sure the values are a real date and time. The fields are
+    // read directly: a chrono format string would be parsed again for every value.
+    let num = |r: std::ops::Range<usize>| s[r].parse::<u32>().unwrap_or(u32::MAX);
+    let date = chrono::NaiveDate::from_ymd_opt(num(0..4) as i32, num(5..7), num(8..10));
+    let time = chrono::NaiveTime::from_hms_opt(num(11..13), num(14..16), num(17..19));
+    let offset_ok = match rest.len() {
+        6 => {
+            rest[1..3].parse::<u32>().is_ok_and(|h| h < 24)
+                && rest[4..6].parse::<u32>().is_ok_and(|m| m < 60)
+        }
+        5 => {
+            rest[1..3].parse::<u32>().is_ok_and(|h| h < 24)
+                && rest[3..5].parse::<u32>().is_ok_and(|m| m < 60)
+        }
+        _ => true,
     };
+    let parsed = date.is_some() && time.is_some() && offset_ok;
     parsed.then_some(with_offset)
 }
 

@@ -147,6 +147,15 @@ fn timestamp_detection_is_strict() {
     assert_eq!(timestamp_shape("2024-01-02 03:04:05-0700"), Some(true));
     assert_eq!(timestamp_shape("2024-01-02T03:04:05"), Some(false));
     assert_eq!(timestamp_shape("2024-13-02T03:04:05Z"), None);
+    assert_eq!(
+        timestamp_shape("2023-02-29T03:04:05Z"),
+        None,
+        "no leap day in 2023"
+    );
+    assert_eq!(timestamp_shape("2024-02-29T23:59:59Z"), Some(true));
+    assert_eq!(timestamp_shape("2024-01-02T24:00:00Z"), None);
+    assert_eq!(timestamp_shape("2024-01-02T03:04:05+24:00"), None);
+    assert_eq!(timestamp_shape("2024-01-02T03:04:05-07:60"), None);
     assert_eq!(timestamp_shape("2024-01-02"), None);
     assert_eq!(timestamp_shape("2024-01-02T03:04:05Zjunk"), None);
     assert_eq!(timestamp_shape("hello world, this is text"), None);

@@ -220,13 +220,17 @@ pub enum SourceError {
 /// A topic-partition.
 pub type TopicPartition = (Arc<str>, i32);
 
+/// A map keyed by topic-partition. Looked up for every record, so it uses a fast
+/// (non-DoS-resistant) hasher; the keys come from the broker, not from message data.
+pub type PartitionMap<V> = HashMap<TopicPartition, V, foldhash::fast::RandomState>;
+
 /// Next offset to read per topic-partition, as stored in the table.
 #[derive(Debug, Default)]
-pub struct Positions(Mutex<HashMap<TopicPartition, i64>>);
+pub struct Positions(Mutex<PartitionMap<i64>>);
 
 impl Positions {
     /// Replaces every stored position.
-    pub fn replace(&self, positions: HashMap<TopicPartition, i64>) {
+    pub fn replace(&self, positions: PartitionMap<i64>) {
         *self.0.lock().expect("positions lock") = positions;
     }
     /// Sets some positions, keeping the others.
