@@ -19,7 +19,7 @@ use tokio::sync::watch;
 
 use crate::config::PipelineConfig;
 use crate::dead_letter::{DeadLetterError, DeadLetterWriter};
-use crate::decode::decode_json;
+use crate::decode::{decode_json, validate_object};
 use crate::offsets::OffsetMap;
 use crate::schema::SchemaTracker;
 use crate::sink::{SinkError, TableSink};
@@ -323,17 +323,17 @@ impl Pipeline {
                 self.buffer(0, record, None)?;
                 continue;
             };
-            let decoded = match decode_json(value) {
-                Ok(m) => m,
-                Err(e) => {
-                    self.dead_letter(&record, "decode", &e.to_string())?;
-                    continue;
-                }
-            };
             if self.chain.is_empty() {
-                self.buffer(0, record, Some(decoded))?;
+                match decode_json(value) {
+                    Ok(decoded) => self.buffer(0, record, Some(decoded))?,
+                    Err(e) => self.dead_letter(&record, "decode", &e.to_string())?,
+                }
             } else {
-                for_chain.push(record);
+                // Plugins parse the value themselves: only check it is a JSON object here.
+                match validate_object(value) {
+                    Ok(()) => for_chain.push(record),
+                    Err(e) => self.dead_letter(&record, "decode", &e.to_string())?,
+                }
             }
         }
         if !for_chain.is_empty() {

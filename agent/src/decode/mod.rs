@@ -44,6 +44,17 @@ pub fn decode_json(bytes: &[u8]) -> Result<Map<String, Value>, DecodeError> {
     }
 }
 
+/// Checks that bytes are one JSON object, without building it (cheaper than [`decode_json`]).
+pub fn validate_object(bytes: &[u8]) -> Result<(), DecodeError> {
+    match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => serde_json::from_slice::<serde::de::IgnoredAny>(bytes)
+            .map(|_| ())
+            .map_err(|e| DecodeError::NotJson(e.to_string())),
+        // Not an object: decode it to say what it is instead.
+        _ => decode_json(bytes).map(|_| ()),
+    }
+}
+
 /// A short name of a JSON value's kind, for error messages.
 pub fn json_kind(v: &Value) -> &'static str {
     match v {
@@ -65,6 +76,27 @@ mod tests {
     fn objects_decode() {
         let m = decode_json(br#"{"a": 1, "b": [true]}"#).unwrap();
         assert_eq!(m["a"], 1);
+    }
+
+    #[test]
+    fn validation_agrees_with_decoding() {
+        for input in [
+            &br#"{"a": [1, {"b": null}]}"#[..],
+            b"  {}",
+            b"[1]",
+            b"42",
+            b"{bad",
+            b"{} trailing",
+            b"",
+            b"\xff",
+        ] {
+            assert_eq!(
+                validate_object(input),
+                decode_json(input).map(|_| ()),
+                "{:?}",
+                String::from_utf8_lossy(input)
+            );
+        }
     }
 
     #[test]

@@ -103,13 +103,14 @@ impl TransformChain {
             let started = Instant::now();
             let records_in = current.len();
             let mut next = Vec::with_capacity(current.len());
-            for chunk in current.chunks(stage.batch) {
+            for chunk in current.chunks_mut(stage.batch) {
                 let inputs: Vec<Input> = chunk
-                    .iter()
+                    .iter_mut()
                     .map(|c| {
                         let r = records[c.origin];
                         Input {
-                            value: c.value.clone(),
+                            // Moved, not copied: `current` is replaced by this stage's outputs.
+                            value: std::mem::take(&mut c.value),
                             metadata: Metadata {
                                 topic: r.topic.to_string(),
                                 partition: r.partition,
