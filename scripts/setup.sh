@@ -24,6 +24,16 @@ marker="$venv/.floe-setup-ok"
 die() { echo "setup.sh: $*" >&2; exit 1; }
 
 command -v python3 >/dev/null || die "python3 not found"
+
+# Build prerequisites of the Rust crates (rdkafka with TLS, SQLite): part of this machine
+# image, installed here if a machine lacks them.
+if command -v dpkg >/dev/null 2>&1 && ! dpkg -s libssl-dev pkg-config make g++ >/dev/null 2>&1; then
+    if [[ $(id -u) -eq 0 ]]; then
+        apt-get update -qq && apt-get install -y -qq libssl-dev pkg-config make g++ >/dev/null
+    else
+        die "missing build packages: install libssl-dev pkg-config make g++"
+    fi
+fi
 mkdir -p "$cache" || die "cannot create cache dir $cache"
 
 # A venv is healthy if setup finished in it (marker), its python runs, the key
