@@ -32,6 +32,26 @@ impl<T: Transform> Harness<T> {
         self.run_with(value, metadata)
     }
 
+    /// Runs one record that must give exactly one output on the input's stream, and
+    /// returns that output (panics otherwise: a test helper).
+    pub fn run_one(&mut self, value: Value) -> Value {
+        let mut out = self
+            .run(value)
+            .unwrap_or_else(|e| panic!("the plugin returned an error: {e}"));
+        assert_eq!(out.len(), 1, "expected exactly one output, got {out:?}");
+        let emit = out.remove(0);
+        assert_eq!(emit.route, None, "expected the input's stream");
+        Value::Object(emit.value)
+    }
+
+    /// The error `init` gives for `config` (panics if `init` accepts it).
+    pub fn init_error(config: Value) -> String {
+        match Self::new(config) {
+            Ok(_) => panic!("init should fail"),
+            Err(e) => e,
+        }
+    }
+
     /// Runs one record with the given metadata.
     pub fn run_with(&mut self, value: Value, metadata: Metadata) -> Result<Vec<Emit>, String> {
         self.offset += 1;

@@ -124,43 +124,29 @@ mod tests {
         Harness::new(config).unwrap()
     }
 
-    fn run(h: &mut Harness<Flatten>, record: Value) -> Value {
-        let mut out = h.run(record).unwrap();
-        assert_eq!(out.len(), 1);
-        let emit = out.remove(0);
-        assert_eq!(emit.route, None);
-        Value::Object(emit.value)
-    }
-
     fn keys(v: &Value) -> Vec<String> {
         v.as_object().unwrap().keys().cloned().collect()
     }
 
     fn init_error(config: Value) -> String {
-        match Harness::<Flatten>::new(config) {
-            Ok(_) => panic!("init should fail"),
-            Err(e) => e,
-        }
+        Harness::<Flatten>::init_error(config)
     }
 
     #[test]
     fn flattens_nested_objects_with_the_default_separator() {
         let mut h = flatten(json!({}));
         assert_eq!(
-            run(&mut h, json!({"a": {"b": 1, "c": {"d": 2}}})),
+            h.run_one(json!({"a": {"b": 1, "c": {"d": 2}}})),
             json!({"a_b": 1, "a_c_d": 2})
         );
         let mut h = flatten(Value::Null);
-        assert_eq!(run(&mut h, json!({"a": {"b": null}})), json!({"a_b": null}));
+        assert_eq!(h.run_one(json!({"a": {"b": null}})), json!({"a_b": null}));
     }
 
     #[test]
     fn keeps_order_with_nested_fields_in_place_of_their_parent() {
         let mut h = flatten(json!({}));
-        let out = run(
-            &mut h,
-            json!({"z": 0, "a": {"y": 1, "b": {"x": 2}}, "m": 3}),
-        );
+        let out = h.run_one(json!({"z": 0, "a": {"y": 1, "b": {"x": 2}}, "m": 3}));
         assert_eq!(keys(&out), ["z", "a_y", "a_b_x", "m"]);
     }
 
@@ -169,7 +155,7 @@ mod tests {
         let mut h = flatten(json!({}));
         let record = json!({"e": [{"f": {"g": 3}}, 1], "h": {"i": [{"j": {"k": 1}}]}});
         assert_eq!(
-            run(&mut h, record),
+            h.run_one(record),
             json!({"e": [{"f": {"g": 3}}, 1], "h_i": [{"j": {"k": 1}}]})
         );
     }
@@ -178,15 +164,15 @@ mod tests {
     fn flat_records_are_unchanged() {
         let mut h = flatten(json!({}));
         let record = json!({"a": 1, "b": "x", "c": null, "d": [1], "e": true, "f": 1.5});
-        assert_eq!(run(&mut h, record.clone()), record);
-        assert_eq!(run(&mut h, json!({})), json!({}));
+        assert_eq!(h.run_one(record.clone()), record);
+        assert_eq!(h.run_one(json!({})), json!({}));
     }
 
     #[test]
     fn empty_objects_are_kept() {
         let mut h = flatten(json!({}));
         assert_eq!(
-            run(&mut h, json!({"a": {}, "b": {"c": {}, "d": 1}})),
+            h.run_one(json!({"a": {}, "b": {"c": {}, "d": 1}})),
             json!({"a": {}, "b_c": {}, "b_d": 1})
         );
     }
@@ -195,13 +181,13 @@ mod tests {
     fn custom_separator() {
         let mut h = flatten(json!({"separator": "."}));
         assert_eq!(
-            run(&mut h, json!({"a": {"b": {"c": 1}}})),
+            h.run_one(json!({"a": {"b": {"c": 1}}})),
             json!({"a.b.c": 1})
         );
         let mut h = flatten(json!({"separator": "__"}));
-        assert_eq!(run(&mut h, json!({"a": {"b": 1}})), json!({"a__b": 1}));
+        assert_eq!(h.run_one(json!({"a": {"b": 1}})), json!({"a__b": 1}));
         let mut h = flatten(json!({"separator": ""}));
-        assert_eq!(run(&mut h, json!({"a": {"b": 1}})), json!({"ab": 1}));
+        assert_eq!(h.run_one(json!({"a": {"b": 1}})), json!({"ab": 1}));
     }
 
     #[test]
@@ -209,21 +195,21 @@ mod tests {
         let record = json!({"a": {"b": {"c": {"d": 1}}, "e": 2}, "f": 3});
         let mut h = flatten(json!({"max_depth": 1}));
         assert_eq!(
-            run(&mut h, record.clone()),
+            h.run_one(record.clone()),
             json!({"a_b": {"c": {"d": 1}}, "a_e": 2, "f": 3})
         );
         let mut h = flatten(json!({"max_depth": 2}));
         assert_eq!(
-            run(&mut h, record.clone()),
+            h.run_one(record.clone()),
             json!({"a_b_c": {"d": 1}, "a_e": 2, "f": 3})
         );
         let mut h = flatten(json!({"max_depth": 3}));
         assert_eq!(
-            run(&mut h, record.clone()),
+            h.run_one(record.clone()),
             json!({"a_b_c_d": 1, "a_e": 2, "f": 3})
         );
         let mut h = flatten(json!({"max_depth": 100}));
-        assert_eq!(run(&mut h, record), json!({"a_b_c_d": 1, "a_e": 2, "f": 3}));
+        assert_eq!(h.run_one(record), json!({"a_b_c_d": 1, "a_e": 2, "f": 3}));
     }
 
     #[test]
@@ -233,7 +219,7 @@ mod tests {
             record = json!({"n": record});
         }
         let mut h = flatten(json!({}));
-        let out = run(&mut h, record);
+        let out = h.run_one(record);
         assert_eq!(out, json!({ vec!["n"; 50].join("_"): 1 }));
     }
 
@@ -249,7 +235,7 @@ mod tests {
             .unwrap_err();
         assert_eq!(err, "flatten: `a.b_c` and `a_b.c` both flatten to `a_b_c`");
         // The next record is fine.
-        assert_eq!(run(&mut h, json!({"a": {"b": 2}})), json!({"a_b": 2}));
+        assert_eq!(h.run_one(json!({"a": {"b": 2}})), json!({"a_b": 2}));
         // A collision with a field that is not flattened (beyond max_depth) counts too.
         let mut h = flatten(json!({"max_depth": 1}));
         let err = h.run(json!({"a": {"b": {"c": 1}}, "a_b": 0})).unwrap_err();

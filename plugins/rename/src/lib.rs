@@ -213,29 +213,18 @@ mod tests {
         Harness::new(config).unwrap()
     }
 
-    fn run(h: &mut Harness<Rename>, record: Value) -> Value {
-        let mut out = h.run(record).unwrap();
-        assert_eq!(out.len(), 1);
-        let emit = out.remove(0);
-        assert_eq!(emit.route, None);
-        Value::Object(emit.value)
-    }
-
     fn keys(v: &Value) -> Vec<String> {
         v.as_object().unwrap().keys().cloned().collect()
     }
 
     fn init_error(config: Value) -> String {
-        match Harness::<Rename>::new(config) {
-            Ok(_) => panic!("init should fail"),
-            Err(e) => e,
-        }
+        Harness::<Rename>::init_error(config)
     }
 
     #[test]
     fn renames_in_place_keeping_position() {
         let mut h = rename(json!({"fields": {"old": "new"}}));
-        let out = run(&mut h, json!({"a": 1, "old": {"x": [1]}, "b": 2}));
+        let out = h.run_one(json!({"a": 1, "old": {"x": [1]}, "b": 2}));
         assert_eq!(out, json!({"a": 1, "new": {"x": [1]}, "b": 2}));
         assert_eq!(keys(&out), ["a", "new", "b"]);
     }
@@ -245,10 +234,8 @@ mod tests {
         let mut h = rename(
             json!({"fields": {"user.name": "user_name", "lat": "geo.lat", "lon": "geo.lon"}}),
         );
-        let out = run(
-            &mut h,
-            json!({"lat": 1.5, "user": {"name": "ann", "id": 7}, "lon": 2.5, "k": 0}),
-        );
+        let out =
+            h.run_one(json!({"lat": 1.5, "user": {"name": "ann", "id": 7}, "lon": 2.5, "k": 0}));
         assert_eq!(
             out,
             json!({"user": {"id": 7}, "k": 0, "user_name": "ann", "geo": {"lat": 1.5, "lon": 2.5}})
@@ -259,7 +246,7 @@ mod tests {
     #[test]
     fn nested_rename_in_the_same_object_keeps_position() {
         let mut h = rename(json!({"fields": {"user.nm": "user.name"}}));
-        let out = run(&mut h, json!({"user": {"id": 1, "nm": "ann", "age": 3}}));
+        let out = h.run_one(json!({"user": {"id": 1, "nm": "ann", "age": 3}}));
         assert_eq!(out, json!({"user": {"id": 1, "name": "ann", "age": 3}}));
         assert_eq!(keys(&out["user"]), ["id", "name", "age"]);
     }
@@ -268,7 +255,7 @@ mod tests {
     fn emptied_parent_is_kept() {
         let mut h = rename(json!({"fields": {"user.name": "name"}}));
         assert_eq!(
-            run(&mut h, json!({"user": {"name": "ann"}})),
+            h.run_one(json!({"user": {"name": "ann"}})),
             json!({"user": {}, "name": "ann"})
         );
     }
@@ -277,10 +264,10 @@ mod tests {
     fn missing_sources_are_ignored() {
         let mut h = rename(json!({"fields": {"a": "b", "x.y": "z", "m.n": "o.p"}}));
         let record = json!({"c": 1, "x": "not an object", "o": 5});
-        assert_eq!(run(&mut h, record.clone()), record);
-        assert_eq!(run(&mut h, json!({"a": 1})), json!({"b": 1}));
+        assert_eq!(h.run_one(record.clone()), record);
+        assert_eq!(h.run_one(json!({"a": 1})), json!({"b": 1}));
         // A null source is present and moves like any value.
-        assert_eq!(run(&mut h, json!({"a": null})), json!({"b": null}));
+        assert_eq!(h.run_one(json!({"a": null})), json!({"b": null}));
     }
 
     #[test]
@@ -299,20 +286,15 @@ mod tests {
             "{err}"
         );
         // A null target counts as absent; the next record works again.
-        assert_eq!(
-            run(&mut h, json!({"new": null, "old": 1})),
-            json!({"new": 1})
-        );
-        assert_eq!(run(&mut h, json!({"old": 1})), json!({"new": 1}));
+        assert_eq!(h.run_one(json!({"new": null, "old": 1})), json!({"new": 1}));
+        assert_eq!(h.run_one(json!({"old": 1})), json!({"new": 1}));
     }
 
     #[test]
     fn overwrite_replaces_existing_targets() {
         let mut h = rename(json!({"fields": {"old": "new", "a": "geo.lat"}, "overwrite": true}));
-        let out = run(
-            &mut h,
-            json!({"new": 2, "x": 0, "old": 1, "a": 9, "geo": {"lat": 0, "lon": 1}}),
-        );
+        let out =
+            h.run_one(json!({"new": 2, "x": 0, "old": 1, "a": 9, "geo": {"lat": 0, "lon": 1}}));
         assert_eq!(out, json!({"x": 0, "new": 1, "geo": {"lat": 9, "lon": 1}}));
         assert_eq!(
             keys(&out),
@@ -333,7 +315,7 @@ mod tests {
         assert!(err.contains("is an array"), "{err}");
         // Null intermediates are replaced by objects, even with overwrite off.
         assert_eq!(
-            run(&mut h, json!({"name": "ann", "user": null})),
+            h.run_one(json!({"name": "ann", "user": null})),
             json!({"user": {"name": "ann"}})
         );
         let mut h = rename(json!({"fields": {"name": "a.b.c"}, "overwrite": true}));
@@ -344,27 +326,27 @@ mod tests {
     #[test]
     fn renames_happen_at_once() {
         let mut h = rename(json!({"fields": {"a": "b", "b": "a"}}));
-        let out = run(&mut h, json!({"a": 1, "b": 2, "c": 3}));
+        let out = h.run_one(json!({"a": 1, "b": 2, "c": 3}));
         assert_eq!(out, json!({"b": 1, "a": 2, "c": 3}));
         assert_eq!(keys(&out), ["b", "a", "c"]);
         let mut h = rename(json!({"fields": {"a": "b", "b": "c"}}));
-        let out = run(&mut h, json!({"a": 1, "b": 2}));
+        let out = h.run_one(json!({"a": 1, "b": 2}));
         assert_eq!(out, json!({"b": 1, "c": 2}));
         assert_eq!(keys(&out), ["b", "c"]);
         // Only `a` present: `b` is written, `c` left alone.
-        assert_eq!(run(&mut h, json!({"a": 1})), json!({"b": 1}));
+        assert_eq!(h.run_one(json!({"a": 1})), json!({"b": 1}));
     }
 
     #[test]
     fn moves_into_its_own_former_place() {
         let mut h = rename(json!({"fields": {"a": "a.value"}}));
-        assert_eq!(run(&mut h, json!({"a": 5})), json!({"a": {"value": 5}}));
+        assert_eq!(h.run_one(json!({"a": 5})), json!({"a": {"value": 5}}));
         let mut h = rename(json!({"fields": {"a.value": "a"}}));
         let err = h.run(json!({"a": {"value": 5, "x": 1}})).unwrap_err();
         assert!(err.contains("target `a` already exists"), "{err}");
         let mut h = rename(json!({"fields": {"a.value": "a"}, "overwrite": true}));
         assert_eq!(
-            run(&mut h, json!({"a": {"value": 5, "x": 1}})),
+            h.run_one(json!({"a": {"value": 5, "x": 1}})),
             json!({"a": 5})
         );
     }
@@ -373,7 +355,7 @@ mod tests {
     fn dotted_keys_are_paths() {
         let mut h = rename(json!({"fields": {"a.b": "c"}}));
         let record = json!({"a.b": 1});
-        assert_eq!(run(&mut h, record.clone()), record);
+        assert_eq!(h.run_one(record.clone()), record);
     }
 
     #[test]
@@ -411,6 +393,6 @@ mod tests {
                 .unwrap_err()
                 .contains("not a JSON object")
         );
-        assert_eq!(run(&mut h, json!({"a": 1})), json!({"b": 1}));
+        assert_eq!(h.run_one(json!({"a": 1})), json!({"b": 1}));
     }
 }

@@ -138,10 +138,7 @@ mod tests {
     }
 
     fn init_error(config: Value) -> String {
-        match Harness::<Route>::new(config) {
-            Ok(_) => panic!("init should fail"),
-            Err(e) => e,
-        }
+        Harness::<Route>::init_error(config)
     }
 
     fn s(name: &str) -> Option<String> {

@@ -342,14 +342,6 @@ mod tests {
         Harness::new(config).unwrap()
     }
 
-    fn run(h: &mut Harness<Timestamp>, record: Value) -> Value {
-        let mut out = h.run(record).unwrap();
-        assert_eq!(out.len(), 1);
-        let emit = out.remove(0);
-        assert_eq!(emit.route, None);
-        Value::Object(emit.value)
-    }
-
     /// The converted `ts` of `{"ts": value}` with format `format`.
     fn convert(format: &str, value: Value) -> Result<String, String> {
         let mut h = timestamp(json!({"field": "ts", "format": format}));
@@ -358,10 +350,7 @@ mod tests {
     }
 
     fn init_error(config: Value) -> String {
-        match Harness::<Timestamp>::new(config) {
-            Ok(_) => panic!("init should fail"),
-            Err(e) => e,
-        }
+        Harness::<Timestamp>::init_error(config)
     }
 
     #[test]
@@ -494,7 +483,7 @@ mod tests {
         );
         let mut h = timestamp(json!({"field": "ts", "format": "rfc2822", "offset": "+05:00"}));
         assert_eq!(
-            run(&mut h, json!({"ts": "1 Jul 2003 10:52:37 -0000"})),
+            h.run_one(json!({"ts": "1 Jul 2003 10:52:37 -0000"})),
             json!({"ts": "2003-07-01T10:52:37.000000Z"})
         );
         let err = convert("rfc2822", json!("2003-07-01T10:52:37Z")).unwrap_err();
@@ -561,7 +550,7 @@ mod tests {
         let mut h =
             timestamp(json!({"field": "ts", "format": "%Y-%m-%dT%H:%M:%S%:z", "offset": "-07:00"}));
         assert_eq!(
-            run(&mut h, json!({"ts": "2024-01-02T05:04:05+02:00"})),
+            h.run_one(json!({"ts": "2024-01-02T05:04:05+02:00"})),
             json!({"ts": "2024-01-02T03:04:05.000000Z"})
         );
     }
@@ -571,23 +560,23 @@ mod tests {
         let mut h =
             timestamp(json!({"field": "ts", "format": "%d/%m/%Y %H:%M:%S", "offset": "+02:00"}));
         assert_eq!(
-            run(&mut h, json!({"ts": "02/01/2024 05:04:05"})),
+            h.run_one(json!({"ts": "02/01/2024 05:04:05"})),
             json!({"ts": "2024-01-02T03:04:05.000000Z"})
         );
         assert_eq!(
-            run(&mut h, json!({"ts": "01/01/2024 01:00:00"})),
+            h.run_one(json!({"ts": "01/01/2024 01:00:00"})),
             json!({"ts": "2023-12-31T23:00:00.000000Z"})
         );
         let mut h = timestamp(json!({"field": "ts", "format": "%Y-%m-%d", "offset": "-0530"}));
         assert_eq!(
-            run(&mut h, json!({"ts": "2024-01-02"})),
+            h.run_one(json!({"ts": "2024-01-02"})),
             json!({"ts": "2024-01-02T05:30:00.000000Z"})
         );
         // Epoch values are instants: `offset` does not move them.
         let mut h =
             timestamp(json!({"field": "ts", "format": "epoch_seconds", "offset": "+02:00"}));
         assert_eq!(
-            run(&mut h, json!({"ts": 0})),
+            h.run_one(json!({"ts": 0})),
             json!({"ts": "1970-01-01T00:00:00.000000Z"})
         );
     }
@@ -626,18 +615,15 @@ mod tests {
             json!({"field": "event.time", "format": "epoch_millis", "target": "meta.ts"}),
         );
         assert_eq!(
-            run(
-                &mut h,
-                json!({"event": {"time": 1_704_164_645_123_i64}, "meta": {"k": 1}})
-            ),
+            h.run_one(json!({"event": {"time": 1_704_164_645_123_i64}, "meta": {"k": 1}})),
             json!({"event": {"time": 1_704_164_645_123_i64}, "meta": {"k": 1, "ts": "2024-01-02T03:04:05.123000Z"}})
         );
         assert_eq!(
-            run(&mut h, json!({"event": {"time": 0}})),
+            h.run_one(json!({"event": {"time": 0}})),
             json!({"event": {"time": 0}, "meta": {"ts": "1970-01-01T00:00:00.000000Z"}})
         );
         assert_eq!(
-            run(&mut h, json!({"event": {"time": 0}, "meta": null})),
+            h.run_one(json!({"event": {"time": 0}, "meta": null})),
             json!({"event": {"time": 0}, "meta": {"ts": "1970-01-01T00:00:00.000000Z"}})
         );
         let err = h.run(json!({"event": {"time": 0}, "meta": 5})).unwrap_err();
@@ -648,7 +634,7 @@ mod tests {
 
         let mut h =
             timestamp(json!({"field": "ts", "format": "epoch_seconds", "target": "ts_parsed"}));
-        let out = run(&mut h, json!({"ts": 0, "ts_parsed": "old", "z": 1}));
+        let out = h.run_one(json!({"ts": 0, "ts_parsed": "old", "z": 1}));
         assert_eq!(
             out,
             json!({"ts": 0, "ts_parsed": "1970-01-01T00:00:00.000000Z", "z": 1})
@@ -658,7 +644,7 @@ mod tests {
     #[test]
     fn overwrites_in_place_keeping_order() {
         let mut h = timestamp(json!({"field": "ts", "format": "epoch_seconds"}));
-        let out = run(&mut h, json!({"a": 1, "ts": 0, "b": 2}));
+        let out = h.run_one(json!({"a": 1, "ts": 0, "b": 2}));
         assert_eq!(
             out.as_object().unwrap().keys().collect::<Vec<_>>(),
             ["a", "ts", "b"]
@@ -674,7 +660,7 @@ mod tests {
             json!({"event": {"time": null}}),
             json!({"event": "x"}),
         ] {
-            assert_eq!(run(&mut h, record.clone()), record);
+            assert_eq!(h.run_one(record.clone()), record);
         }
         let mut h =
             timestamp(json!({"field": "event.time", "format": "epoch_seconds", "required": true}));
