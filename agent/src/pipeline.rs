@@ -89,6 +89,16 @@ pub enum PipelineError {
     },
 }
 
+impl PipelineError {
+    /// Wraps sink errors of `pipeline` (for `map_err`).
+    fn sink(pipeline: &str) -> impl Fn(SinkError) -> PipelineError + Copy + '_ {
+        move |e| PipelineError::Sink {
+            pipeline: pipeline.to_string(),
+            source: Box::new(e),
+        }
+    }
+}
+
 /// One output table: its sink, schema, committed offsets and buffered rows.
 struct Table {
     sink: TableSink,
@@ -140,10 +150,7 @@ pub async fn run_pipeline(
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), PipelineError> {
     let name = config.name.clone();
-    let sink_err = |source| PipelineError::Sink {
-        pipeline: name.clone(),
-        source: Box::new(source),
-    };
+    let sink_err = PipelineError::sink(&name);
     let mut table_names = vec![config.sink.table.clone()];
     let mut routes = HashMap::new();
     for (stream, table) in &config.sink.streams {
@@ -272,13 +279,6 @@ impl Pipeline {
         let bytes: u64 = self.tables.iter().map(|t| t.buffer_bytes).sum();
         let records: usize = self.tables.iter().map(|t| t.buffer.len()).sum();
         bytes >= self.config.sink.flush_bytes || records >= self.config.sink.flush_records
-    }
-
-    fn sink_err(&self, source: SinkError) -> PipelineError {
-        PipelineError::Sink {
-            pipeline: self.config.name.clone(),
-            source: Box::new(source),
-        }
     }
 
     fn dl_err(&self, source: DeadLetterError) -> PipelineError {
@@ -495,6 +495,7 @@ impl Pipeline {
     /// Commits every table's buffer as one snapshot per table, with the offsets it covers.
     /// `closing`: also record progress in tables without new rows.
     async fn flush(&mut self, source: &KafkaSource, closing: bool) -> Result<(), PipelineError> {
+        let name = self.config.name.clone();
         self.last_flush = Instant::now();
         let started = Instant::now();
         let before = self.resume_offsets();
@@ -507,10 +508,7 @@ impl Pipeline {
         // `before`) before any table commits, so a crash between two tables' commits
         // leaves the later tables behind and the pipeline re-reads for them.
         for t in self.tables.iter_mut().filter(|t| !t.buffer.is_empty()) {
-            let sink_err = |e| PipelineError::Sink {
-                pipeline: self.config.name.clone(),
-                source: Box::new(e),
-            };
+            let sink_err = PipelineError::sink(&name);
             t.sink
                 .apply_schema(&t.tracker, &before)
                 .await
@@ -540,10 +538,7 @@ impl Pipeline {
                     .sink
                     .write(&t.buffer)
                     .await
-                    .map_err(|e| PipelineError::Sink {
-                        pipeline: self.config.name.clone(),
-                        source: Box::new(e),
-                    })?;
+                    .map_err(PipelineError::sink(&name))?;
                 failpoint::hit(failpoint::AFTER_WRITE);
                 files
             } else {
@@ -569,19 +564,16 @@ impl Pipeline {
                 Err(SinkError::Fenced(reason)) => {
                     tracing::warn!(pipeline = %self.config.name, table = %t.sink.ident(), %reason, "commit fenced: reloading offsets from the tables and re-reading");
                     for t in &mut self.tables {
-                        t.sink.reload().await.map_err(|e| PipelineError::Sink {
-                            pipeline: self.config.name.clone(),
-                            source: Box::new(e),
-                        })?;
-                        t.committed = t.sink.stored_offsets().map_err(|e| PipelineError::Sink {
-                            pipeline: self.config.name.clone(),
-                            source: Box::new(e),
-                        })?;
+                        t.sink.reload().await.map_err(PipelineError::sink(&name))?;
+                        t.committed = t
+                            .sink
+                            .stored_offsets()
+                            .map_err(PipelineError::sink(&name))?;
                     }
                     self.rewind(source);
                     return Ok(());
                 }
-                Err(e) => return Err(self.sink_err(e)),
+                Err(e) => return Err(PipelineError::sink(&name)(e)),
             }
         }
         if !synced {
