@@ -1,6 +1,8 @@
 //! Crash points for tests: with `FLOE_FAILPOINT=<name>` set, the agent stops at that
 //! point, prints `FLOE_FAILPOINT <name> reached` to stderr and waits to be killed.
 //! Used by the crash tests to SIGKILL the agent at exact moments of a commit.
+//! With `FLOE_FAILPOINT_RESUME=<file>` also set, it waits for that file instead, deletes
+//! it and goes on (used to let another writer commit at an exact moment).
 
 use std::sync::OnceLock;
 
@@ -21,8 +23,15 @@ pub fn hit(name: &str) {
     });
     if armed.as_deref() == Some(name) {
         eprintln!("FLOE_FAILPOINT {name} reached");
+        let resume = std::env::var_os("FLOE_FAILPOINT_RESUME").map(std::path::PathBuf::from);
         loop {
-            std::thread::sleep(std::time::Duration::from_secs(3600));
+            if let Some(file) = &resume
+                && std::fs::remove_file(file).is_ok()
+            {
+                eprintln!("FLOE_FAILPOINT {name} resumed");
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
         }
     }
 }

@@ -38,9 +38,7 @@ pub mod transform;
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
 
-use iceberg::Catalog;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
@@ -71,7 +69,7 @@ pub async fn run(
         telemetry::install(m)?;
     }
     let writer_id = uuid::Uuid::now_v7().to_string();
-    let mut catalogs: HashMap<String, Arc<dyn Catalog>> = HashMap::new();
+    let mut catalogs: HashMap<String, sink::CatalogHandle> = HashMap::new();
     for p in &config.pipelines {
         if !catalogs.contains_key(&p.sink.catalog) {
             let c = sink::open_catalog(&p.sink.catalog, &config.catalogs[&p.sink.catalog]).await?;

@@ -14,7 +14,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use iceberg::Catalog;
 use tokio::sync::watch;
 
 use crate::config::PipelineConfig;
@@ -22,7 +21,8 @@ use crate::dead_letter::{DeadLetterError, DeadLetterWriter};
 use crate::decode::{decode_json, validate_object};
 use crate::offsets::OffsetMap;
 use crate::schema::SchemaTracker;
-use crate::sink::{SinkError, TableSink};
+use crate::sink::upsert::KeyHash;
+use crate::sink::{SinkError, Staged, TableSink};
 use crate::source::{
     KafkaRecord, KafkaSource, PartitionMap, Positions, SourceCommand, SourceError, SourceEvent,
     TopicPartition,
@@ -106,6 +106,8 @@ struct Table {
     /// What the table stores for this pipeline.
     committed: OffsetMap,
     buffer: Vec<KafkaRecord>,
+    /// Upsert mode: the key of each buffered record.
+    keys: Vec<KeyHash>,
     buffer_bytes: u64,
     rounds_without_commit: u32,
 }
@@ -118,6 +120,7 @@ impl Table {
 
     fn discard(&mut self) {
         self.buffer.clear();
+        self.keys.clear();
         self.buffer_bytes = 0;
         self.tracker = self.sink.tracker();
     }
@@ -144,7 +147,7 @@ struct Pipeline {
 /// Runs one pipeline until `shutdown` turns true or an error stops it.
 pub async fn run_pipeline(
     config: PipelineConfig,
-    catalog: Arc<dyn Catalog>,
+    catalog: crate::sink::CatalogHandle,
     engine: Option<TransformEngine>,
     writer_id: String,
     mut shutdown: watch::Receiver<bool>,
@@ -159,21 +162,16 @@ pub async fn run_pipeline(
     }
     let mut tables = Vec::with_capacity(table_names.len());
     for table in &table_names {
-        let sink = TableSink::open(
-            catalog.clone(),
-            &config.sink,
-            table,
-            &config.name,
-            &writer_id,
-        )
-        .await
-        .map_err(sink_err)?;
+        let sink = TableSink::open(&catalog, &config.sink, table, &config.name, &writer_id)
+            .await
+            .map_err(sink_err)?;
         let committed = sink.stored_offsets().map_err(sink_err)?;
         tables.push(Table {
             tracker: sink.tracker(),
             sink,
             committed,
             buffer: Vec::new(),
+            keys: Vec::new(),
             buffer_bytes: 0,
             rounds_without_commit: 0,
         });
@@ -443,11 +441,21 @@ impl Pipeline {
         if t.holds(&tp, row.offset) {
             return Ok(());
         }
+        let key = match t
+            .sink
+            .key_spec()
+            .map(|spec| spec.of_record(&row, decoded.as_ref()))
+        {
+            Some(Err(reason)) => return self.dead_letter(&row, "key", &reason),
+            Some(Ok(key)) => Some(key),
+            None => None,
+        };
         if let Some(map) = &decoded
             && let Err(conflict) = t.tracker.observe(map)
         {
             return self.dead_letter(&row, "schema", &conflict.to_string());
         }
+        t.keys.extend(key);
         t.buffer_bytes += row.value.as_ref().map_or(0, |v| v.len() as u64);
         t.buffer.push(row);
         Ok(())
@@ -534,15 +542,16 @@ impl Pipeline {
                 continue;
             }
             let files = if has_rows {
+                let keys = t.sink.key_spec().is_some().then_some(&t.keys[..]);
                 let files = t
                     .sink
-                    .write(&t.buffer)
+                    .write(&t.buffer, keys)
                     .await
                     .map_err(PipelineError::sink(&name))?;
                 failpoint::hit(failpoint::AFTER_WRITE);
                 files
             } else {
-                Vec::new()
+                Staged::empty()
             };
             if !synced {
                 self.dead_letters.sync().map_err(|e| self.dl_err(e))?;
@@ -552,7 +561,7 @@ impl Pipeline {
             match t.sink.commit(files, &t.committed, &target).await {
                 Ok(outcome) => {
                     let rows = t.buffer.len();
-                    tracing::info!(pipeline = %self.config.name, table = %t.sink.ident(), snapshot_id = outcome.snapshot_id, files = outcome.files, rows, ms = started.elapsed().as_millis() as u64, "committed");
+                    tracing::info!(pipeline = %self.config.name, table = %t.sink.ident(), snapshot_id = outcome.snapshot_id, files = outcome.files, delete_files = outcome.delete_files, rows, ms = started.elapsed().as_millis() as u64, "committed");
                     telemetry::records_out(&self.config.name, rows as u64);
                     telemetry::committed(&self.config.name, outcome.files);
                     t.committed = target;

@@ -194,8 +194,7 @@ async fn encode_limit(values: &[Vec<u8>], flush_bytes: u64) -> Result<Figures> {
     let sink_config: floe::sink::SinkConfig = toml_sink();
     let cpu0 = cpu_seconds("self")?;
     let start = Instant::now();
-    let mut sink =
-        TableSink::open(catalog.clone(), &sink_config, "encode", "bench", "bench").await?;
+    let mut sink = TableSink::open(&catalog, &sink_config, "encode", "bench", "bench").await?;
     let topic: Arc<str> = Arc::from("bench");
     let mut committed = floe::offsets::OffsetMap::default();
     let mut batch = Vec::new();
@@ -215,7 +214,7 @@ async fn encode_limit(values: &[Vec<u8>], flush_bytes: u64) -> Result<Figures> {
         });
         if batch_bytes >= flush_bytes || i + 1 == values.len() {
             sink.apply_schema(&tracker, &committed).await?;
-            let files = sink.write(&batch).await?;
+            let files = sink.write(&batch, None).await?;
             let mut next = committed.clone();
             next.0.insert((topic.clone(), 0), i as i64 + 1);
             sink.commit(files, &committed, &next).await?;
@@ -227,7 +226,7 @@ async fn encode_limit(values: &[Vec<u8>], flush_bytes: u64) -> Result<Figures> {
     }
     let seconds = start.elapsed().as_secs_f64();
     let cpu = cpu_seconds("self")? - cpu0;
-    let (rows, files, snapshots) = table_stats(&catalog, sink.ident()).await?;
+    let (rows, files, snapshots) = table_stats(&catalog.catalog, sink.ident()).await?;
     anyhow::ensure!(
         rows as usize == values.len(),
         "encode limit wrote {rows} rows"

@@ -270,7 +270,7 @@ path = "{d}/dead-letter.ndjson"
             path: self.path("catalog.db"),
             warehouse: self.path("warehouse"),
         };
-        Ok(floe::sink::open_catalog("local", &config).await?)
+        Ok(floe::sink::open_catalog("local", &config).await?.catalog)
     }
 
     /// Rows committed to a table so far (from snapshot summaries; 0 if no table yet).
@@ -289,6 +289,47 @@ path = "{d}/dead-letter.ndjson"
                     .and_then(|v| v.parse().ok())
             })
             .unwrap_or(0))
+    }
+
+    /// Sum over partitions of the next offsets the table stores for `pipeline`: the number
+    /// of messages it covers when every partition started at 0 (0 if no table yet).
+    pub async fn covered_messages(
+        &self,
+        namespace: &str,
+        table: &str,
+        pipeline: &str,
+    ) -> Result<i64> {
+        let catalog = self.catalog().await?;
+        let ident = TableIdent::from_strs([namespace, table])?;
+        let Ok(t) = catalog.load_table(&ident).await else {
+            return Ok(0);
+        };
+        let offsets = floe::offsets::OffsetMap::from_table(t.metadata(), pipeline)?;
+        Ok(offsets.0.values().sum())
+    }
+
+    /// Waits until the table covers `messages` messages of `pipeline` (see [`Self::covered_messages`]).
+    pub async fn wait_for_messages(
+        &self,
+        namespace: &str,
+        table: &str,
+        pipeline: &str,
+        messages: i64,
+        timeout: Duration,
+    ) -> Result<Duration> {
+        let start = Instant::now();
+        loop {
+            let n = self.covered_messages(namespace, table, pipeline).await?;
+            if n >= messages {
+                return Ok(start.elapsed());
+            }
+            if start.elapsed() > timeout {
+                bail!(
+                    "{namespace}.{table} covers {n} messages of {pipeline} after {timeout:?}, expected {messages}"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Waits until the table holds at least `rows` rows.

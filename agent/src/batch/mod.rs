@@ -60,6 +60,17 @@ impl BatchEncoder {
     /// Encodes records (at most [`BATCH_ROWS`] at a time) into one batch.
     /// A record with no value (a tombstone) becomes a row whose payload columns are null.
     pub fn encode(&self, records: &[KafkaRecord]) -> Result<RecordBatch, BatchError> {
+        let rows: Vec<&KafkaRecord> = records.iter().collect();
+        self.encode_rows(&rows, None)
+    }
+
+    /// Like [`Self::encode`], for borrowed records, with the `_op` column's values
+    /// (upsert tables; null when `ops` is `None`).
+    pub fn encode_rows(
+        &self,
+        records: &[&KafkaRecord],
+        ops: Option<&[&str]>,
+    ) -> Result<RecordBatch, BatchError> {
         let mut decoder = arrow_json::ReaderBuilder::new(self.payload_schema.clone())
             .with_batch_size(records.len().max(1))
             .build_decoder()?;
@@ -94,7 +105,9 @@ impl BatchEncoder {
         let mut offset = Int64Builder::with_capacity(records.len());
         let mut timestamp = TimestampMicrosecondBuilder::with_capacity(records.len());
         let mut key = StringBuilder::with_capacity(records.len(), records.len() * 16);
-        for r in records {
+        let mut op = StringBuilder::with_capacity(records.len(), records.len() * 6);
+        for (i, r) in records.iter().enumerate() {
+            op.append_option(ops.map(|o| o[i]));
             partition.append_value(r.partition);
             offset.append_value(r.offset);
             timestamp.append_option(r.timestamp_ms.map(|ms| ms * 1000));
@@ -105,11 +118,13 @@ impl BatchEncoder {
                     .map(|k| std::str::from_utf8(k).unwrap_or_default()),
             );
         }
-        let mut meta: [Option<ArrayRef>; 4] = [
+        // In RESERVED_COLUMNS order.
+        let mut meta: [Option<ArrayRef>; 5] = [
             Some(Arc::new(partition.finish())),
             Some(Arc::new(offset.finish())),
             Some(Arc::new(timestamp.finish().with_timezone("+00:00"))),
             Some(Arc::new(key.finish())),
+            Some(Arc::new(op.finish())),
         ];
         let mut payload_columns = payload.columns().iter();
         let columns = self

@@ -22,12 +22,14 @@ use serde_json::{Map, Value};
 
 use crate::decode::json_kind;
 
-/// Columns the agent adds to every row; payload fields with these names are ignored.
-pub const RESERVED_COLUMNS: [&str; 4] = [
+/// Columns the agent adds to rows; payload fields with these names are ignored.
+/// `_op` (insert / update) exists in upsert tables only.
+pub const RESERVED_COLUMNS: [&str; 5] = [
     "_kafka_partition",
     "_kafka_offset",
     "_kafka_timestamp",
     "_kafka_key",
+    "_op",
 ];
 
 /// A value whose type does not fit the column it belongs to.

@@ -10,6 +10,17 @@ use iceberg_catalog_sql::SqlCatalogBuilder;
 use serde::Deserialize;
 
 use super::SinkError;
+use super::commit::{CommitBackend, SqlBackend};
+
+/// An open catalog: the `Catalog` for reads and table creation, and the backend our
+/// commit layer uses for snapshot commits.
+#[derive(Debug, Clone)]
+pub struct CatalogHandle {
+    /// Loads, lists and creates tables.
+    pub catalog: Arc<dyn Catalog>,
+    /// Applies commits (see [`super::commit`]).
+    pub committer: Arc<dyn CommitBackend>,
+}
 
 /// `[catalogs.NAME]`.
 #[derive(Debug, Clone, Deserialize)]
@@ -27,10 +38,7 @@ pub enum CatalogConfig {
 }
 
 /// Opens a catalog and checks that it answers (by listing namespaces).
-pub async fn open_catalog(
-    name: &str,
-    config: &CatalogConfig,
-) -> Result<Arc<dyn Catalog>, SinkError> {
+pub async fn open_catalog(name: &str, config: &CatalogConfig) -> Result<CatalogHandle, SinkError> {
     match config {
         CatalogConfig::Embedded { path, warehouse } => {
             let db = absolute(path)?;
@@ -63,7 +71,13 @@ pub async fn open_catalog(
                 .await
                 .map_err(unreachable)?;
             catalog.list_namespaces(None).await.map_err(unreachable)?;
-            Ok(Arc::new(catalog))
+            let committer = SqlBackend::open(&db, name)
+                .await
+                .map_err(|e| unreachable(iceberg::Error::new(iceberg::ErrorKind::Unexpected, e)))?;
+            Ok(CatalogHandle {
+                catalog: Arc::new(catalog),
+                committer,
+            })
         }
     }
 }

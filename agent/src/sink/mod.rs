@@ -3,20 +3,20 @@
 //! - `catalog`: opens the configured catalog (embedded SQLite + local warehouse today).
 //! - `table`: loads or creates the target table, evolves its schema, writes Parquet files
 //!   and commits them as one snapshot that carries the Kafka offsets.
-//! - `fence`: a thin catalog wrapper that re-checks, at every commit attempt, that no
-//!   other writer moved this pipeline's offsets, which is what makes commits exactly-once.
+//! - `commit`: our own snapshot commit (data and delete files) with the exactly-once
+//!   check redone at every attempt.
 
 mod catalog;
-mod fence;
+pub mod commit;
 mod table;
+pub mod upsert;
 
 use std::time::Duration;
 
 use serde::Deserialize;
 
-pub use catalog::{CatalogConfig, open_catalog};
-pub use fence::FencedCatalog;
-pub use table::{CommitOutcome, TableSink};
+pub use catalog::{CatalogConfig, CatalogHandle, open_catalog};
+pub use table::{CommitOutcome, Staged, TableSink};
 
 /// `[pipelines.sink]`: target table and commit policy.
 #[derive(Debug, Clone, Deserialize)]
@@ -37,9 +37,17 @@ pub struct SinkConfig {
     /// Off by default: production jobs rarely hold the privilege to create tables.
     #[serde(default)]
     pub create_table: bool,
-    /// `append`: every message becomes a row.
+    /// `append`: every message becomes a row; `upsert`: one row per `key`.
     #[serde(default)]
     pub mode: Mode,
+    /// Upsert key: top-level fields of the (transformed) value, e.g. `["id"]`, or
+    /// `["_kafka_key"]` for the Kafka message key (then a tombstone deletes the row).
+    #[serde(default)]
+    pub key: Vec<String>,
+    /// Upsert mode: most live keys the in-memory key index may hold (about 50 bytes
+    /// each); past it the pipeline stops with an error. Default 20,000,000.
+    #[serde(default = "default_max_keys")]
+    pub max_keys: usize,
     /// How often buffered records are committed as one snapshot (default 60s, at least 1s).
     #[serde(
         default = "default_commit_interval",
@@ -70,6 +78,13 @@ pub enum Mode {
     /// Every message is a row, with `_kafka_partition`, `_kafka_offset`, `_kafka_timestamp`, `_kafka_key`.
     #[default]
     Append,
+    /// One row per key: later messages replace the row, tombstones delete it
+    /// (position deletes; see [`upsert`]).
+    Upsert,
+}
+
+fn default_max_keys() -> usize {
+    20_000_000
 }
 
 fn default_commit_interval() -> Duration {
@@ -97,6 +112,25 @@ impl SinkConfig {
         }
         if self.flush_records == 0 {
             out.push(("flush_records".into(), "must be positive".into()));
+        }
+        match self.mode {
+            Mode::Upsert if self.key.is_empty() => out.push((
+                "key".into(),
+                "upsert mode needs a key: field names, or [\"_kafka_key\"] for the message key"
+                    .into(),
+            )),
+            Mode::Upsert
+                if self.key.len() > 1 && self.key.iter().any(|k| k == upsert::MESSAGE_KEY) =>
+            {
+                out.push((
+                    "key".into(),
+                    "`_kafka_key` cannot be combined with payload fields".into(),
+                ))
+            }
+            Mode::Append if !self.key.is_empty() => {
+                out.push(("key".into(), "only used with mode = \"upsert\"".into()))
+            }
+            _ => {}
         }
         if self.table.trim().is_empty() {
             out.push(("table".into(), "must not be empty".into()));
@@ -162,6 +196,12 @@ pub enum SinkError {
         /// The cause.
         source: Box<iceberg::Error>,
     },
+    /// Upsert mode failed (key index, delete files, table shape).
+    #[error(transparent)]
+    Upsert(#[from] upsert::UpsertError),
+    /// A snapshot commit failed (after retries where they could help).
+    #[error(transparent)]
+    Commit(Box<commit::CommitFailure>),
     /// Local I/O (creating warehouse directories).
     #[error("{0}")]
     Io(String),

@@ -1,0 +1,130 @@
+//! Where a commit lands: the catalog's compare-and-swap of the table's metadata.
+//!
+//! iceberg-rust builds commit requests only inside its own `Transaction`, so these
+//! backends take requirements and updates directly: the SQL catalog layout (new metadata
+//! file, then an `UPDATE ... WHERE metadata_location = <base>`), and the REST catalog's
+//! commit-table request.
+
+use std::str::FromStr;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use iceberg::table::Table;
+use iceberg::{MetadataLocation, TableRequirement, TableUpdate};
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
+
+/// Why a commit did not land.
+#[derive(Debug, thiserror::Error)]
+pub enum CommitError {
+    /// The table moved on since `base` was read: reload and try again.
+    #[error("commit conflict: {0}")]
+    Conflict(String),
+    /// The request may or may not have been applied (timeout, 5xx): reload and look.
+    #[error("commit state unknown: {0}")]
+    Unknown(String),
+    /// The commit was refused or could not be prepared; retrying will not help.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// A catalog that applies requirements and updates atomically.
+#[async_trait]
+pub trait CommitBackend: Send + Sync + std::fmt::Debug {
+    /// Commits `updates` on top of `base` if `requirements` still hold; returns the new table.
+    async fn commit(
+        &self,
+        base: &Table,
+        requirements: Vec<TableRequirement>,
+        updates: Vec<TableUpdate>,
+    ) -> Result<Table, CommitError>;
+}
+
+/// Commits to a catalog in the SQL catalog layout (`iceberg_tables`), here SQLite.
+#[derive(Debug, Clone)]
+pub struct SqlBackend {
+    pool: SqlitePool,
+    catalog_name: String,
+}
+
+impl SqlBackend {
+    /// Opens the SQLite file of an embedded catalog named `catalog_name`.
+    pub async fn open(path: &std::path::Path, catalog_name: &str) -> Result<Arc<Self>, String> {
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .busy_timeout(std::time::Duration::from_secs(30));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options)
+            .await
+            .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+        Ok(Arc::new(SqlBackend {
+            pool,
+            catalog_name: catalog_name.to_string(),
+        }))
+    }
+}
+
+#[async_trait]
+impl CommitBackend for SqlBackend {
+    async fn commit(
+        &self,
+        base: &Table,
+        requirements: Vec<TableRequirement>,
+        updates: Vec<TableUpdate>,
+    ) -> Result<Table, CommitError> {
+        let failed = |e: iceberg::Error| CommitError::Failed(e.to_string());
+        for requirement in &requirements {
+            requirement
+                .check(Some(base.metadata()))
+                .map_err(|e| CommitError::Conflict(e.to_string()))?;
+        }
+        let base_location = base.metadata_location_result().map_err(failed)?.to_string();
+        let mut builder = base
+            .metadata()
+            .clone()
+            .into_builder(Some(base_location.clone()));
+        for update in updates {
+            builder = update.apply(builder).map_err(failed)?;
+        }
+        let metadata = builder.build().map_err(failed)?.metadata;
+        let location = MetadataLocation::from_str(&base_location)
+            .map_err(failed)?
+            .with_next_version()
+            .with_new_metadata(&metadata);
+        metadata
+            .write_to(base.file_io(), &location)
+            .await
+            .map_err(failed)?;
+        let location = location.to_string();
+        let ident = base.identifier();
+        let result = sqlx::query(
+            "UPDATE iceberg_tables SET metadata_location = ?, previous_metadata_location = ? \
+             WHERE catalog_name = ? AND table_namespace = ? AND table_name = ? \
+             AND (iceberg_type = 'TABLE' OR iceberg_type IS NULL) AND metadata_location = ?",
+        )
+        .bind(&location)
+        .bind(&base_location)
+        .bind(&self.catalog_name)
+        .bind(ident.namespace().join("."))
+        .bind(ident.name())
+        .bind(&base_location)
+        .execute(&self.pool)
+        .await
+        // SQLite applies a statement or not at all, but an error here (busy, I/O) is
+        // reported as unknown so the caller looks before retrying.
+        .map_err(|e| CommitError::Unknown(e.to_string()))?;
+        if result.rows_affected() == 0 {
+            return Err(CommitError::Conflict(format!(
+                "{ident} changed since {base_location}"
+            )));
+        }
+        Table::builder()
+            .identifier(ident.clone())
+            .metadata(metadata)
+            .metadata_location(location)
+            .file_io(base.file_io().clone())
+            .runtime(iceberg::Runtime::try_current().map_err(failed)?)
+            .build()
+            .map_err(failed)
+    }
+}

@@ -1,0 +1,225 @@
+//! Floe's own commit layer: snapshots with data files *and* delete files, committed with
+//! the exactly-once check redone on every attempt.
+//!
+//! iceberg-rust 0.10 has no row-delta action and keeps its commit request type
+//! crate-private, so this layer builds the snapshot from the crate's public pieces
+//! (manifest writers, manifest-list writer, snapshot and metadata types) and commits it
+//! through a [`CommitBackend`]: the SQL catalog's compare-and-swap or the REST catalog's
+//! commit-table request.
+//!
+//! One commit:
+//! 1. [`StagedSnapshot::write`] writes the manifests of the new files (once).
+//! 2. [`commit`] checks the fence (the table still stores the offsets our records start
+//!    from), writes a manifest list on top of the current `main`, and asks the backend to
+//!    swap, requiring `main` to still point at that parent.
+//! 3. On a conflict it waits (exponential backoff), reloads the table and starts again at
+//!    2 — unless the caller needs the exact parent (upsert: its position deletes were
+//!    computed against it) and the table's data changed meanwhile; then it returns
+//!    [`CommitFailure::Stale`] so the caller can redo its deletes.
+//! 4. When the outcome is unknown (a 5xx or a timeout), it reloads and looks for its own
+//!    commit id in the snapshots before retrying, so a commit never lands twice.
+
+mod backend;
+mod snapshot;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use iceberg::spec::{Operation, Schema};
+use iceberg::table::Table;
+use iceberg::{Catalog, TableIdent};
+
+pub use backend::{CommitBackend, CommitError, SqlBackend};
+pub use snapshot::StagedSnapshot;
+
+use crate::offsets::{COMMIT_KEY, OffsetMap};
+
+/// Attempts before a commit that keeps conflicting gives up.
+const MAX_ATTEMPTS: u32 = 12;
+
+/// What the table must still store for this pipeline for the commit to be valid.
+#[derive(Debug, Clone)]
+pub struct Fence {
+    /// Pipeline name (offsets are stored per pipeline).
+    pub pipeline: String,
+    /// The offsets the buffered records start from.
+    pub expected: OffsetMap,
+}
+
+/// Why [`commit`] returned without committing.
+#[derive(Debug, thiserror::Error)]
+pub enum CommitFailure {
+    /// Another writer committed offsets of this pipeline: our records may be duplicates.
+    #[error(
+        "fenced: another writer committed offsets of pipeline {pipeline:?} to {table} (table has {found}, this writer expected {expected})"
+    )]
+    Fenced {
+        /// Pipeline name.
+        pipeline: String,
+        /// Table identifier.
+        table: String,
+        /// Offsets in the table.
+        found: String,
+        /// Offsets this writer started from.
+        expected: String,
+    },
+    /// The table's data changed under a commit that needs its exact parent.
+    #[error("table data changed since the commit was prepared")]
+    Stale(Box<Table>),
+    /// The catalog kept refusing or failed.
+    #[error("commit to {table} failed: {source}")]
+    Catalog {
+        /// Table identifier.
+        table: String,
+        /// The last error.
+        source: CommitError,
+    },
+    /// Reading the table or writing the manifest list failed.
+    #[error("commit to {table} failed: {source}")]
+    Iceberg {
+        /// Table identifier.
+        table: String,
+        /// The cause.
+        source: Box<iceberg::Error>,
+    },
+}
+
+/// Options of one commit.
+pub struct CommitOptions<'a> {
+    /// Summary properties (offsets, pipeline, writer id, commit id).
+    pub properties: &'a HashMap<String, String>,
+    /// A new current schema committed with the files.
+    pub new_schema: Option<&'a Schema>,
+    /// The exactly-once check.
+    pub fence: &'a Fence,
+    /// Return [`CommitFailure::Stale`] instead of rebasing when the table's data changed.
+    pub exact_parent: bool,
+}
+
+/// Commits `staged` on top of `base` (see the module docs). Returns the committed table.
+pub async fn commit(
+    catalog: &dyn Catalog,
+    backend: &dyn CommitBackend,
+    mut base: Table,
+    staged: &mut StagedSnapshot,
+    options: CommitOptions<'_>,
+) -> Result<Table, CommitFailure> {
+    let ident = base.identifier().clone();
+    let prepared_on = base.metadata().current_snapshot_id();
+    let commit_id = options.properties.get(COMMIT_KEY).cloned();
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        check_fence(&base, options.fence)?;
+        if options.exact_parent && data_changed_since(&base, prepared_on) {
+            return Err(CommitFailure::Stale(Box::new(base)));
+        }
+        let (requirements, updates) = staged
+            .updates(&base, options.properties, options.new_schema)
+            .await
+            .map_err(|e| iceberg_failure(&ident, e))?;
+        let error = match backend.commit(&base, requirements, updates).await {
+            Ok(table) => return Ok(table),
+            Err(e) => e,
+        };
+        let unknown = matches!(error, CommitError::Unknown(_));
+        if matches!(error, CommitError::Failed(_)) || attempt >= MAX_ATTEMPTS {
+            return Err(CommitFailure::Catalog {
+                table: ident.to_string(),
+                source: error,
+            });
+        }
+        tracing::warn!(table = %ident, attempt, %error, "commit did not land; reloading the table");
+        tokio::time::sleep(backoff(attempt)).await;
+        base = catalog
+            .load_table(&ident)
+            .await
+            .map_err(|e| iceberg_failure(&ident, e))?;
+        if unknown
+            && let Some(id) = &commit_id
+            && contains_commit(&base, id)
+        {
+            tracing::info!(table = %ident, commit_id = %id, "commit had landed after all");
+            return Ok(base);
+        }
+    }
+}
+
+fn check_fence(table: &Table, fence: &Fence) -> Result<(), CommitFailure> {
+    let found = OffsetMap::from_table(table.metadata(), &fence.pipeline).map_err(|e| {
+        iceberg_failure(
+            table.identifier(),
+            iceberg::Error::new(iceberg::ErrorKind::DataInvalid, e.to_string()),
+        )
+    })?;
+    if found != fence.expected {
+        return Err(CommitFailure::Fenced {
+            pipeline: fence.pipeline.clone(),
+            table: table.identifier().to_string(),
+            found: found.to_summary_value(),
+            expected: fence.expected.to_summary_value(),
+        });
+    }
+    Ok(())
+}
+
+/// Whether a snapshot after `since` on `main` added or removed files.
+fn data_changed_since(table: &Table, since: Option<i64>) -> bool {
+    let metadata = table.metadata();
+    let mut current = metadata.current_snapshot();
+    while let Some(snapshot) = current {
+        if Some(snapshot.snapshot_id()) == since {
+            return false;
+        }
+        let summary = snapshot.summary();
+        let count = |key: &str| {
+            summary
+                .additional_properties
+                .get(key)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let changed = summary.operation != Operation::Append
+            || [
+                "added-data-files",
+                "added-delete-files",
+                "deleted-data-files",
+                "removed-delete-files",
+            ]
+            .iter()
+            .any(|k| count(k) > 0);
+        if changed {
+            return true;
+        }
+        current = snapshot
+            .parent_snapshot_id()
+            .and_then(|id| metadata.snapshot_by_id(id));
+    }
+    // Reached the start of `main`: everything was checked if the commit was prepared on
+    // an empty table; otherwise `since` left the lineage (a rollback), so assume changed.
+    since.is_some()
+}
+
+fn contains_commit(table: &Table, commit_id: &str) -> bool {
+    table.metadata().snapshots().any(|s| {
+        s.summary()
+            .additional_properties
+            .get(COMMIT_KEY)
+            .map(String::as_str)
+            == Some(commit_id)
+    })
+}
+
+fn backoff(attempt: u32) -> Duration {
+    let ms = 100u64.saturating_mul(1 << attempt.min(6)).min(5_000);
+    // Spread writers that collided so they do not collide again.
+    let jitter = u64::from(uuid::Uuid::new_v4().as_u128() as u16) % (ms / 2 + 1);
+    Duration::from_millis(ms / 2 + jitter)
+}
+
+fn iceberg_failure(ident: &TableIdent, e: iceberg::Error) -> CommitFailure {
+    CommitFailure::Iceberg {
+        table: ident.to_string(),
+        source: Box::new(e),
+    }
+}

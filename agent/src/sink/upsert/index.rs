@@ -1,0 +1,256 @@
+//! Where each live key's row is: key digest -> (data file, row position).
+//!
+//! Position deletes need the exact row an update replaces. The index is rebuilt from the
+//! table when a pipeline starts (or when another writer changed the table's data): read the
+//! key columns of every live data file, drop the rows named by position-delete files, keep
+//! the rest. After each commit it is updated with the rows the commit wrote and removed.
+//!
+//! Memory: one hash-map entry of 16 + 8 bytes per live key (about 30-60 bytes with the
+//! map's spare capacity), plus one path per data file. `max_keys` bounds it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow_array::ArrayRef;
+use foldhash::fast::RandomState;
+use iceberg::spec::{DataContentType, ManifestStatus};
+use iceberg::table::Table;
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+use super::UpsertError;
+use super::key::{KeyHash, KeySpec};
+
+/// A row of a data file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowRef {
+    file: u32,
+    pos: u32,
+}
+
+/// The key index of one table (see the module docs).
+#[derive(Debug, Default)]
+pub struct KeyIndex {
+    files: Vec<Arc<str>>,
+    file_ids: HashMap<Arc<str>, u32, RandomState>,
+    rows: HashMap<KeyHash, RowRef, RandomState>,
+    max_keys: usize,
+}
+
+/// What a rebuild found, for the log.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RebuildStats {
+    /// Live data files read.
+    pub data_files: usize,
+    /// Position-delete files read.
+    pub delete_files: usize,
+    /// Live keys.
+    pub keys: usize,
+    /// Live rows whose key was already live in another row (a table not written by
+    /// Floe alone); the later row wins.
+    pub duplicates: usize,
+}
+
+impl KeyIndex {
+    /// An empty index holding at most `max_keys` keys.
+    pub fn new(max_keys: usize) -> Self {
+        KeyIndex {
+            max_keys,
+            ..Default::default()
+        }
+    }
+
+    /// Live keys.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Whether no key is live.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// Where `key`'s live row is.
+    pub fn get(&self, key: &KeyHash) -> Option<(&str, u64)> {
+        self.rows
+            .get(key)
+            .map(|r| (&*self.files[r.file as usize], u64::from(r.pos)))
+    }
+
+    /// Records that `key` now lives at `pos` of `file`.
+    pub fn put(&mut self, key: KeyHash, file: &str, pos: u64) -> Result<(), UpsertError> {
+        let file = self.file_id(file);
+        let pos = u32::try_from(pos).map_err(|_| UpsertError::TooLarge("rows in one data file"))?;
+        self.rows.insert(key, RowRef { file, pos });
+        if self.rows.len() > self.max_keys {
+            return Err(UpsertError::TooManyKeys(self.max_keys));
+        }
+        Ok(())
+    }
+
+    /// Records that `key` has no live row.
+    pub fn remove(&mut self, key: &KeyHash) {
+        self.rows.remove(key);
+    }
+
+    fn file_id(&mut self, file: &str) -> u32 {
+        if let Some(&id) = self.file_ids.get(file) {
+            return id;
+        }
+        let path: Arc<str> = Arc::from(file);
+        let id = self.files.len() as u32;
+        self.files.push(path.clone());
+        self.file_ids.insert(path, id);
+        id
+    }
+
+    /// Reads the table's current snapshot into a new index.
+    pub async fn rebuild(
+        table: &Table,
+        spec: &KeySpec,
+        max_keys: usize,
+    ) -> Result<(KeyIndex, RebuildStats), UpsertError> {
+        let mut index = KeyIndex::new(max_keys);
+        let mut stats = RebuildStats::default();
+        let Some(snapshot) = table.metadata().current_snapshot() else {
+            return Ok((index, stats));
+        };
+        let file_io = table.file_io();
+        let list = table.manifest_list_reader(snapshot).load().await?;
+        // Data files in data-sequence order, so a key written twice ends at its later row.
+        let mut data_files: Vec<(i64, String)> = Vec::new();
+        let mut deleted: HashMap<String, Vec<u64>, RandomState> = HashMap::default();
+        for manifest_file in list.entries() {
+            let manifest = manifest_file.load_manifest(file_io).await?;
+            for entry in manifest.entries() {
+                if entry.status() == ManifestStatus::Deleted {
+                    continue;
+                }
+                match entry.content_type() {
+                    DataContentType::Data => data_files.push((
+                        entry.sequence_number().unwrap_or_default(),
+                        entry.file_path().to_string(),
+                    )),
+                    DataContentType::PositionDeletes => {
+                        stats.delete_files += 1;
+                        read_position_deletes(table, entry.file_path(), &mut deleted).await?;
+                    }
+                    other => {
+                        return Err(UpsertError::Unsupported(format!(
+                            "the table has {other:?} files (from another writer); Floe's upsert index needs position deletes only"
+                        )));
+                    }
+                }
+            }
+        }
+        data_files.sort();
+        let key_ids = key_field_ids(table, spec)?;
+        for (_, path) in &data_files {
+            stats.data_files += 1;
+            let mut gone = deleted.remove(path).unwrap_or_default();
+            gone.sort_unstable();
+            let keys = read_keys(table, path, &key_ids).await?;
+            for (pos, key) in keys.into_iter().enumerate() {
+                let pos = pos as u64;
+                let Some(key) = key else { continue };
+                if gone.binary_search(&pos).is_ok() {
+                    continue;
+                }
+                if index.rows.contains_key(&key) {
+                    stats.duplicates += 1;
+                }
+                index.put(key, path, pos)?;
+            }
+        }
+        stats.keys = index.len();
+        Ok((index, stats))
+    }
+}
+
+/// Field ids of the key columns in the table's current schema.
+pub fn key_field_ids(table: &Table, spec: &KeySpec) -> Result<Vec<i32>, UpsertError> {
+    let schema = table.metadata().current_schema();
+    spec.columns()
+        .into_iter()
+        .map(|name| {
+            schema.field_by_name(name).map(|f| f.id).ok_or_else(|| {
+                UpsertError::Unsupported(format!("key column `{name}` is not in the table"))
+            })
+        })
+        .collect()
+}
+
+/// Key digests of every row of a data file, by position.
+async fn read_keys(
+    table: &Table,
+    path: &str,
+    key_ids: &[i32],
+) -> Result<Vec<Option<KeyHash>>, UpsertError> {
+    let bytes = table.file_io().new_input(path)?.read().await?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(bytes)?;
+    let roots = builder.parquet_schema().root_schema().get_fields();
+    let mut order = Vec::with_capacity(key_ids.len());
+    for id in key_ids {
+        let root = roots
+            .iter()
+            .position(|f| f.get_basic_info().has_id() && f.get_basic_info().id() == *id)
+            .ok_or_else(|| {
+                UpsertError::Unsupported(format!(
+                    "data file {path} has no column with field id {id}"
+                ))
+            })?;
+        order.push(root);
+    }
+    let mut sorted = order.clone();
+    sorted.sort_unstable();
+    let mask = ProjectionMask::roots(builder.parquet_schema(), sorted.iter().copied());
+    let reader = builder.with_projection(mask).build()?;
+    let mut out = Vec::new();
+    for batch in reader {
+        let batch = batch?;
+        // Projected columns come in file order; put them back in key order.
+        let columns: Vec<ArrayRef> = order
+            .iter()
+            .map(|root| {
+                let i = sorted.iter().position(|r| r == root).unwrap_or_default();
+                batch.column(i).clone()
+            })
+            .collect();
+        out.extend(KeySpec::of_columns(&columns).map_err(UpsertError::Unsupported)?);
+    }
+    Ok(out)
+}
+
+/// Adds the (file, position) pairs of a position-delete file to `deleted`.
+async fn read_position_deletes(
+    table: &Table,
+    path: &str,
+    deleted: &mut HashMap<String, Vec<u64>, RandomState>,
+) -> Result<(), UpsertError> {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::Int64Type;
+
+    let bytes = table.file_io().new_input(path)?.read().await?;
+    let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)?.build()?;
+    for batch in reader {
+        let batch = batch?;
+        let (Some(files), Some(positions)) = (
+            batch.column_by_name("file_path"),
+            batch.column_by_name("pos"),
+        ) else {
+            return Err(UpsertError::Unsupported(format!(
+                "position-delete file {path} lacks file_path/pos"
+            )));
+        };
+        let files = arrow_cast::cast(files, &arrow_schema::DataType::Utf8)?;
+        let files = files.as_string::<i32>();
+        let positions = positions.as_primitive::<Int64Type>();
+        for row in 0..batch.num_rows() {
+            deleted
+                .entry(files.value(row).to_string())
+                .or_default()
+                .push(positions.value(row) as u64);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,481 @@
+//! Upsert mode end to end: a real broker, the agent, position deletes, and independent
+//! readers (PyIceberg and DuckDB) compared with a reference computed from what was produced.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, ensure};
+use floe_tests::{AgentProcess, Broker, Workspace, spawn_agent};
+use serde_json::{Value, json};
+
+const READERS: [&str; 2] = ["pyiceberg", "duckdb"];
+const WAIT: Duration = Duration::from_secs(120);
+
+/// One `[[pipelines]]` entry of a test config.
+struct Pipe<'a> {
+    name: &'a str,
+    topic: &'a str,
+    table: &'a str,
+    /// TOML array, e.g. `["id"]`.
+    key: &'a str,
+    /// Extra `[pipelines.sink]` lines.
+    sink_extra: &'a str,
+}
+
+/// A config with the embedded catalog of `ws` and the given pipelines.
+fn write_config(
+    ws: &Workspace,
+    bootstrap: &str,
+    pipes: &[Pipe<'_>],
+    file: &str,
+) -> Result<std::path::PathBuf> {
+    let d = ws.dir.path().display();
+    let mut text = format!(
+        "[catalogs.local]\ntype = \"embedded\"\npath = \"{d}/catalog.db\"\nwarehouse = \"{d}/warehouse\"\n"
+    );
+    for p in pipes {
+        text.push_str(&format!(
+            r#"
+[[pipelines]]
+name = "{name}"
+[pipelines.source]
+bootstrap_servers = "{bootstrap}"
+group_id = "floe-{name}"
+topics = ["{topic}"]
+[pipelines.source.properties]
+"session.timeout.ms" = "2000"
+"heartbeat.interval.ms" = "500"
+[pipelines.sink]
+catalog = "local"
+namespace = "shop"
+table = "{table}"
+create_table = true
+commit_interval = "1s"
+mode = "upsert"
+key = {key}
+{extra}
+[pipelines.dead_letter]
+path = "{d}/dead-letter-{name}.ndjson"
+"#,
+            name = p.name,
+            topic = p.topic,
+            table = p.table,
+            key = p.key,
+            extra = p.sink_extra,
+        ));
+    }
+    let path = ws.path(file);
+    std::fs::write(&path, text)?;
+    Ok(path)
+}
+
+/// Payload columns of every row a reader returns, keyed by `id`, plus each row's `_op`.
+fn rows_by_id(
+    ws: &Workspace,
+    reader: &str,
+    table: &str,
+    fields: &[&str],
+) -> Result<(BTreeMap<i64, Value>, BTreeMap<i64, String>)> {
+    let dump = ws.read(reader, "shop", table, "id")?;
+    let mut rows = BTreeMap::new();
+    let mut ops = BTreeMap::new();
+    for r in dump.rows() {
+        let id = r["id"].as_i64().expect("id");
+        let payload: serde_json::Map<String, Value> = fields
+            .iter()
+            .map(|f| (f.to_string(), r[*f].clone()))
+            .collect();
+        ensure!(
+            rows.insert(id, Value::Object(payload)).is_none(),
+            "{reader}: id {id} appears twice in {table}"
+        );
+        ops.insert(id, r["_op"].as_str().unwrap_or_default().to_string());
+    }
+    Ok((rows, ops))
+}
+
+fn project(v: &Value, fields: &[&str]) -> Value {
+    Value::Object(
+        fields
+            .iter()
+            .map(|f| (f.to_string(), v[*f].clone()))
+            .collect(),
+    )
+}
+
+fn customer(id: i64, version: i64) -> Value {
+    let city = ["Oslo", "Lyon", "Porto"][(id % 3) as usize];
+    json!({"id": id, "name": format!("customer {id}"), "city": city, "balance": id * 10 + version})
+}
+
+fn order(id: i64, version: i64) -> Value {
+    let status = ["new", "paid", "shipped", "done"][version as usize % 4];
+    json!({"id": id, "customer": id % 40, "status": status, "amount": id * 3 + version})
+}
+
+type Message = (Option<Vec<u8>>, Option<Vec<u8>>);
+
+fn msg(key: String, value: Option<&Value>) -> Message {
+    (
+        Some(key.into_bytes()),
+        value.map(|v| v.to_string().into_bytes()),
+    )
+}
+
+/// The OLake-style walk-through: first sync, then new keys, updates and tombstones, then
+/// a restart (the index is rebuilt from the table) and more updates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn customers_and_orders_keep_one_row_per_key() -> Result<()> {
+    let broker = Broker::start()?;
+    broker.create_topic("customers", 2).await?;
+    broker.create_topic("orders", 3).await?;
+    let ws = Workspace::new()?;
+    let config = write_config(
+        &ws,
+        &broker.bootstrap,
+        &[
+            // Keyed by the message key: tombstones delete.
+            Pipe {
+                name: "customers",
+                topic: "customers",
+                table: "customers",
+                key: r#"["_kafka_key"]"#,
+                sink_extra: "",
+            },
+            // Keyed by a payload field: a tombstone is an error routed to the dead letters.
+            Pipe {
+                name: "orders",
+                topic: "orders",
+                table: "orders",
+                key: r#"["id"]"#,
+                sink_extra: "",
+            },
+        ],
+        "floe.toml",
+    )?;
+    let mut customers: BTreeMap<i64, Value> = BTreeMap::new();
+    let mut orders: BTreeMap<i64, Value> = BTreeMap::new();
+    let mut produced = (0i64, 0i64);
+
+    // First sync.
+    let mut c_msgs = Vec::new();
+    for id in 0..50 {
+        let v = customer(id, 0);
+        c_msgs.push(msg(id.to_string(), Some(&v)));
+        customers.insert(id, v);
+    }
+    let mut o_msgs = Vec::new();
+    for id in 0..100 {
+        let v = order(id, 0);
+        o_msgs.push(msg(format!("o{id}"), Some(&v)));
+        orders.insert(id, v);
+    }
+    broker.produce("customers", &c_msgs).await?;
+    broker.produce("orders", &o_msgs).await?;
+    produced.0 += c_msgs.len() as i64;
+    produced.1 += o_msgs.len() as i64;
+    let agent = spawn_agent(&config)?;
+    ws.wait_for_messages("shop", "customers", "customers", produced.0, WAIT)
+        .await?;
+    ws.wait_for_messages("shop", "orders", "orders", produced.1, WAIT)
+        .await?;
+
+    // Second batch: new keys, changed values (some several times in one batch), deletes.
+    let mut c_msgs = Vec::new();
+    for id in 50..60 {
+        let v = customer(id, 0);
+        c_msgs.push(msg(id.to_string(), Some(&v)));
+        customers.insert(id, v);
+    }
+    for round in 1..=3 {
+        for id in 0..20 {
+            let v = customer(id, round);
+            c_msgs.push(msg(id.to_string(), Some(&v)));
+            customers.insert(id, v);
+        }
+    }
+    for id in 40..45 {
+        c_msgs.push(msg(id.to_string(), None));
+        customers.remove(&id);
+    }
+    // Deleted and then re-created within the batch: one live row.
+    c_msgs.push(msg("7".into(), None));
+    let v = customer(7, 9);
+    c_msgs.push(msg("7".into(), Some(&v)));
+    customers.insert(7, v);
+    let mut o_msgs = Vec::new();
+    for id in (0..30).chain(100..120) {
+        let v = order(id, 1 + id % 3);
+        o_msgs.push(msg(format!("o{id}"), Some(&v)));
+        orders.insert(id, v);
+    }
+    o_msgs.push(msg("o5".into(), None)); // tombstone on a payload-keyed table
+    broker.produce("customers", &c_msgs).await?;
+    broker.produce("orders", &o_msgs).await?;
+    produced.0 += c_msgs.len() as i64;
+    produced.1 += o_msgs.len() as i64;
+    ws.wait_for_messages("shop", "customers", "customers", produced.0, WAIT)
+        .await?;
+    ws.wait_for_messages("shop", "orders", "orders", produced.1, WAIT)
+        .await?;
+    agent.stop().await?;
+
+    // The tombstone on `orders` is in the dead-letter file with its reason.
+    let dl = std::fs::read_to_string(ws.path("dead-letter-orders.ndjson"))?;
+    ensure!(
+        dl.lines().count() == 1 && dl.contains("tombstone"),
+        "orders dead letters: {dl}"
+    );
+
+    // Restart: the index comes back from the table; update keys from both batches.
+    let agent = spawn_agent(&config)?;
+    let mut c_msgs = Vec::new();
+    for id in [0, 19, 25, 55] {
+        let v = customer(id, 100);
+        c_msgs.push(msg(id.to_string(), Some(&v)));
+        customers.insert(id, v);
+    }
+    c_msgs.push(msg("56".into(), None));
+    customers.remove(&56);
+    broker.produce("customers", &c_msgs).await?;
+    produced.0 += c_msgs.len() as i64;
+    ws.wait_for_messages("shop", "customers", "customers", produced.0, WAIT)
+        .await?;
+    agent.stop().await?;
+
+    let c_fields = ["id", "name", "city", "balance"];
+    let o_fields = ["id", "customer", "status", "amount"];
+    for reader in READERS {
+        let (rows, ops) = rows_by_id(&ws, reader, "customers", &c_fields)?;
+        let expected: BTreeMap<i64, Value> = customers
+            .iter()
+            .map(|(k, v)| (*k, project(v, &c_fields)))
+            .collect();
+        ensure!(
+            rows == expected,
+            "{reader}: customers differ from the reference\n got {rows:?}\nwant {expected:?}"
+        );
+        let sum: i64 = rows
+            .values()
+            .map(|r| r["balance"].as_i64().unwrap_or_default())
+            .sum();
+        let want: i64 = customers
+            .values()
+            .map(|r| r["balance"].as_i64().unwrap_or_default())
+            .sum();
+        ensure!(sum == want, "{reader}: sum(balance) {sum} != {want}");
+        ensure!(
+            ops[&0] == "update" && ops[&55] == "update" && ops[&25] == "update",
+            "{reader}: _op of updated rows: {ops:?}"
+        );
+        ensure!(
+            ops[&57] == "insert",
+            "{reader}: _op of a row written once: {:?}",
+            ops[&57]
+        );
+
+        let (rows, _) = rows_by_id(&ws, reader, "orders", &o_fields)?;
+        let expected: BTreeMap<i64, Value> = orders
+            .iter()
+            .map(|(k, v)| (*k, project(v, &o_fields)))
+            .collect();
+        ensure!(
+            rows == expected,
+            "{reader}: orders differ from the reference"
+        );
+        let paid = rows.values().filter(|r| r["status"] == "paid").count();
+        let want = orders.values().filter(|r| r["status"] == "paid").count();
+        ensure!(paid == want, "{reader}: paid orders {paid} != {want}");
+    }
+    Ok(())
+}
+
+/// xorshift64*: a small deterministic generator (no extra crate).
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
+/// 100,000 messages over 1,000 keys with updates and deletes, across many commits and a
+/// restart, against the reference "last message per key".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn randomised_updates_and_deletes_match_the_reference() -> Result<()> {
+    const N: usize = 100_000;
+    const KEYS: u64 = 1_000;
+    let broker = Broker::start()?;
+    broker.create_topic("state", 4).await?;
+    let ws = Workspace::new()?;
+    let config = write_config(
+        &ws,
+        &broker.bootstrap,
+        &[Pipe {
+            name: "state",
+            topic: "state",
+            table: "state",
+            key: r#"["_kafka_key"]"#,
+            sink_extra: "flush_records = 4000",
+        }],
+        "floe.toml",
+    )?;
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut reference: BTreeMap<i64, Value> = BTreeMap::new();
+    let mut messages = Vec::with_capacity(N);
+    for seq in 0..N {
+        let id = (rng.next() % KEYS) as i64;
+        if rng.next().is_multiple_of(10) {
+            messages.push(msg(id.to_string(), None));
+            reference.remove(&id);
+        } else {
+            let v = json!({"id": id, "seq": seq, "flag": rng.next().is_multiple_of(2), "score": (rng.next() % 10_000) as f64 / 100.0});
+            messages.push(msg(id.to_string(), Some(&v)));
+            reference.insert(id, v);
+        }
+    }
+    let started = Instant::now();
+    let (first, second) = messages.split_at(N / 2);
+    broker.produce("state", first).await?;
+    let agent = spawn_agent(&config)?;
+    ws.wait_for_messages("shop", "state", "state", first.len() as i64, WAIT)
+        .await?;
+    agent.stop().await?;
+    broker.produce("state", second).await?;
+    let agent = spawn_agent(&config)?;
+    ws.wait_for_messages("shop", "state", "state", N as i64, WAIT)
+        .await?;
+    agent.stop().await?;
+    let ingest = started.elapsed();
+
+    let fields = ["id", "seq", "flag", "score"];
+    let expected: BTreeMap<i64, Value> = reference
+        .iter()
+        .map(|(k, v)| (*k, project(v, &fields)))
+        .collect();
+    let mut report = Vec::new();
+    for reader in READERS {
+        let t = Instant::now();
+        let (rows, _) = rows_by_id(&ws, reader, "state", &fields)?;
+        report.push(format!(
+            "{reader} read {} rows in {:?}",
+            rows.len(),
+            t.elapsed()
+        ));
+        ensure!(
+            rows.len() == expected.len(),
+            "{reader}: {} rows, reference has {}",
+            rows.len(),
+            expected.len()
+        );
+        ensure!(rows == expected, "{reader}: rows differ from the reference");
+    }
+    // Files per commit, from the snapshot summaries.
+    let catalog = ws.catalog().await?;
+    let table = catalog
+        .load_table(&iceberg::TableIdent::from_strs(["shop", "state"])?)
+        .await?;
+    let mut per_commit = Vec::new();
+    for s in table.metadata().snapshots() {
+        let p = &s.summary().additional_properties;
+        let get = |k: &str| p.get(k).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        per_commit.push((
+            get("added-data-files"),
+            get("added-delete-files"),
+            get("added-records"),
+            get("added-position-deletes"),
+        ));
+    }
+    let commits = per_commit.iter().filter(|c| c.0 + c.1 > 0).count();
+    ensure!(commits >= 10, "expected many commits, got {commits}");
+    println!(
+        "randomised upsert: {N} messages, {} live keys, ingest {ingest:?}, {} snapshots ({commits} with files), (data files, delete files, rows, position deletes) per snapshot: {per_commit:?}; {}",
+        expected.len(),
+        per_commit.len(),
+        report.join("; ")
+    );
+    Ok(())
+}
+
+/// Another writer commits to the same table between our write and our commit: our
+/// commit is rebased, its position deletes recomputed, and nothing is lost or duplicated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_concurrent_writer_between_write_and_commit_loses_nothing() -> Result<()> {
+    let broker = Broker::start()?;
+    broker.create_topic("a", 1).await?;
+    broker.create_topic("b", 1).await?;
+    let ws = Workspace::new()?;
+    let a = write_config(
+        &ws,
+        &broker.bootstrap,
+        &[Pipe {
+            name: "a",
+            topic: "a",
+            table: "kv",
+            key: r#"["id"]"#,
+            sink_extra: "",
+        }],
+        "a.toml",
+    )?;
+    let b = write_config(
+        &ws,
+        &broker.bootstrap,
+        &[Pipe {
+            name: "b",
+            topic: "b",
+            table: "kv",
+            key: r#"["id"]"#,
+            sink_extra: "",
+        }],
+        "b.toml",
+    )?;
+    let a_msgs: Vec<_> = (0..100)
+        .map(|id| msg(format!("{id}"), Some(&json!({"id": id, "v": "a"}))))
+        .collect();
+    let b_msgs: Vec<_> = (50..150)
+        .map(|id| msg(format!("{id}"), Some(&json!({"id": id, "v": "b"}))))
+        .collect();
+    broker.produce("a", &a_msgs).await?;
+    broker.produce("b", &b_msgs).await?;
+
+    // Writer A stops right after writing its data files, before committing them.
+    let resume = ws.path("resume-a");
+    let mut agent_a = AgentProcess::start(
+        &a,
+        &[
+            ("FLOE_FAILPOINT", floe::failpoint::AFTER_WRITE),
+            (
+                "FLOE_FAILPOINT_RESUME",
+                resume.to_str().expect("utf-8 path"),
+            ),
+        ],
+    )?;
+    agent_a.wait_for_line("FLOE_FAILPOINT after_write reached", WAIT)?;
+    // Writer B commits keys 50..149 meanwhile.
+    let agent_b = AgentProcess::start(&b, &[])?;
+    ws.wait_for_messages("shop", "kv", "b", 100, WAIT).await?;
+    agent_b.terminate()?;
+    // A goes on: its commit conflicts, it rebuilds its index and deletes B's rows it replaces.
+    std::fs::write(&resume, b"")?;
+    ws.wait_for_messages("shop", "kv", "a", 100, WAIT).await?;
+    let log = agent_a.terminate()?;
+    ensure!(
+        log.contains("rebuilding the upsert index"),
+        "A did not rebase its deletes:\n{log}"
+    );
+
+    let mut expected = BTreeMap::new();
+    for id in 0..150 {
+        expected.insert(id, json!({"id": id, "v": if id < 100 { "a" } else { "b" }}));
+    }
+    for reader in READERS {
+        let (rows, _) = rows_by_id(&ws, reader, "kv", &["id", "v"])?;
+        ensure!(
+            rows == expected,
+            "{reader}: kv differs from the reference:\n got {rows:?}"
+        );
+    }
+    Ok(())
+}
