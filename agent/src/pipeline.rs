@@ -609,10 +609,17 @@ impl Pipeline {
                 // The whole writer schema: columns exist even while their values are null.
                 t.tracker.declare(declared);
             }
-            if let Err(conflict) = t.tracker.observe_with(&map, hints) {
-                let coerced = self.config.schema.on_incompatible == OnIncompatible::Coerce
+            if let Err(mut conflict) = t.tracker.observe_with(&map, hints) {
+                let mut coerced = false;
+                if self.config.schema.on_incompatible == OnIncompatible::Coerce
                     && t.tracker.coerce(&mut map)
-                    && t.tracker.observe_with(&map, hints).is_ok();
+                {
+                    // What still conflicts after coercion is the reason given.
+                    match t.tracker.observe_with(&map, hints) {
+                        Ok(()) => coerced = true,
+                        Err(c) => conflict = c,
+                    }
+                }
                 if coerced {
                     row.value = Some(serde_json::to_vec(&map).expect("JSON values serialize"));
                 } else if self.config.schema.on_incompatible == OnIncompatible::Fail {
