@@ -537,20 +537,68 @@ fn check_object(
         let len = push_path(path, name);
         match fields.get(name) {
             Some(node) => check_value(node, value, path, options)?,
-            // A new field with an override must fit it.
-            None => {
-                if let Some(t) = options.overrides.get(path.as_str())
-                    && !type_accepts(t, value)
-                {
-                    return Err(Conflict {
-                        path: path.clone(),
-                        column: type_name(t),
-                        value: value_desc(value),
-                    });
-                }
-            }
+            None => check_fresh(value, path, options)?,
         }
         path.truncate(len);
+    }
+    Ok(())
+}
+
+/// Checks a value of a field that has no type yet: it must fit its override, and the
+/// elements of each array must agree with each other.
+fn check_fresh(v: &Value, path: &mut String, options: &SchemaOptions) -> Result<(), Conflict> {
+    if let Some(t) = options.overrides.get(path.as_str()) {
+        return if type_accepts(t, v) {
+            Ok(())
+        } else {
+            Err(Conflict {
+                path: path.clone(),
+                column: type_name(t),
+                value: value_desc(v),
+            })
+        };
+    }
+    match v {
+        Value::Object(m) => {
+            for (name, child) in m {
+                let len = push_path(path, name);
+                check_fresh(child, path, options)?;
+                path.truncate(len);
+            }
+            Ok(())
+        }
+        Value::Array(items) => check_items(&Node::unknown(), items, path, options),
+        _ => Ok(()),
+    }
+}
+
+/// Checks the items of one array against its element node *and* each other: the
+/// element type is learnt item by item on a copy, so `[false, 0]` is a conflict.
+fn check_items(
+    element: &Node,
+    items: &[Value],
+    path: &mut String,
+    options: &SchemaOptions,
+) -> Result<(), Conflict> {
+    let settled = element.locked
+        && !matches!(
+            element.kind,
+            None | Some(Kind::Struct(_)) | Some(Kind::List(_))
+        );
+    if settled {
+        for item in items {
+            check_value(element, item, path, options)?;
+        }
+        return Ok(());
+    }
+    let mut learnt = element.clone();
+    let mut ctx = Ctx {
+        options,
+        path: path.clone(),
+    };
+    for item in items {
+        check_value(&learnt, item, path, options)?;
+        merge_value(&mut learnt, item, None, &mut ctx);
     }
     Ok(())
 }
@@ -561,12 +609,12 @@ fn check_value(
     path: &mut String,
     options: &SchemaOptions,
 ) -> Result<(), Conflict> {
-    let Some(kind) = &node.kind else {
-        return Ok(());
-    };
     if v.is_null() {
         return Ok(());
     }
+    let Some(kind) = &node.kind else {
+        return check_fresh(v, path, options);
+    };
     let fixed = node.fixed();
     let ok = match (kind, v) {
         (Kind::Boolean, Value::Bool(_)) => true,
@@ -578,10 +626,7 @@ fn check_value(
         (Kind::Timestamp, Value::String(s)) => !fixed || timestamp_shape(s) == Some(false),
         (Kind::Struct(fields), Value::Object(m)) => return check_object(fields, m, path, options),
         (Kind::List(element), Value::Array(items)) => {
-            for item in items {
-                check_value(element, item, path, options)?;
-            }
-            true
+            return check_items(element, items, path, options);
         }
         (Kind::Other(t), v) => type_accepts(t, v),
         _ => false,
@@ -739,5 +784,9 @@ pub(crate) fn renumber(t: &Type, id: &mut impl FnMut() -> i32) -> Type {
     }
 }
 
+#[cfg(test)]
+mod golden;
+#[cfg(test)]
+mod props;
 #[cfg(test)]
 mod tests;
