@@ -456,36 +456,38 @@ impl Pipeline {
         let Some(key) = &record.key else {
             return Ok(Some((record, Origin::default())));
         };
+        if self.decoder.key_is_string() {
+            // The common case: keep the key as is, without copying it.
+            if std::str::from_utf8(key).is_ok() {
+                return Ok(Some((record, Origin::default())));
+            }
+            let reason = "message key is not UTF-8 (the _kafka_key column is a string)";
+            self.dead_letter(&record, "decode", reason)?;
+            return Ok(None);
+        }
         match self.decoder.decode_key(key) {
-            Ok(text) if text.as_bytes() == key.as_slice() => Ok(Some((record, Origin::default()))),
             Ok(text) => {
                 let row = KafkaRecord {
                     key: Some(text.into_bytes()),
                     value: record.value.clone(),
                     ..record.clone_meta()
                 };
-                Ok(Some((
-                    row,
-                    Origin {
-                        raw: Some(record),
-                        declared: None,
-                    },
-                )))
+                let origin = Origin {
+                    raw: Some(record),
+                    declared: None,
+                };
+                Ok(Some((row, origin)))
             }
-            Err(e @ DecodeError::Key(_)) if matches!(&e, DecodeError::Key(inner) if matches!(**inner, DecodeError::RegistryUnreachable { .. })) => {
+            Err(DecodeError::Key(inner))
+                if matches!(*inner, DecodeError::RegistryUnreachable { .. }) =>
+            {
                 Err(PipelineError::Decode {
                     pipeline: self.config.name.clone(),
-                    source: Box::new(e),
+                    source: inner,
                 })
             }
             Err(e) => {
-                let reason = match self.decoder.key_is_string() {
-                    true => {
-                        "message key is not UTF-8 (the _kafka_key column is a string)".to_string()
-                    }
-                    false => e.to_string(),
-                };
-                self.dead_letter(&record, "decode", &reason)?;
+                self.dead_letter(&record, "decode", &e.to_string())?;
                 Ok(None)
             }
         }

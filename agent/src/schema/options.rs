@@ -154,3 +154,35 @@ pub fn parse_type(s: &str) -> Result<Type, String> {
     };
     Ok(Type::Primitive(p))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn override_types_parse_or_explain() {
+        let ok = [
+            ("decimal(18, 2)", "decimal(18, 2)"),
+            ("DATE", "date"),
+            ("uuid", "uuid"),
+            ("fixed[16]", "fixed(16)"),
+            ("timestamptz", "timestamptz"),
+        ];
+        for (text, name) in ok {
+            assert_eq!(crate::schema::type_name(&parse_type(text).unwrap()), name);
+        }
+        assert!(parse_type("decimal(40,2)").unwrap_err().contains("1..=38"));
+        assert!(parse_type("decimal(5,6)").is_err());
+        assert!(parse_type("varchar").unwrap_err().contains("unknown type"));
+        let config: SchemaConfig = toml::from_str(
+            "on_incompatible = \"coerce\"\nnull_as_string_after = 0\noverrides = { a = \"int\", b = \"nope\" }",
+        )
+        .unwrap();
+        let problems = config.problems();
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert_eq!(problems[0].0, "overrides.b");
+        assert_eq!(problems[1].0, "null_as_string_after");
+        assert_eq!(config.options().overrides.len(), 1);
+        assert!(toml::from_str::<SchemaConfig>("on_incompatible = \"ignore\"").is_err());
+    }
+}
