@@ -93,13 +93,8 @@ registry = {{ url = "{}", username = "floe", password = "s3cret" }}
     let agent = spawn_agent(&config)?;
     ws.wait_for_rows("shop", "orders", 3, Duration::from_secs(60))
         .await?;
-    registry.produce_avro(
-        &broker.bootstrap,
-        "orders",
-        &v2(),
-        &[order(4, true), order(5, true)],
-    )?;
     // Not Avro / an id the registry does not know: dead-lettered with their bytes.
+    // (Before v2, so that v2's commit proves they were handled.)
     let unknown_id = vec![0u8, 0, 0, 0, 99, 2, 0];
     let not_framed = b"{\"id\": 6}".to_vec();
     broker
@@ -111,6 +106,12 @@ registry = {{ url = "{}", username = "floe", password = "s3cret" }}
             ],
         )
         .await?;
+    registry.produce_avro(
+        &broker.bootstrap,
+        "orders",
+        &v2(),
+        &[order(4, true), order(5, true)],
+    )?;
     ws.wait_for_rows("shop", "orders", 5, Duration::from_secs(60))
         .await?;
     agent.stop().await?;
@@ -253,5 +254,75 @@ async fn an_unreachable_registry_stops_the_pipeline_with_a_clear_error() -> Resu
         DeadLetterWriter::read_all(&ws.path("dead-letter.ndjson")).map_or(true, |l| l.is_empty())
     );
     assert_eq!(ws.committed_rows("shop", "orders").await?, 0);
+    Ok(())
+}
+
+/// With plugins, the Avro types are hints: fields that pass through keep their exact
+/// type, a field a plugin drops gets no column.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugins_see_avro_as_json_and_unchanged_fields_keep_their_avro_types() -> Result<()> {
+    let broker = Broker::start()?;
+    broker.create_topic("orders", 1).await?;
+    let registry = Registry::start(None)?;
+    registry.produce_avro(
+        &broker.bootstrap,
+        "orders",
+        V1,
+        &[order(1, false), order(2, false)],
+    )?;
+    let ws = Workspace::new()?;
+    let config = ws.write_config(&PipelineSpec {
+        name: "orders",
+        bootstrap: &broker.bootstrap,
+        topic: "orders",
+        namespace: "shop",
+        table: "orders",
+        commit_interval: "1s",
+    })?;
+    append_config(
+        &config,
+        &format!(
+            r#"[pipelines.decode]
+format = "avro"
+registry = {{ url = "{}" }}
+
+[[pipelines.transforms]]
+uses = "{}"
+with = {{ drop = ["customer"] }}
+"#,
+            registry.url,
+            floe_tests::plugin_path("redact").display(),
+        ),
+    )?;
+    let agent = spawn_agent(&config)?;
+    ws.wait_for_rows("shop", "orders", 2, Duration::from_secs(60))
+        .await?;
+    agent.stop().await?;
+    let dump = ws.read("duckdb", "shop", "orders", "id")?;
+    let columns: Vec<Value> = dump.0["columns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| !c[0].as_str().unwrap().starts_with("_kafka"))
+        .cloned()
+        .collect();
+    assert_eq!(
+        columns,
+        vec![
+            json!(["id", "long"]),
+            json!(["amount", "decimal(10, 2)"]),
+            json!(["placed_at", "timestamptz"]),
+            json!(["day", "date"]),
+            json!(["ref", "uuid"]),
+            json!(["status", "string"]),
+            json!(["lines", "list<struct<sku: string, qty: int>>"]),
+            json!(["attrs", "map<string, string>"]),
+        ]
+    );
+    assert_eq!(dump.rows()[1]["amount"], "2.25");
+    assert_eq!(
+        dump.rows()[1]["ref"],
+        "00000000-0000-4000-8000-000000000002"
+    );
     Ok(())
 }
