@@ -7,11 +7,12 @@
 //! enums as their symbol, unions with null as the plain value, other unions as
 //! `{"<branch>": value}`.
 
+use std::collections::HashMap;
 use std::io::Read;
 use std::sync::Arc;
 
 use apache_avro::Schema as AvroSchema;
-use apache_avro::schema::{NamesRef, ResolvedSchema};
+use apache_avro::schema::{Name, ResolvedSchema};
 use apache_avro::types::Value as Avro;
 use chrono::{DateTime, NaiveDate, NaiveTime, TimeDelta};
 use iceberg::spec::{NestedField, StructType};
@@ -33,6 +34,8 @@ pub struct WriterSchema {
     pub schema: AvroSchema,
     /// Payload columns with their exact Iceberg types (field ids are placeholders).
     pub columns: Arc<StructType>,
+    /// Named types by full name, resolved once (unions and arrays refer to them).
+    names: HashMap<Name, AvroSchema>,
 }
 
 impl WriterSchema {
@@ -53,8 +56,18 @@ impl WriterSchema {
                 });
             }
         };
+        let names = ResolvedSchema::try_from(&schema)
+            .map_err(|e| DecodeError::BadSchema {
+                id,
+                reason: e.to_string(),
+            })?
+            .get_names()
+            .iter()
+            .map(|(name, s)| (name.clone(), (*s).clone()))
+            .collect();
         Ok(WriterSchema {
             id,
+            names,
             schema,
             columns: Arc::new(StructType::new(
                 columns
@@ -94,11 +107,7 @@ impl WriterSchema {
                 reader.rest.len()
             )));
         }
-        let resolved = ResolvedSchema::try_from(&self.schema)
-            .map_err(|e| DecodeError::NotAvro(e.to_string()))?;
-        let conv = Converter {
-            names: resolved.get_names(),
-        };
+        let conv = Converter { names: &self.names };
         conv.to_json(&self.schema, value)
     }
 }
@@ -137,7 +146,7 @@ pub fn split_confluent(bytes: &[u8]) -> Result<(u32, &[u8]), DecodeError> {
 }
 
 struct Converter<'a> {
-    names: &'a NamesRef<'a>,
+    names: &'a HashMap<Name, AvroSchema>,
 }
 
 fn bad(what: &str) -> DecodeError {
@@ -147,7 +156,7 @@ fn bad(what: &str) -> DecodeError {
 impl Converter<'_> {
     fn resolve<'s>(&'s self, s: &'s AvroSchema) -> &'s AvroSchema {
         match s {
-            AvroSchema::Ref { name } => self.names.get(name).copied().unwrap_or(s),
+            AvroSchema::Ref { name } => self.names.get(name).unwrap_or(s),
             other => other,
         }
     }

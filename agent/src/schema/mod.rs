@@ -580,11 +580,13 @@ fn check_items(
     path: &mut String,
     options: &SchemaOptions,
 ) -> Result<(), Conflict> {
-    let settled = element.locked
-        && !matches!(
-            element.kind,
-            None | Some(Kind::Struct(_)) | Some(Kind::List(_))
-        );
+    // One item cannot disagree with a sibling; a committed primitive element cannot learn.
+    let settled = items.len() <= 1
+        || (element.locked
+            && !matches!(
+                element.kind,
+                None | Some(Kind::Struct(_)) | Some(Kind::List(_))
+            ));
     if settled {
         for item in items {
             check_value(element, item, path, options)?;
