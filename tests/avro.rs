@@ -258,17 +258,18 @@ async fn an_unreachable_registry_stops_the_pipeline_with_a_clear_error() -> Resu
 }
 
 /// With plugins, the Avro types are hints: fields that pass through keep their exact
-/// type, a field a plugin drops gets no column.
+/// type, a field a plugin drops gets no column. Keys are Avro too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plugins_see_avro_as_json_and_unchanged_fields_keep_their_avro_types() -> Result<()> {
     let broker = Broker::start()?;
     broker.create_topic("orders", 1).await?;
     let registry = Registry::start(None)?;
-    registry.produce_avro(
+    registry.produce_avro_keyed(
         &broker.bootstrap,
         "orders",
         V1,
         &[order(1, false), order(2, false)],
+        Some((r#""string""#, "customer")),
     )?;
     let ws = Workspace::new()?;
     let config = ws.write_config(&PipelineSpec {
@@ -284,6 +285,7 @@ async fn plugins_see_avro_as_json_and_unchanged_fields_keep_their_avro_types() -
         &format!(
             r#"[pipelines.decode]
 format = "avro"
+key_format = "avro"
 registry = {{ url = "{}" }}
 
 [[pipelines.transforms]]
@@ -320,6 +322,8 @@ with = {{ drop = ["customer"] }}
         ]
     );
     assert_eq!(dump.rows()[1]["amount"], "2.25");
+    // Avro keys are decoded with the registry too (a string key is stored as is).
+    assert_eq!(dump.rows()[1]["_kafka_key"], "c2");
     assert_eq!(
         dump.rows()[1]["ref"],
         "00000000-0000-4000-8000-000000000002"

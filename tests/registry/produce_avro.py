@@ -2,13 +2,15 @@
 """Produce Avro records with confluent-kafka's real AvroSerializer (Confluent wire format).
 
   produce_avro.py --bootstrap HOST:PORT --registry URL [--user USER:PASSWORD]
-                  --topic T --schema FILE.avsc --records FILE.ndjson [--key-field F]
+                  --topic T --schema FILE.avsc --records FILE.ndjson
+                  [--key-field F [--key-schema FILE.avsc]]
 
 Each line of FILE.ndjson is one record as JSON. Values are converted to what the
 serializer expects from the top-level field types: decimal fields from strings to
 Decimal, timestamp-millis/micros from ISO-8601 strings to datetimes, date from
 "YYYY-MM-DD", uuid from its canonical string. The schema is registered under
-"<topic>-value" by the serializer itself.
+"<topic>-value" by the serializer itself. With --key-field the key is that field's
+value: UTF-8 text, or with --key-schema Avro from another AvroSerializer ("<topic>-key").
 """
 
 import argparse
@@ -59,6 +61,7 @@ def main():
     ap.add_argument("--schema", required=True)
     ap.add_argument("--records", required=True)
     ap.add_argument("--key-field")
+    ap.add_argument("--key-schema")
     args = ap.parse_args()
 
     schema_text = open(args.schema).read()
@@ -66,7 +69,11 @@ def main():
     conf = {"url": args.registry}
     if args.user:
         conf["basic.auth.user.info"] = args.user
-    serializer = AvroSerializer(SchemaRegistryClient(conf), schema_text)
+    registry = SchemaRegistryClient(conf)
+    serializer = AvroSerializer(registry, schema_text)
+    key_serializer = None
+    if args.key_schema:
+        key_serializer = AvroSerializer(registry, open(args.key_schema).read())
     producer = Producer({"bootstrap.servers": args.bootstrap, "enable.idempotence": True})
     errors = []
 
@@ -81,7 +88,11 @@ def main():
                 continue
             record = {k: convert(v, fields.get(k)) for k, v in json.loads(line).items()}
             value = serializer(record, SerializationContext(args.topic, MessageField.VALUE))
-            key = str(record[args.key_field]).encode() if args.key_field else None
+            key = None
+            if key_serializer is not None:
+                key = key_serializer(record[args.key_field], SerializationContext(args.topic, MessageField.KEY))
+            elif args.key_field:
+                key = str(record[args.key_field]).encode()
             producer.produce(args.topic, key=key, value=value, on_delivery=delivered)
             count += 1
     producer.flush(30)

@@ -616,6 +616,19 @@ impl Registry {
         schema: &str,
         records: &[Value],
     ) -> Result<()> {
+        self.produce_avro_keyed(bootstrap, topic, schema, records, None)
+    }
+
+    /// [`Registry::produce_avro`] with Avro keys: `key` is (key schema, field of the record
+    /// whose value is the key).
+    pub fn produce_avro_keyed(
+        &self,
+        bootstrap: &str,
+        topic: &str,
+        schema: &str,
+        records: &[Value],
+        key: Option<(&str, &str)>,
+    ) -> Result<()> {
         let dir = tempfile::tempdir()?;
         let schema_path = dir.path().join("schema.avsc");
         std::fs::write(&schema_path, schema)?;
@@ -638,6 +651,13 @@ impl Registry {
             .arg(&records_path);
         if let Some(u) = &self.user {
             cmd.args(["--user", u]);
+        }
+        if let Some((key_schema, field)) = key {
+            let key_path = dir.path().join("key.avsc");
+            std::fs::write(&key_path, key_schema)?;
+            cmd.args(["--key-field", field])
+                .arg("--key-schema")
+                .arg(&key_path);
         }
         let out = cmd.output()?;
         if !out.status.success() {
