@@ -6,7 +6,7 @@
 //!
 //! - [`config`]: the TOML file; every stage's settings, validated all at once.
 //! - [`source`]: Kafka consumer group (rdkafka), positioned from the table's offsets.
-//! - [`decode`]: message bytes -> JSON object.
+//! - [`decode`]: message bytes (JSON, or Avro with a schema registry) -> JSON object.
 //! - [`transform`]: the configured plugin chain (empty until the WebAssembly host lands).
 //! - [`schema`]: Iceberg schema inferred from records, evolved by adding columns.
 //! - [`batch`]: buffered records -> Arrow batches with Iceberg field ids.

@@ -18,9 +18,9 @@ use tokio::sync::watch;
 
 use crate::config::PipelineConfig;
 use crate::dead_letter::{DeadLetterError, DeadLetterWriter};
-use crate::decode::{decode_json, validate_object};
+use crate::decode::{DecodeError, Decoder, decode_json, validate_object};
 use crate::offsets::OffsetMap;
-use crate::schema::SchemaTracker;
+use crate::schema::{OnIncompatible, SchemaTracker};
 use crate::sink::upsert::KeyHash;
 use crate::sink::{SinkError, Staged, TableSink};
 use crate::source::{
@@ -68,6 +68,30 @@ pub enum PipelineError {
         pipeline: String,
         /// Cause.
         source: Box<TransformError>,
+    },
+    /// Decoding cannot go on (schema registry unreachable, schema file unreadable).
+    #[error("pipeline {pipeline}: {source}")]
+    Decode {
+        /// Pipeline name.
+        pipeline: String,
+        /// Cause.
+        source: Box<DecodeError>,
+    },
+    /// A value does not fit its column and the policy is `on_incompatible = "fail"`.
+    #[error(
+        "pipeline {pipeline}: incompatible value in {topic}/{partition}@{offset}: {conflict} (on_incompatible = \"fail\")"
+    )]
+    Incompatible {
+        /// Pipeline name.
+        pipeline: String,
+        /// Topic of the record.
+        topic: String,
+        /// Partition of the record.
+        partition: i32,
+        /// Offset of the record.
+        offset: i64,
+        /// Field, column type and value type.
+        conflict: Box<crate::schema::Conflict>,
     },
     /// A record failed in a plugin whose policy is `fail`.
     #[error(
@@ -122,12 +146,24 @@ impl Table {
         self.buffer.clear();
         self.keys.clear();
         self.buffer_bytes = 0;
-        self.tracker = self.sink.tracker();
+        let options = self.tracker.options().clone();
+        self.tracker = self.sink.tracker().with_options(options);
     }
+}
+
+/// What the later stages need to know of a record's decoding.
+#[derive(Default)]
+struct Origin {
+    /// The message as read, when its value or key was rewritten (Avro -> JSON, decoded
+    /// key): dead letters carry these original bytes.
+    raw: Option<KafkaRecord>,
+    /// The writer schema's columns (Avro).
+    declared: Option<Arc<iceberg::spec::StructType>>,
 }
 
 struct Pipeline {
     config: PipelineConfig,
+    decoder: Decoder,
     chain: TransformChain,
     dead_letters: DeadLetterWriter,
     positions: Arc<Positions>,
@@ -160,6 +196,11 @@ pub async fn run_pipeline(
         routes.insert(stream.clone(), table_names.len());
         table_names.push(table.clone());
     }
+    let decoder = Decoder::new(&config.decode).map_err(|source| PipelineError::Decode {
+        pipeline: name.clone(),
+        source: Box::new(source),
+    })?;
+    let schema_options = Arc::new(config.schema.options());
     let mut tables = Vec::with_capacity(table_names.len());
     for table in &table_names {
         let sink = TableSink::open(&catalog, &config.sink, table, &config.name, &writer_id)
@@ -167,7 +208,7 @@ pub async fn run_pipeline(
             .map_err(sink_err)?;
         let committed = sink.stored_offsets().map_err(sink_err)?;
         tables.push(Table {
-            tracker: sink.tracker(),
+            tracker: sink.tracker().with_options(schema_options.clone()),
             sink,
             committed,
             buffer: Vec::new(),
@@ -195,6 +236,7 @@ pub async fn run_pipeline(
 
     let mut p = Pipeline {
         config,
+        decoder,
         chain,
         dead_letters,
         positions: Arc::new(Positions::default()),
@@ -226,7 +268,10 @@ pub async fn run_pipeline(
             }
             event = source.events.recv() => {
                 let step = match event {
-                    Some(SourceEvent::Records(epoch, records)) if epoch == p.epoch => p.accept_all(records, &source),
+                    Some(SourceEvent::Records(epoch, records)) if epoch == p.epoch => match p.prepare(&records).await {
+                        Ok(()) => p.accept_all(records, &source),
+                        Err(e) => Err(e),
+                    },
                     Some(SourceEvent::Records(..)) => Ok(()),
                     Some(SourceEvent::Assigned(tps)) => { p.assigned = tps; Ok(()) }
                     Some(SourceEvent::Revoked) => { p.discard_buffers(); Ok(()) }
@@ -304,33 +349,66 @@ impl Pipeline {
                 continue;
             }
             *next = record.offset + 1;
-            if record
-                .key
-                .as_deref()
-                .is_some_and(|k| std::str::from_utf8(k).is_err())
-            {
-                self.dead_letter(
-                    &record,
-                    "decode",
-                    "message key is not UTF-8 (the _kafka_key column is a string)",
-                )?;
-                continue;
-            }
-            let Some(value) = &record.value else {
+            let (row, origin) = match self.decode_key(record)? {
+                Some(r) => r,
+                None => continue,
+            };
+            let Some(value) = &row.value else {
                 // A tombstone is a row with only the Kafka columns; plugins never see it.
-                self.buffer(0, record, None)?;
+                self.buffer(0, row, None, &origin)?;
                 continue;
             };
-            if self.chain.is_empty() {
+            if !self.decoder.is_json() {
+                let decoded = match self.decoder.decode_value(value) {
+                    Ok(d) => d,
+                    Err(e @ DecodeError::RegistryUnreachable { .. }) => {
+                        return Err(PipelineError::Decode {
+                            pipeline: self.config.name.clone(),
+                            source: Box::new(e),
+                        });
+                    }
+                    Err(e) => {
+                        self.dead_letter(
+                            origin.raw.as_ref().unwrap_or(&row),
+                            "decode",
+                            &e.to_string(),
+                        )?;
+                        continue;
+                    }
+                };
+                // Later stages read the JSON representation; dead letters keep the Avro bytes.
+                let json = serde_json::to_vec(&decoded.object).expect("JSON values serialize");
+                let origin = Origin {
+                    raw: Some(origin.raw.unwrap_or_else(|| row.clone_meta_with_value())),
+                    declared: decoded.declared,
+                };
+                let row = KafkaRecord {
+                    value: Some(json),
+                    ..row.clone_meta()
+                };
+                if self.chain.is_empty() {
+                    self.buffer(0, row, Some(decoded.object), &origin)?;
+                } else {
+                    for_chain.push((row, origin));
+                }
+            } else if self.chain.is_empty() {
                 match decode_json(value) {
-                    Ok(decoded) => self.buffer(0, record, Some(decoded))?,
-                    Err(e) => self.dead_letter(&record, "decode", &e.to_string())?,
+                    Ok(decoded) => self.buffer(0, row, Some(decoded), &origin)?,
+                    Err(e) => self.dead_letter(
+                        origin.raw.as_ref().unwrap_or(&row),
+                        "decode",
+                        &e.to_string(),
+                    )?,
                 }
             } else {
                 // Plugins parse the value themselves: only check it is a JSON object here.
                 match validate_object(value) {
-                    Ok(()) => for_chain.push(record),
-                    Err(e) => self.dead_letter(&record, "decode", &e.to_string())?,
+                    Ok(()) => for_chain.push((row, origin)),
+                    Err(e) => self.dead_letter(
+                        origin.raw.as_ref().unwrap_or(&row),
+                        "decode",
+                        &e.to_string(),
+                    )?,
                 }
             }
         }
@@ -340,12 +418,86 @@ impl Pipeline {
         Ok(())
     }
 
+    /// Fetches the registry schemas a batch refers to (the only await of decoding).
+    async fn prepare(&mut self, records: &[KafkaRecord]) -> Result<(), PipelineError> {
+        let values = self
+            .decoder
+            .values_use_registry()
+            .then(|| records.iter().filter_map(|r| r.value.as_deref()))
+            .into_iter()
+            .flatten();
+        let keys = self
+            .decoder
+            .keys_use_registry()
+            .then(|| records.iter().filter_map(|r| r.key.as_deref()))
+            .into_iter()
+            .flatten();
+        let ids = self.decoder.missing_ids(values.chain(keys));
+        if ids.is_empty() {
+            return Ok(());
+        }
+        self.decoder
+            .fetch(ids)
+            .await
+            .map_err(|source| PipelineError::Decode {
+                pipeline: self.config.name.clone(),
+                source: Box::new(source),
+            })
+    }
+
+    /// Decodes the key into the text of `_kafka_key`; `None` when the record was
+    /// dead-lettered because its key cannot be decoded.
+    fn decode_key(
+        &mut self,
+        record: KafkaRecord,
+    ) -> Result<Option<(KafkaRecord, Origin)>, PipelineError> {
+        let Some(key) = &record.key else {
+            return Ok(Some((record, Origin::default())));
+        };
+        if self.decoder.key_is_string() {
+            // The common case: keep the key as is, without copying it.
+            if std::str::from_utf8(key).is_ok() {
+                return Ok(Some((record, Origin::default())));
+            }
+            let reason = "message key is not UTF-8 (the _kafka_key column is a string)";
+            self.dead_letter(&record, "decode", reason)?;
+            return Ok(None);
+        }
+        match self.decoder.decode_key(key) {
+            Ok(text) => {
+                let row = KafkaRecord {
+                    key: Some(text.into_bytes()),
+                    value: record.value.clone(),
+                    ..record.clone_meta()
+                };
+                let origin = Origin {
+                    raw: Some(record),
+                    declared: None,
+                };
+                Ok(Some((row, origin)))
+            }
+            Err(DecodeError::Key(inner))
+                if matches!(*inner, DecodeError::RegistryUnreachable { .. }) =>
+            {
+                Err(PipelineError::Decode {
+                    pipeline: self.config.name.clone(),
+                    source: inner,
+                })
+            }
+            Err(e) => {
+                self.dead_letter(&record, "decode", &e.to_string())?;
+                Ok(None)
+            }
+        }
+    }
+
     /// Runs records through the plugin chain and buffers what comes out.
     fn transform(
         &mut self,
-        records: Vec<KafkaRecord>,
+        records: Vec<(KafkaRecord, Origin)>,
         source: &KafkaSource,
     ) -> Result<(), PipelineError> {
+        let (records, origins): (Vec<KafkaRecord>, Vec<Origin>) = records.into_iter().unzip();
         let refs: Vec<&KafkaRecord> = records.iter().collect();
         let result = match self.chain.run(&refs) {
             Ok(r) => r,
@@ -372,7 +524,7 @@ impl Pipeline {
         };
         self.consecutive_faults = 0;
         for e in &result.errors {
-            let record = &records[e.origin];
+            let record = origins[e.origin].raw.as_ref().unwrap_or(&records[e.origin]);
             match e.policy {
                 OnError::DeadLetter => {
                     telemetry::plugin_record_error(&self.config.name, &e.plugin, "dead_letter");
@@ -399,7 +551,8 @@ impl Pipeline {
             }
         }
         for out in result.outputs {
-            let origin = &records[out.origin];
+            let from = &origins[out.origin];
+            let origin = from.raw.as_ref().unwrap_or(&records[out.origin]);
             let table = match &out.route {
                 None => 0,
                 Some(stream) => match self.routes.get(stream) {
@@ -422,19 +575,26 @@ impl Pipeline {
             };
             let row = KafkaRecord {
                 value: Some(out.value),
-                ..origin.clone_meta()
+                ..records[out.origin].clone_meta()
             };
-            self.buffer(table, row, Some(decoded))?;
+            // Declared types are hints here: only fields whose values still fit them keep them.
+            let hints = Origin {
+                raw: from.raw.as_ref().map(KafkaRecord::clone_meta_with_value),
+                declared: from.declared.clone(),
+            };
+            self.buffer(table, row, Some(decoded), &hints)?;
         }
         Ok(())
     }
 
-    /// Checks a row against its table's schema and buffers it (or dead-letters it).
+    /// Checks a row against its table's schema and buffers it (or applies the
+    /// `on_incompatible` policy).
     fn buffer(
         &mut self,
         table: usize,
-        row: KafkaRecord,
+        mut row: KafkaRecord,
         decoded: Option<serde_json::Map<String, serde_json::Value>>,
+        origin: &Origin,
     ) -> Result<(), PipelineError> {
         let tp = (row.topic.clone(), row.partition);
         let t = &mut self.tables[table];
@@ -446,14 +606,47 @@ impl Pipeline {
             .key_spec()
             .map(|spec| spec.of_record(&row, decoded.as_ref()))
         {
-            Some(Err(reason)) => return self.dead_letter(&row, "key", &reason),
+            Some(Err(reason)) => {
+                let record = origin.raw.as_ref().unwrap_or(&row);
+                return self.dead_letter(record, "key", &reason);
+            }
             Some(Ok(key)) => Some(key),
             None => None,
         };
-        if let Some(map) = &decoded
-            && let Err(conflict) = t.tracker.observe(map)
-        {
-            return self.dead_letter(&row, "schema", &conflict.to_string());
+        if let Some(mut map) = decoded {
+            let hints = origin.declared.as_deref();
+            if let Some(declared) = &origin.declared
+                && self.chain.is_empty()
+            {
+                // The whole writer schema: columns exist even while their values are null.
+                t.tracker.declare(declared);
+            }
+            if let Err(mut conflict) = t.tracker.observe_with(&map, hints) {
+                let mut coerced = false;
+                if self.config.schema.on_incompatible == OnIncompatible::Coerce
+                    && t.tracker.coerce(&mut map)
+                {
+                    // What still conflicts after coercion is the reason given.
+                    match t.tracker.observe_with(&map, hints) {
+                        Ok(()) => coerced = true,
+                        Err(c) => conflict = c,
+                    }
+                }
+                if coerced {
+                    row.value = Some(serde_json::to_vec(&map).expect("JSON values serialize"));
+                } else if self.config.schema.on_incompatible == OnIncompatible::Fail {
+                    return Err(PipelineError::Incompatible {
+                        pipeline: self.config.name.clone(),
+                        topic: row.topic.to_string(),
+                        partition: row.partition,
+                        offset: row.offset,
+                        conflict: Box::new(conflict),
+                    });
+                } else {
+                    let record = origin.raw.as_ref().unwrap_or(&row);
+                    return self.dead_letter(record, "schema", &conflict.to_string());
+                }
+            }
         }
         t.keys.extend(key);
         t.buffer_bytes += row.value.as_ref().map_or(0, |v| v.len() as u64);
@@ -605,6 +798,14 @@ impl Pipeline {
 }
 
 impl KafkaRecord {
+    /// A full copy (kept as the original bytes of a rewritten record).
+    fn clone_meta_with_value(&self) -> KafkaRecord {
+        KafkaRecord {
+            value: self.value.clone(),
+            ..self.clone_meta()
+        }
+    }
+
     /// The same record's metadata without its value (for plugin outputs).
     fn clone_meta(&self) -> KafkaRecord {
         KafkaRecord {

@@ -20,6 +20,40 @@
 //! alone. Records cross into the plugin in batches; the SDK calls [`Transform::process`]
 //! once per record.
 //!
+//! ## The record representation by source format
+//!
+//! JSON messages arrive as they were produced. Avro messages (`format = "avro"`, with a
+//! schema registry or a schema file) are decoded with their writer schema and arrive as
+//! JSON with one fixed mapping per Avro type, chosen so that the text is exact and that a
+//! value passed through unchanged lands in the column type the Avro schema declares:
+//!
+//! | Avro type | JSON the plugin sees | Example |
+//! |---|---|---|
+//! | `null` | `null` | `null` |
+//! | `boolean` | boolean | `true` |
+//! | `int`, `long` | number | `42` |
+//! | `float`, `double` | number; NaN and infinities as the strings `"NaN"`, `"inf"`, `"-inf"` | `1.5` |
+//! | `string` | string | `"abc"` |
+//! | `bytes`, `fixed` | lowercase hex string | `"00ff10"` |
+//! | `enum` | the symbol | `"GREEN"` |
+//! | `decimal` (bytes or fixed) | exact decimal string with `scale` fraction digits | `"-123.45"` |
+//! | `uuid` | canonical hyphenated string | `"5f0c6f2e-8d7a-4a1b-9c3e-0b1d2e3f4a5b"` |
+//! | `date` | `YYYY-MM-DD` | `"2024-01-02"` |
+//! | `time-millis`, `time-micros` | `HH:MM:SS.ffffff` | `"03:04:05.123000"` |
+//! | `timestamp-millis`, `timestamp-micros` | ISO-8601 UTC with `Z` (6 fraction digits) | `"2024-01-02T03:04:05.123456Z"` |
+//! | `local-timestamp-millis`, `local-timestamp-micros` | the same without offset | `"2024-01-02T03:04:05.123456"` |
+//! | `timestamp-nanos`, `local-timestamp-nanos` | number (nanoseconds since the epoch) | `1704164645123456789` |
+//! | `duration` | hex of its 12 bytes | `"010000000200000003000000"` |
+//! | `record` | object, fields in schema order | `{"x": 7}` |
+//! | `array` | array | `[1, 2]` |
+//! | `map` | object (keys sorted) | `{"a": 0.5}` |
+//! | union `[null, T]` | the value of `T`, or `null` | `"abc"` |
+//! | other unions | `{"<branch>": value}` (branch: record/enum/fixed simple name, else the type name) | `{"long": 9}` |
+//!
+//! Keys: with `key_format = "json"` or `"avro"` the key is decoded the same way and
+//! [`Metadata::key`] holds the UTF-8 bytes of its JSON text (a string key as the plain
+//! string). The full Avro -> Iceberg table is in `docs/types.md`.
+//!
 //! # Example: a filter
 //!
 //! ```

@@ -556,6 +556,14 @@ pub struct InProcessAgent {
 }
 
 impl InProcessAgent {
+    /// Waits (at most `timeout`) for the agent to stop by itself, returning how it ended.
+    pub async fn finished(self, timeout: Duration) -> Result<Result<(), floe::FloeError>> {
+        let result = tokio::time::timeout(timeout, self.handle)
+            .await
+            .context("agent still running")??;
+        Ok(result)
+    }
+
     /// Asks for a graceful stop (commit what is buffered) and waits for it.
     pub async fn stop(self) -> Result<()> {
         let _ = self.stop.send(());
@@ -592,4 +600,120 @@ pub fn append_config(config: &Path, toml: &str) -> Result<()> {
     text.push_str(toml);
     std::fs::write(config, text)?;
     Ok(())
+}
+
+/// The schema-registry fixture (`tests/registry/registry.py`) on a loopback port, killed on drop.
+pub struct Registry {
+    child: Child,
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+    /// `USER:PASSWORD` the registry requires, if any.
+    pub user: Option<String>,
+}
+
+impl Registry {
+    /// Starts the registry; with `user` (`USER:PASSWORD`) it requires basic auth.
+    pub fn start(user: Option<&str>) -> Result<Registry> {
+        let mut cmd = Command::new(tool("FLOE_PYTHON"));
+        cmd.arg(repo_root().join("tests/registry/registry.py"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        if let Some(u) = user {
+            cmd.args(["--user", u]);
+        }
+        let mut child = cmd.spawn().context("start the registry fixture")?;
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped stdout")).read_line(&mut line)?;
+        let Some(addr) = line.trim().strip_prefix("listening on ") else {
+            let _ = child.kill();
+            bail!("registry fixture did not start: {line:?}");
+        };
+        Ok(Registry {
+            url: format!("http://{addr}"),
+            user: user.map(str::to_string),
+            child,
+        })
+    }
+
+    /// How often `GET /schemas/ids/{id}` was asked per id (the fixture's `/_stats`).
+    pub fn schema_gets(&self) -> Result<Value> {
+        let out = Command::new(tool("FLOE_PYTHON"))
+            .args(["-c", "import sys, urllib.request, base64\nreq = urllib.request.Request(sys.argv[1] + '/_stats')\nif len(sys.argv) > 2: req.add_header('Authorization', 'Basic ' + base64.b64encode(sys.argv[2].encode()).decode())\nprint(urllib.request.urlopen(req).read().decode())"])
+            .arg(&self.url)
+            .args(self.user.iter())
+            .output()?;
+        if !out.status.success() {
+            bail!("registry stats: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(serde_json::from_slice::<Value>(&out.stdout)?["schema_gets"].clone())
+    }
+
+    /// Produces `records` (JSON objects) to `topic` with confluent-kafka's `AvroSerializer`
+    /// and the Avro `schema` (JSON text), which the serializer registers here.
+    pub fn produce_avro(
+        &self,
+        bootstrap: &str,
+        topic: &str,
+        schema: &str,
+        records: &[Value],
+    ) -> Result<()> {
+        self.produce_avro_keyed(bootstrap, topic, schema, records, None)
+    }
+
+    /// [`Registry::produce_avro`] with Avro keys: `key` is (key schema, field of the record
+    /// whose value is the key).
+    pub fn produce_avro_keyed(
+        &self,
+        bootstrap: &str,
+        topic: &str,
+        schema: &str,
+        records: &[Value],
+        key: Option<(&str, &str)>,
+    ) -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let schema_path = dir.path().join("schema.avsc");
+        std::fs::write(&schema_path, schema)?;
+        let records_path = dir.path().join("records.ndjson");
+        let lines: Vec<String> = records.iter().map(Value::to_string).collect();
+        std::fs::write(&records_path, lines.join("\n"))?;
+        let mut cmd = Command::new(tool("FLOE_PYTHON"));
+        cmd.arg(repo_root().join("tests/registry/produce_avro.py"))
+            .args([
+                "--bootstrap",
+                bootstrap,
+                "--registry",
+                &self.url,
+                "--topic",
+                topic,
+            ])
+            .arg("--schema")
+            .arg(&schema_path)
+            .arg("--records")
+            .arg(&records_path);
+        if let Some(u) = &self.user {
+            cmd.args(["--user", u]);
+        }
+        if let Some((key_schema, field)) = key {
+            let key_path = dir.path().join("key.avsc");
+            std::fs::write(&key_path, key_schema)?;
+            cmd.args(["--key-field", field])
+                .arg("--key-schema")
+                .arg(&key_path);
+        }
+        let out = cmd.output()?;
+        if !out.status.success() {
+            bail!(
+                "produce_avro.py failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

@@ -3,6 +3,10 @@
 //! Payloads stay as the original JSON bytes until here and are decoded straight into
 //! Arrow by arrow-json against the table schema (with Iceberg field ids), so there is
 //! no intermediate row representation. The `_kafka_*` columns are built alongside.
+//! Uuid columns are read as their canonical text and converted to 16 bytes after
+//! (Arrow's JSON reader only reads hex into fixed-size binary).
+
+mod uuid_columns;
 
 use std::sync::Arc;
 
@@ -34,6 +38,8 @@ pub enum BatchError {
 pub struct BatchEncoder {
     schema: SchemaRef,
     payload_schema: SchemaRef,
+    /// `payload_schema` with uuid columns as strings, when there are any.
+    read_schema: Option<SchemaRef>,
 }
 
 impl BatchEncoder {
@@ -46,9 +52,12 @@ impl BatchEncoder {
             .filter(|f| !RESERVED_COLUMNS.contains(&f.name().as_str()))
             .cloned()
             .collect();
+        let payload_schema = Arc::new(ArrowSchema::new(payload_fields));
+        let read_schema = uuid_columns::read_schema(table_schema, &payload_schema);
         Ok(BatchEncoder {
             schema,
-            payload_schema: Arc::new(ArrowSchema::new(payload_fields)),
+            payload_schema,
+            read_schema,
         })
     }
 
@@ -71,7 +80,8 @@ impl BatchEncoder {
         records: &[&KafkaRecord],
         ops: Option<&[&str]>,
     ) -> Result<RecordBatch, BatchError> {
-        let mut decoder = arrow_json::ReaderBuilder::new(self.payload_schema.clone())
+        let read_schema = self.read_schema.as_ref().unwrap_or(&self.payload_schema);
+        let mut decoder = arrow_json::ReaderBuilder::new(read_schema.clone())
             .with_batch_size(records.len().max(1))
             .build_decoder()?;
         for r in records {
@@ -88,6 +98,9 @@ impl BatchEncoder {
             decoder.decode(b"\n")?;
         }
         let payload = match decoder.flush()? {
+            Some(b) if self.read_schema.is_some() => {
+                uuid_columns::convert(b, &self.payload_schema)?
+            }
             Some(b) => b,
             None => RecordBatch::new_empty(self.payload_schema.clone()),
         };

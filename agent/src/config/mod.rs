@@ -13,6 +13,7 @@ use serde::de::DeserializeOwned;
 
 use crate::dead_letter::DeadLetterConfig;
 use crate::decode::DecodeConfig;
+use crate::schema::SchemaConfig;
 use crate::sink::{CatalogConfig, SinkConfig};
 use crate::source::SourceConfig;
 use crate::telemetry::MetricsConfig;
@@ -40,6 +41,8 @@ pub struct PipelineConfig {
     pub source: SourceConfig,
     /// How message values are decoded.
     pub decode: DecodeConfig,
+    /// Type inference settings and the policy for incompatible values.
+    pub schema: SchemaConfig,
     /// Plugins run in order on every decoded record.
     pub transforms: Vec<TransformConfig>,
     /// Plugin faults in a row after which the pipeline stops (default 3).
@@ -234,6 +237,7 @@ fn pipeline(
     let name = take("name", true);
     let source = take("source", true);
     let decode = take("decode", false);
+    let schema = take("schema", false);
     let transforms = take("transforms", false);
     let max_faults = take("max_consecutive_faults", false);
     let sink = take("sink", true);
@@ -241,7 +245,7 @@ fn pipeline(
     for key in t.keys() {
         errors.push(err(
             &format!("{path}.{key}"),
-            "unknown key (expected name, source, decode, transforms, max_consecutive_faults, sink, dead_letter)",
+            "unknown key (expected name, source, decode, schema, transforms, max_consecutive_faults, sink, dead_letter)",
         ));
     }
     let name = name.and_then(|v| section::<String>(v, &format!("{path}.name"), errors));
@@ -268,6 +272,24 @@ fn pipeline(
         Some(v) => section::<DecodeConfig>(v, &format!("{path}.decode"), errors),
         None => Some(DecodeConfig::default()),
     };
+    for (field, message) in decode
+        .as_ref()
+        .map(DecodeConfig::problems)
+        .unwrap_or_default()
+    {
+        errors.push(err(&format!("{path}.decode.{field}"), &message));
+    }
+    let schema = match schema {
+        Some(v) => section::<SchemaConfig>(v, &format!("{path}.schema"), errors),
+        None => Some(SchemaConfig::default()),
+    };
+    for (field, message) in schema
+        .as_ref()
+        .map(SchemaConfig::problems)
+        .unwrap_or_default()
+    {
+        errors.push(err(&format!("{path}.schema.{field}"), &message));
+    }
     let transforms = match transforms {
         None => Some(Vec::new()),
         Some(toml::Value::Array(items)) => {
@@ -305,6 +327,7 @@ fn pipeline(
         name: name?,
         source: source?,
         decode: decode?,
+        schema: schema?,
         transforms: transforms?,
         max_consecutive_faults: max_consecutive_faults?,
         sink: sink?,

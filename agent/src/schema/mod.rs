@@ -10,12 +10,28 @@
 //! JSON -> Iceberg: integer -> long, number with fraction -> double, bool -> boolean,
 //! ISO-8601 string with offset -> timestamptz, without offset -> timestamp,
 //! other string -> string, object -> struct, array -> list. A field that has only
-//! been null (or an empty array / object) gets no column until a typed value arrives.
+//! been null (or an empty array / object) gets no column until a typed value arrives
+//! (or becomes a string after `null_as_string_after` records).
+//!
+//! Declared types win over guessing: an Avro writer schema ([`SchemaTracker::declare`]
+//! and the hints of [`SchemaTracker::observe_with`]) and per-field overrides from the
+//! config give the exact Iceberg type, and such a column never widens by inference.
+//! A declared widening of a committed column (int -> long, float -> double, decimal
+//! precision increase) is kept for [`SchemaTracker::evolved_schema`]. The full rules are
+//! in `docs/types.md`.
+
+pub mod avro;
+mod evolve;
+pub mod options;
+mod values;
+
+pub use self::options::{OnIncompatible, SchemaConfig, SchemaOptions};
+pub use self::values::type_accepts;
 
 use std::sync::Arc;
 
 use iceberg::spec::{
-    ListType, NestedField, NestedFieldRef, PrimitiveType, Schema, StructType, Type,
+    ListType, MapType, NestedField, NestedFieldRef, PrimitiveType, Schema, StructType, Type,
 };
 use indexmap::IndexMap;
 use serde_json::{Map, Value};
@@ -71,7 +87,31 @@ enum Kind {
 #[derive(Debug, Clone, PartialEq)]
 struct Node {
     kind: Option<Kind>,
+    /// In the committed table schema: the type cannot change by inference.
     locked: bool,
+    /// Declared (Avro schema or override): the type does not widen by inference either.
+    declared: bool,
+    /// Records in which the field was null while its type was unknown.
+    nulls: u64,
+    /// A declared safe widening of a locked column, applied by `evolved_schema`.
+    widen: Option<Type>,
+}
+
+impl Node {
+    fn unknown() -> Node {
+        Node {
+            kind: None,
+            locked: false,
+            declared: false,
+            nulls: 0,
+            widen: None,
+        }
+    }
+
+    /// Types are fixed once committed or declared.
+    fn fixed(&self) -> bool {
+        self.locked || self.declared
+    }
 }
 
 /// A column to add to the table.
@@ -89,6 +129,9 @@ pub struct Addition {
 #[derive(Debug, Clone, PartialEq)]
 pub struct SchemaTracker {
     root: IndexMap<String, Node>,
+    options: Arc<SchemaOptions>,
+    /// Declared schemas already merged (by address of the shared declaration).
+    declared_seen: Vec<usize>,
 }
 
 impl SchemaTracker {
@@ -96,6 +139,8 @@ impl SchemaTracker {
     pub fn new() -> Self {
         SchemaTracker {
             root: IndexMap::new(),
+            options: Arc::default(),
+            declared_seen: Vec::new(),
         }
     }
 
@@ -106,18 +151,68 @@ impl SchemaTracker {
             .fields()
             .iter()
             .filter(|f| !RESERVED_COLUMNS.contains(&f.name.as_str()))
-            .map(|f| (f.name.clone(), Node::from_iceberg(&f.field_type)))
+            .map(|f| (f.name.clone(), Node::from_type(&f.field_type, true)))
             .collect();
-        SchemaTracker { root }
+        SchemaTracker {
+            root,
+            options: Arc::default(),
+            declared_seen: Vec::new(),
+        }
+    }
+
+    /// The pipeline's schema settings this tracker follows.
+    pub fn options(&self) -> &Arc<SchemaOptions> {
+        &self.options
+    }
+
+    /// The same tracker with the pipeline's schema settings.
+    pub fn with_options(mut self, options: Arc<SchemaOptions>) -> Self {
+        self.options = options;
+        self
     }
 
     /// Checks a record against the known columns and, if it fits, learns its new fields.
     /// A record that conflicts leaves the tracker unchanged.
     pub fn observe(&mut self, record: &Map<String, Value>) -> Result<(), Conflict> {
+        self.observe_with(record, None)
+    }
+
+    /// [`observe`](Self::observe) with declared types as hints: a new field whose value
+    /// fits its declared type (e.g. from the Avro writer schema) gets that type instead of
+    /// an inferred one.
+    pub fn observe_with(
+        &mut self,
+        record: &Map<String, Value>,
+        hints: Option<&StructType>,
+    ) -> Result<(), Conflict> {
         let mut path = String::new();
-        check_object(&self.root, record, &mut path)?;
-        merge_object(&mut self.root, record);
+        check_object(&self.root, record, &mut path, &self.options)?;
+        let mut ctx = Ctx {
+            options: &self.options,
+            path: String::new(),
+        };
+        merge_object(&mut self.root, record, hints, &mut ctx);
         Ok(())
+    }
+
+    /// Merges a declared record schema once (later calls with the same `Arc` are free):
+    /// its fields become columns even while their values are null, declared safe
+    /// widenings of committed columns are kept for [`evolved_schema`](Self::evolved_schema).
+    /// A declared type that is incompatible with a column is ignored here; the values
+    /// then conflict record by record and follow the pipeline's policy.
+    pub fn declare(&mut self, columns: &Arc<StructType>) {
+        let key = Arc::as_ptr(columns) as usize;
+        if self.declared_seen.contains(&key) {
+            return;
+        }
+        self.declared_seen.push(key);
+        evolve::declare_fields(&mut self.root, columns);
+    }
+
+    /// Rewrites values that conflict with a string column into their JSON text (the
+    /// `coerce` policy). Returns whether anything was rewritten.
+    pub fn coerce(&self, record: &mut Map<String, Value>) -> bool {
+        values::coerce_object(&self.root, record)
     }
 
     /// Columns learned since the tracker was built, ready to add to the table.
@@ -174,7 +269,8 @@ impl Default for SchemaTracker {
 }
 
 impl Node {
-    fn from_iceberg(t: &Type) -> Node {
+    /// A node of a table type: `locked` for committed columns, otherwise declared.
+    fn from_type(t: &Type, locked: bool) -> Node {
         let kind = match t {
             Type::Primitive(PrimitiveType::Boolean) => Kind::Boolean,
             Type::Primitive(PrimitiveType::Long) => Kind::Long,
@@ -185,42 +281,58 @@ impl Node {
             Type::Struct(s) => Kind::Struct(
                 s.fields()
                     .iter()
-                    .map(|f| (f.name.clone(), Node::from_iceberg(&f.field_type)))
+                    .map(|f| (f.name.clone(), Node::from_type(&f.field_type, locked)))
                     .collect(),
             ),
-            Type::List(l) => Kind::List(Box::new(Node::from_iceberg(&l.element_field.field_type))),
+            Type::List(l) => Kind::List(Box::new(Node::from_type(
+                &l.element_field.field_type,
+                locked,
+            ))),
             other => Kind::Other(other.clone()),
         };
         Node {
             kind: Some(kind),
-            locked: true,
+            locked,
+            declared: !locked,
+            ..Node::unknown()
         }
     }
 
-    fn infer(v: &Value) -> Node {
-        let kind = match v {
+    /// A new field: its override or fitting hint if any, else inferred from the value.
+    fn create(v: &Value, hint: Option<&Type>, ctx: &mut Ctx<'_>) -> Node {
+        let declared = ctx
+            .options
+            .overrides
+            .get(&ctx.path)
+            .or(hint.filter(|t| type_accepts(t, v)));
+        let mut node = match declared {
+            Some(t) => Node::from_type(t, false),
+            None => Node::unknown(),
+        };
+        merge_value(&mut node, v, hint, ctx);
+        node
+    }
+
+    fn infer(v: &Value, hint: Option<&Type>, ctx: &mut Ctx<'_>) -> Option<Kind> {
+        match v {
             Value::Null => None,
             Value::Bool(_) => Some(Kind::Boolean),
             Value::Number(n) if n.is_i64() => Some(Kind::Long),
             Value::Number(_) => Some(Kind::Double),
-            Value::String(s) => Some(string_kind(s)),
-            Value::Object(m) => Some(Kind::Struct(
-                m.iter().map(|(k, v)| (k.clone(), Node::infer(v))).collect(),
-            )),
+            Value::String(s) => Some(string_kind(s, ctx.options)),
+            Value::Object(m) => {
+                let mut fields = IndexMap::new();
+                merge_object(&mut fields, m, struct_hint(hint), ctx);
+                Some(Kind::Struct(fields))
+            }
             Value::Array(items) => {
-                let mut element = Node {
-                    kind: None,
-                    locked: false,
-                };
+                let mut element = Node::unknown();
+                let element_hint = list_hint(hint);
                 for item in items {
-                    merge_value(&mut element, item);
+                    merge_value(&mut element, item, element_hint, ctx);
                 }
                 Some(Kind::List(Box::new(element)))
             }
-        };
-        Node {
-            kind,
-            locked: false,
         }
     }
 
@@ -265,7 +377,10 @@ impl Node {
     }
 }
 
-fn string_kind(s: &str) -> Kind {
+fn string_kind(s: &str, options: &SchemaOptions) -> Kind {
+    if !options.detect_timestamps {
+        return Kind::String;
+    }
     match timestamp_shape(s) {
         Some(true) => Kind::Timestamptz,
         Some(false) => Kind::Timestamp,
@@ -381,50 +496,143 @@ fn value_desc(v: &Value) -> String {
     }
 }
 
+/// Where a merge is in the record, and the settings it follows.
+struct Ctx<'a> {
+    options: &'a SchemaOptions,
+    /// Dotted path of the field being merged (for overrides).
+    path: String,
+}
+
+fn struct_hint(hint: Option<&Type>) -> Option<&StructType> {
+    match hint {
+        Some(Type::Struct(s)) => Some(s),
+        _ => None,
+    }
+}
+
+fn list_hint(hint: Option<&Type>) -> Option<&Type> {
+    match hint {
+        Some(Type::List(l)) => Some(&l.element_field.field_type),
+        _ => None,
+    }
+}
+
+fn push_path(path: &mut String, name: &str) -> usize {
+    let len = path.len();
+    if !path.is_empty() {
+        path.push('.');
+    }
+    path.push_str(name);
+    len
+}
+
 fn check_object(
     fields: &IndexMap<String, Node>,
     record: &Map<String, Value>,
     path: &mut String,
+    options: &SchemaOptions,
 ) -> Result<(), Conflict> {
     for (name, value) in record {
         if path.is_empty() && RESERVED_COLUMNS.contains(&name.as_str()) {
             continue;
         }
-        if let Some(node) = fields.get(name) {
-            let len = path.len();
-            if !path.is_empty() {
-                path.push('.');
-            }
-            path.push_str(name);
-            check_value(node, value, path)?;
-            path.truncate(len);
+        let len = push_path(path, name);
+        match fields.get(name) {
+            Some(node) => check_value(node, value, path, options)?,
+            None => check_fresh(value, path, options)?,
         }
+        path.truncate(len);
     }
     Ok(())
 }
 
-fn check_value(node: &Node, v: &Value, path: &mut String) -> Result<(), Conflict> {
-    let Some(kind) = &node.kind else {
+/// Checks a value of a field that has no type yet: it must fit its override, and the
+/// elements of each array must agree with each other.
+fn check_fresh(v: &Value, path: &mut String, options: &SchemaOptions) -> Result<(), Conflict> {
+    if let Some(t) = options.overrides.get(path.as_str()) {
+        return if type_accepts(t, v) {
+            Ok(())
+        } else {
+            Err(Conflict {
+                path: path.clone(),
+                column: type_name(t),
+                value: value_desc(v),
+            })
+        };
+    }
+    match v {
+        Value::Object(m) => {
+            for (name, child) in m {
+                let len = push_path(path, name);
+                check_fresh(child, path, options)?;
+                path.truncate(len);
+            }
+            Ok(())
+        }
+        Value::Array(items) => check_items(&Node::unknown(), items, path, options),
+        _ => Ok(()),
+    }
+}
+
+/// Checks the items of one array against its element node *and* each other: the
+/// element type is learnt item by item on a copy, so `[false, 0]` is a conflict.
+fn check_items(
+    element: &Node,
+    items: &[Value],
+    path: &mut String,
+    options: &SchemaOptions,
+) -> Result<(), Conflict> {
+    // One item cannot disagree with a sibling; a committed primitive element cannot learn.
+    let settled = items.len() <= 1
+        || (element.locked
+            && !matches!(
+                element.kind,
+                None | Some(Kind::Struct(_)) | Some(Kind::List(_))
+            ));
+    if settled {
+        for item in items {
+            check_value(element, item, path, options)?;
+        }
         return Ok(());
+    }
+    let mut learnt = element.clone();
+    let mut ctx = Ctx {
+        options,
+        path: path.clone(),
     };
+    for item in items {
+        check_value(&learnt, item, path, options)?;
+        merge_value(&mut learnt, item, None, &mut ctx);
+    }
+    Ok(())
+}
+
+fn check_value(
+    node: &Node,
+    v: &Value,
+    path: &mut String,
+    options: &SchemaOptions,
+) -> Result<(), Conflict> {
     if v.is_null() {
         return Ok(());
     }
+    let Some(kind) = &node.kind else {
+        return check_fresh(v, path, options);
+    };
+    let fixed = node.fixed();
     let ok = match (kind, v) {
         (Kind::Boolean, Value::Bool(_)) => true,
-        (Kind::Long, Value::Number(n)) => n.is_i64() || (!node.locked && n.is_f64()),
+        (Kind::Long, Value::Number(n)) => n.is_i64() || (!fixed && n.is_f64()),
         (Kind::Double, Value::Number(n)) => n.is_i64() || n.is_f64(),
+        (Kind::Double, Value::String(_)) if fixed => type_accepts(&prim(PrimitiveType::Double), v),
         (Kind::String, Value::String(_)) => true,
-        (Kind::Timestamptz, Value::String(s)) => !node.locked || timestamp_shape(s) == Some(true),
-        (Kind::Timestamp, Value::String(s)) => !node.locked || timestamp_shape(s) == Some(false),
-        (Kind::Struct(fields), Value::Object(m)) => return check_object(fields, m, path),
+        (Kind::Timestamptz, Value::String(s)) => !fixed || timestamp_shape(s) == Some(true),
+        (Kind::Timestamp, Value::String(s)) => !fixed || timestamp_shape(s) == Some(false),
+        (Kind::Struct(fields), Value::Object(m)) => return check_object(fields, m, path, options),
         (Kind::List(element), Value::Array(items)) => {
-            for item in items {
-                check_value(element, item, path)?;
-            }
-            true
+            return check_items(element, items, path, options);
         }
-        (Kind::Other(t), v) => other_accepts(t, v),
+        (Kind::Other(t), v) => type_accepts(t, v),
         _ => false,
     };
     if ok {
@@ -438,60 +646,63 @@ fn check_value(node: &Node, v: &Value, path: &mut String) -> Result<(), Conflict
     }
 }
 
-/// What a JSON value must look like to go into a column of a type inference never produces.
-fn other_accepts(t: &Type, v: &Value) -> bool {
-    match (t, v) {
-        (Type::Primitive(PrimitiveType::Int), Value::Number(n)) => {
-            n.as_i64().is_some_and(|i| i32::try_from(i).is_ok())
-        }
-        (
-            Type::Primitive(PrimitiveType::Float | PrimitiveType::Decimal { .. }),
-            Value::Number(_),
-        ) => true,
-        (
-            Type::Primitive(
-                PrimitiveType::Decimal { .. }
-                | PrimitiveType::Date
-                | PrimitiveType::Uuid
-                | PrimitiveType::Time,
-            ),
-            Value::String(_),
-        ) => true,
-        (Type::Map(_), Value::Object(_)) => true,
-        _ => false,
-    }
+fn prim(p: PrimitiveType) -> Type {
+    Type::Primitive(p)
 }
 
-fn merge_object(fields: &mut IndexMap<String, Node>, record: &Map<String, Value>) {
+fn merge_object(
+    fields: &mut IndexMap<String, Node>,
+    record: &Map<String, Value>,
+    hints: Option<&StructType>,
+    ctx: &mut Ctx<'_>,
+) {
     for (name, value) in record {
+        let hint = hints
+            .and_then(|h| h.field_by_name(name))
+            .map(|f| &*f.field_type);
+        let len = push_path(&mut ctx.path, name);
         match fields.get_mut(name) {
-            Some(node) => merge_value(node, value),
+            Some(node) => merge_value(node, value, hint, ctx),
             None => {
-                fields.insert(name.clone(), Node::infer(value));
+                let node = Node::create(value, hint, ctx);
+                fields.insert(name.clone(), node);
             }
         }
+        ctx.path.truncate(len);
     }
 }
 
 /// Widens `node` so that it holds `v` (the value was checked before).
-fn merge_value(node: &mut Node, v: &Value) {
+fn merge_value(node: &mut Node, v: &Value, hint: Option<&Type>, ctx: &mut Ctx<'_>) {
     if v.is_null() {
+        if node.kind.is_none() {
+            node.nulls += 1;
+            if ctx
+                .options
+                .null_as_string_after
+                .is_some_and(|n| node.nulls >= n)
+            {
+                node.kind = Some(Kind::String);
+            }
+        }
         return;
     }
+    let fixed = node.fixed();
     let Some(kind) = &mut node.kind else {
-        node.kind = Node::infer(v).kind;
+        node.kind = Node::infer(v, hint, ctx);
         return;
     };
     match (kind, v) {
-        (Kind::Struct(fields), Value::Object(m)) => merge_object(fields, m),
+        (Kind::Struct(fields), Value::Object(m)) => merge_object(fields, m, struct_hint(hint), ctx),
         (Kind::List(element), Value::Array(items)) => {
+            let element_hint = list_hint(hint);
             for item in items {
-                merge_value(element, item);
+                merge_value(element, item, element_hint, ctx);
             }
         }
-        (k @ Kind::Long, Value::Number(n)) if n.is_f64() && !node.locked => *k = Kind::Double,
-        (k @ (Kind::Timestamptz | Kind::Timestamp), Value::String(s)) if !node.locked => {
-            let seen = string_kind(s);
+        (k @ Kind::Long, Value::Number(n)) if n.is_f64() && !fixed => *k = Kind::Double,
+        (k @ (Kind::Timestamptz | Kind::Timestamp), Value::String(s)) if !fixed => {
+            let seen = string_kind(s, ctx.options);
             if seen != *k {
                 *k = Kind::String;
             }
@@ -536,7 +747,7 @@ fn collect_additions(
 }
 
 /// Gives every nested field of a new column a fresh id.
-fn renumber(t: &Type, id: &mut impl FnMut() -> i32) -> Type {
+pub(crate) fn renumber(t: &Type, id: &mut impl FnMut() -> i32) -> Type {
     match t {
         Type::Struct(s) => Type::Struct(StructType::new(
             s.fields()
@@ -558,9 +769,28 @@ fn renumber(t: &Type, id: &mut impl FnMut() -> i32) -> Type {
                 l.element_field.required,
             ))))
         }
+        Type::Map(m) => {
+            let key_id = id();
+            let value_id = id();
+            Type::Map(MapType::new(
+                Arc::new(NestedField::map_key_element(
+                    key_id,
+                    renumber(&m.key_field.field_type, id),
+                )),
+                Arc::new(NestedField::map_value_element(
+                    value_id,
+                    renumber(&m.value_field.field_type, id),
+                    m.value_field.required,
+                )),
+            ))
+        }
         other => other.clone(),
     }
 }
 
+#[cfg(test)]
+mod golden;
+#[cfg(test)]
+mod props;
 #[cfg(test)]
 mod tests;

@@ -195,3 +195,122 @@ fn learning_is_order_independent_for_compatible_records() {
         "observing the same records again changes nothing"
     );
 }
+
+#[test]
+fn evolved_schema_keeps_ids_and_identifier_fields_and_widens() {
+    use std::sync::Arc;
+
+    use iceberg::spec::{NestedField, PrimitiveType, StructType};
+
+    let table = Schema::builder()
+        .with_schema_id(3)
+        .with_identifier_field_ids([1])
+        .with_fields(vec![
+            Arc::new(NestedField::required(
+                1,
+                "id",
+                Type::Primitive(PrimitiveType::Long),
+            )),
+            Arc::new(NestedField::optional(
+                2,
+                "n",
+                Type::Primitive(PrimitiveType::Int),
+            )),
+            Arc::new(NestedField::optional(
+                3,
+                "price",
+                Type::Primitive(PrimitiveType::Decimal {
+                    precision: 9,
+                    scale: 2,
+                }),
+            )),
+        ])
+        .build()
+        .unwrap();
+    let mut tracker = SchemaTracker::from_table(&table);
+    assert_eq!(
+        tracker.evolved_schema(&table, 10).unwrap(),
+        None,
+        "nothing learnt, nothing to commit"
+    );
+    // A value that does not fit the committed int is refused until the widening is committed.
+    assert!(
+        tracker
+            .observe(&obj(json!({"n": 3_000_000_000_i64})))
+            .is_err()
+    );
+    let declared = Arc::new(StructType::new(vec![
+        Arc::new(NestedField::optional(
+            0,
+            "n",
+            Type::Primitive(PrimitiveType::Long),
+        )),
+        Arc::new(NestedField::optional(
+            0,
+            "price",
+            Type::Primitive(PrimitiveType::Decimal {
+                precision: 12,
+                scale: 2,
+            }),
+        )),
+        Arc::new(NestedField::optional(
+            0,
+            "tags",
+            Type::List(ListType::new(Arc::new(NestedField::list_element(
+                0,
+                Type::Primitive(PrimitiveType::String),
+                false,
+            )))),
+        )),
+    ]));
+    tracker.declare(&declared);
+    let next = tracker.evolved_schema(&table, 10).unwrap().unwrap();
+    assert_eq!(next.schema_id(), 4);
+    assert_eq!(next.identifier_field_ids().collect::<Vec<_>>(), [1]);
+    let field = |name: &str| next.field_by_name(name).unwrap().clone();
+    assert_eq!(
+        (field("id").id, type_name(&field("id").field_type).as_str()),
+        (1, "long")
+    );
+    assert_eq!(
+        (field("n").id, type_name(&field("n").field_type).as_str()),
+        (2, "long")
+    );
+    assert_eq!(
+        (
+            field("price").id,
+            type_name(&field("price").field_type).as_str()
+        ),
+        (3, "decimal(12, 2)")
+    );
+    assert_eq!(field("tags").id, 11, "new ids start above last_column_id");
+    let Type::List(list) = &*field("tags").field_type else {
+        panic!("tags is a list");
+    };
+    assert_eq!(list.element_field.id, 12);
+    // After the commit the tracker starts from the evolved table: wide values fit.
+    let mut after = SchemaTracker::from_table(&next);
+    assert!(after.observe(&obj(json!({"n": 3_000_000_000_i64}))).is_ok());
+    assert_eq!(after.evolved_schema(&next, 12).unwrap(), None);
+}
+
+#[test]
+fn declared_types_do_not_widen_by_inference() {
+    use std::sync::Arc;
+
+    use iceberg::spec::{NestedField, PrimitiveType, StructType};
+
+    let mut t = SchemaTracker::new();
+    t.declare(&Arc::new(StructType::new(vec![Arc::new(
+        NestedField::optional(0, "at", Type::Primitive(PrimitiveType::Timestamptz)),
+    )])));
+    assert!(
+        t.observe(&obj(json!({"at": "2024-01-01T00:00:00Z"})))
+            .is_ok()
+    );
+    let e = t.observe(&obj(json!({"at": "yesterday"}))).unwrap_err();
+    assert_eq!(
+        e.column, "timestamptz",
+        "a declared column does not turn into a string"
+    );
+}

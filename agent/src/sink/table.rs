@@ -4,7 +4,6 @@ use std::collections::HashMap;
 
 use iceberg::spec::{DataFile, DataFileFormat, FormatVersion};
 use iceberg::table::Table;
-use iceberg::transaction::{AddColumn, ApplyTransactionAction, Transaction};
 use iceberg::writer::base_writer::data_file_writer::DataFileWriterBuilder;
 use iceberg::writer::file_writer::ParquetWriterBuilder;
 use iceberg::writer::file_writer::location_generator::{
@@ -34,6 +33,8 @@ pub struct TableSink {
     pipeline: String,
     writer_id: String,
     upsert: Option<UpsertState>,
+    /// The schema the next commit sets (new columns, widened types), if any.
+    pending_schema: Option<iceberg::spec::Schema>,
 }
 
 /// Upsert mode's key and index (rebuilt from the table when missing).
@@ -103,6 +104,7 @@ impl TableSink {
                 spec: KeySpec::from_config(&config.key),
                 index: None,
             }),
+            pending_schema: None,
         };
         sink.reload().await?;
         if sink.table.is_none() && !config.create_table {
@@ -161,6 +163,7 @@ impl TableSink {
         if let Some(u) = &mut self.upsert {
             u.index = None;
         }
+        self.pending_schema = None;
         Ok(())
     }
 
@@ -195,37 +198,23 @@ impl TableSink {
                 .await?;
             return Ok(());
         };
-        let additions = tracker.additions();
-        if additions.is_empty() {
-            return Ok(());
+        // The new schema is committed with the data that needs it, in one snapshot.
+        let metadata = table.metadata();
+        self.pending_schema =
+            tracker.evolved_schema(metadata.current_schema(), metadata.last_column_id())?;
+        if let Some(next) = &self.pending_schema {
+            let before = metadata.current_schema();
+            let changed: Vec<String> = next
+                .field_id_to_name_map()
+                .iter()
+                .filter(|(id, _)| {
+                    before.field_by_id(**id).map(|f| &f.field_type)
+                        != next.field_by_id(**id).map(|f| &f.field_type)
+                })
+                .map(|(_, name)| name.clone())
+                .collect();
+            tracing::info!(pipeline = %self.pipeline, table = %self.ident, columns = ?changed, "schema changes with the next commit");
         }
-        let names: Vec<String> = additions
-            .iter()
-            .map(|a| {
-                a.parent
-                    .as_ref()
-                    .map_or(a.name.clone(), |p| format!("{p}.{}", a.name))
-            })
-            .collect();
-        let tx = Transaction::new(table);
-        let mut action = tx.update_schema();
-        for a in additions {
-            action = action.add_column(match a.parent {
-                Some(parent) => AddColumn::builder()
-                    .parent(parent)
-                    .name(a.name)
-                    .field_type(a.field_type)
-                    .build(),
-                None => AddColumn::optional(a.name, a.field_type),
-            });
-        }
-        let tx = action.apply(tx).map_err(|e| self.err("add columns", e))?;
-        let table = tx
-            .commit(self.catalog.catalog.as_ref())
-            .await
-            .map_err(|e| self.err("add columns", e))?;
-        tracing::info!(pipeline = %self.pipeline, table = %self.ident, columns = ?names, "added columns");
-        self.table = Some(table);
         Ok(())
     }
 
@@ -333,7 +322,10 @@ impl TableSink {
         if rows.is_empty() {
             return Ok(Vec::new());
         }
-        let schema = table.metadata().current_schema().clone();
+        let schema = match &self.pending_schema {
+            Some(s) => std::sync::Arc::new(s.clone()),
+            None => table.metadata().current_schema().clone(),
+        };
         let encoder = BatchEncoder::new(&schema)?;
         let props = WriterProperties::builder()
             .set_compression(Compression::ZSTD(
@@ -396,12 +388,17 @@ impl TableSink {
                 .ok_or_else(|| SinkError::MissingTable(self.ident.to_string()))?;
             let deletes = self.position_deletes(&table, &staged).await?;
             let delete_files = deletes.len();
-            let mut snapshot = StagedSnapshot::write(&table, staged.data.clone(), deletes)
-                .await
-                .map_err(|e| self.err("write manifests", e))?;
+            let mut snapshot = StagedSnapshot::write(
+                &table,
+                self.pending_schema.as_ref(),
+                staged.data.clone(),
+                deletes,
+            )
+            .await
+            .map_err(|e| self.err("write manifests", e))?;
             let options = CommitOptions {
                 properties: &props,
-                new_schema: None,
+                new_schema: self.pending_schema.as_ref(),
                 fence: &fence,
                 exact_parent: self.upsert.is_some(),
             };
@@ -417,6 +414,7 @@ impl TableSink {
                 Ok(table) => {
                     let snapshot_id = table.metadata().current_snapshot_id().unwrap_or_default();
                     self.table = Some(table);
+                    self.pending_schema = None;
                     self.apply_to_index(&staged)?;
                     return Ok(CommitOutcome {
                         snapshot_id,
@@ -433,7 +431,7 @@ impl TableSink {
                     }
                     self.ensure_index().await?;
                 }
-                Err(e @ CommitFailure::Fenced { .. }) => {
+                Err(e @ (CommitFailure::Fenced { .. } | CommitFailure::SchemaChanged(_))) => {
                     return Err(SinkError::Fenced(e.to_string()));
                 }
                 Err(e) => return Err(SinkError::Commit(Box::new(e))),

@@ -63,6 +63,10 @@ pub enum CommitFailure {
         /// Offsets this writer started from.
         expected: String,
     },
+    /// Another writer changed the schema since ours was derived: the data files carry
+    /// field ids that may now mean other columns, so the records must be re-read.
+    #[error("the schema of {0} changed since this commit's schema was derived")]
+    SchemaChanged(String),
     /// The table's data changed under a commit that needs its exact parent.
     #[error("table data changed since the commit was prepared")]
     Stale(Box<Table>),
@@ -106,11 +110,22 @@ pub async fn commit(
 ) -> Result<Table, CommitFailure> {
     let ident = base.identifier().clone();
     let prepared_on = base.metadata().current_snapshot_id();
+    let prepared_schema = (
+        base.metadata().current_schema_id(),
+        base.metadata().last_column_id(),
+    );
     let commit_id = options.properties.get(COMMIT_KEY).cloned();
     let mut attempt = 0;
     loop {
         attempt += 1;
         check_fence(&base, options.fence)?;
+        let schema_now = (
+            base.metadata().current_schema_id(),
+            base.metadata().last_column_id(),
+        );
+        if options.new_schema.is_some() && schema_now != prepared_schema {
+            return Err(CommitFailure::SchemaChanged(ident.to_string()));
+        }
         if options.exact_parent && data_changed_since(&base, prepared_on) {
             return Err(CommitFailure::Stale(Box::new(base)));
         }

@@ -37,7 +37,13 @@ struct FileStats {
 
 impl StagedSnapshot {
     /// Writes the manifests for `data` and `deletes` under the table's metadata folder.
-    pub async fn write(table: &Table, data: Vec<DataFile>, deletes: Vec<DataFile>) -> Result<Self> {
+    /// `schema`: the schema the files were written with, if not the table's current one.
+    pub async fn write(
+        table: &Table,
+        schema: Option<&Schema>,
+        data: Vec<DataFile>,
+        deletes: Vec<DataFile>,
+    ) -> Result<Self> {
         let metadata = table.metadata();
         if !deletes.is_empty() && metadata.format_version() == FormatVersion::V1 {
             return Err(Error::new(
@@ -77,7 +83,10 @@ impl StagedSnapshot {
             let builder = ManifestWriterBuilder::new(
                 table.file_io().new_output(path)?,
                 Some(snapshot_id),
-                metadata.current_schema().clone(),
+                match schema {
+                    Some(s) => std::sync::Arc::new(s.clone()),
+                    None => metadata.current_schema().clone(),
+                },
                 metadata.default_partition_spec().as_ref().clone(),
             );
             let mut writer = match (metadata.format_version(), content) {
@@ -185,8 +194,23 @@ impl StagedSnapshot {
             },
             additional_properties: self.summary_properties(parent.map(|s| s.summary()), properties),
         };
+        // The id the metadata builder gives an added schema: an identical one's, or the next.
         let schema_id = match new_schema {
-            Some(s) => s.schema_id(),
+            Some(new) => metadata
+                .schemas_iter()
+                .find(|s| {
+                    s.as_struct() == new.as_struct()
+                        && s.identifier_field_ids().eq(new.identifier_field_ids())
+                })
+                .map(|s| s.schema_id())
+                .unwrap_or_else(|| {
+                    metadata
+                        .schemas_iter()
+                        .map(|s| s.schema_id())
+                        .max()
+                        .unwrap_or_default()
+                        + 1
+                }),
             None => metadata.current_schema_id(),
         };
         let builder = Snapshot::builder()
