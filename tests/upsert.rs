@@ -105,7 +105,8 @@ fn project(v: &Value, fields: &[&str]) -> Value {
 
 fn customer(id: i64, version: i64) -> Value {
     let city = ["Oslo", "Lyon", "Porto"][(id % 3) as usize];
-    json!({"id": id, "name": format!("customer {id}"), "city": city, "balance": id * 10 + version})
+    // Nested fields get ids above the top-level ones: `_op` must not collide with them.
+    json!({"id": id, "name": format!("customer {id}"), "city": city, "balance": id * 10 + version, "tags": [city], "address": {"city": city}})
 }
 
 fn order(id: i64, version: i64) -> Value {

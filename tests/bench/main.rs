@@ -106,6 +106,18 @@ fn clock_ticks() -> f64 {
     })
 }
 
+/// This process's resident memory now, in MiB.
+fn rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
 fn peak_rss_mib(pid: u32) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
@@ -181,7 +193,9 @@ fn read_only(
 }
 
 /// (b) Decode, infer, encode to Arrow, write Parquet and commit, from memory.
-async fn encode_limit(values: &[Vec<u8>], flush_bytes: u64) -> Result<Figures> {
+/// With `upsert`: the same in upsert mode keyed by `id` (values repeat ids), which adds
+/// the key index, last-per-key reduction and position-delete files.
+async fn encode_limit(values: &[Vec<u8>], flush_bytes: u64, upsert: bool) -> Result<Figures> {
     let ws = Workspace::new()?;
     let catalog = open_catalog(
         "local",
@@ -191,7 +205,13 @@ async fn encode_limit(values: &[Vec<u8>], flush_bytes: u64) -> Result<Figures> {
         },
     )
     .await?;
-    let sink_config: floe::sink::SinkConfig = toml_sink();
+    let mut sink_config: floe::sink::SinkConfig = toml_sink();
+    if upsert {
+        sink_config.mode = floe::sink::Mode::Upsert;
+        sink_config.key = vec!["id".into()];
+    }
+    let key_spec = floe::sink::upsert::KeySpec::from_config(&sink_config.key);
+    let mut keys = Vec::new();
     let cpu0 = cpu_seconds("self")?;
     let start = Instant::now();
     let mut sink = TableSink::open(&catalog, &sink_config, "encode", "bench", "bench").await?;
@@ -204,36 +224,62 @@ async fn encode_limit(values: &[Vec<u8>], flush_bytes: u64) -> Result<Figures> {
         let decoded = floe::decode::decode_json(v)?;
         tracker.observe(&decoded)?;
         batch_bytes += v.len() as u64;
-        batch.push(floe::source::KafkaRecord {
+        let record = floe::source::KafkaRecord {
             topic: topic.clone(),
             partition: 0,
             offset: i as i64,
             timestamp_ms: Some(0),
             key: None,
             value: Some(v.clone()),
-        });
+        };
+        if upsert {
+            keys.push(
+                key_spec
+                    .of_record(&record, Some(&decoded))
+                    .map_err(anyhow::Error::msg)?,
+            );
+        }
+        batch.push(record);
         if batch_bytes >= flush_bytes || i + 1 == values.len() {
             sink.apply_schema(&tracker, &committed).await?;
-            let files = sink.write(&batch, None).await?;
+            let files = sink.write(&batch, upsert.then_some(&keys[..])).await?;
             let mut next = committed.clone();
             next.0.insert((topic.clone(), 0), i as i64 + 1);
             sink.commit(files, &committed, &next).await?;
             committed = next;
             tracker = sink.tracker();
             batch.clear();
+            keys.clear();
             batch_bytes = 0;
         }
     }
     let seconds = start.elapsed().as_secs_f64();
     let cpu = cpu_seconds("self")? - cpu0;
     let (rows, files, snapshots) = table_stats(&catalog.catalog, sink.ident()).await?;
-    anyhow::ensure!(
-        rows as usize == values.len(),
-        "encode limit wrote {rows} rows"
-    );
+    if upsert {
+        // Rebuilding the key index from the table is what a restart costs.
+        let rss0 = rss_mib();
+        let started = Instant::now();
+        let reopened = TableSink::open(&catalog, &sink_config, "encode", "bench", "bench").await?;
+        println!(
+            "upsert index rebuild: {:.2} s, process RSS +{:.0} MiB",
+            started.elapsed().as_secs_f64(),
+            rss_mib() - rss0
+        );
+        drop(reopened);
+    } else {
+        anyhow::ensure!(
+            rows as usize == values.len(),
+            "encode limit wrote {rows} rows"
+        );
+    }
     let bytes = values.iter().map(|v| v.len() as u64).sum();
     Ok(Figures {
-        scenario: "b: JSON->Arrow->Parquet, no Kafka (in-process)".into(),
+        scenario: if upsert {
+            "b': the same in upsert mode (ids repeat 10x; key index + position deletes)".into()
+        } else {
+            "b: JSON->Arrow->Parquet, no Kafka (in-process)".into()
+        },
         records: values.len(),
         seconds,
         cpu_seconds: cpu,
@@ -493,8 +539,20 @@ async fn bench(args: Args) -> Result<()> {
 
     let mut results = vec![read_only(&broker, topic, args.partitions, n, bytes)?];
     println!("{:?}", results.last().map(|f| (&f.scenario, f.rate())));
-    results.push(encode_limit(&values, 64 << 20).await?);
+    results.push(encode_limit(&values, 64 << 20, false).await?);
     println!("{:?}", results.last().map(|f| (&f.scenario, f.rate())));
+    // Upsert: the same records with ids repeating ten times (n/10 keys), 16 MiB commits.
+    let distinct = (args.records / 10).max(1);
+    let upsert_values: Vec<Vec<u8>> = (0..args.records)
+        .map(|i| {
+            let mut v = record(i);
+            v["id"] = json!(i % distinct);
+            v.to_string().into_bytes()
+        })
+        .collect();
+    results.push(encode_limit(&upsert_values, 16 << 20, true).await?);
+    println!("{:?}", results.last().map(|f| (&f.scenario, f.rate())));
+    drop(upsert_values);
     drop(values);
     for plugins in [0, 1, 3] {
         results.push(floe_run(&format!("p{plugins}"), &broker, topic, n, bytes, plugins).await?);

@@ -116,9 +116,7 @@ pub fn upsert_schema(schema: &Schema, spec: &KeySpec) -> Result<Schema, UpsertEr
     let keys = spec.columns();
     let mut fields = Vec::new();
     let mut identifiers = Vec::new();
-    let mut max_id = 0;
     for f in schema.as_struct().fields() {
-        max_id = max_id.max(f.id);
         if keys.contains(&f.name.as_str()) {
             check_key_type(&f.name, &f.field_type)?;
             identifiers.push(f.id);
@@ -135,8 +133,9 @@ pub fn upsert_schema(schema: &Schema, spec: &KeySpec) -> Result<Schema, UpsertEr
         )));
     }
     if schema.field_by_name(OP_COLUMN).is_none() {
+        // Above every id, nested ones (list elements, struct fields) included.
         fields.push(Arc::new(NestedField::optional(
-            max_id + 1,
+            schema.highest_field_id() + 1,
             OP_COLUMN,
             Type::Primitive(PrimitiveType::String),
         )));
@@ -230,13 +229,24 @@ mod tests {
                     "v",
                     Type::Primitive(PrimitiveType::Double),
                 )),
+                Arc::new(NestedField::optional(
+                    3,
+                    "tags",
+                    Type::List(iceberg::spec::ListType::new(Arc::new(
+                        NestedField::list_element(4, Type::Primitive(PrimitiveType::String), false),
+                    ))),
+                )),
             ])
             .build()
             .unwrap();
         let s = upsert_schema(&schema, &KeySpec::from_config(&["id".into()])).unwrap();
         assert!(s.field_by_name("id").unwrap().required);
         assert_eq!(s.identifier_field_ids().collect::<Vec<_>>(), [1]);
-        assert_eq!(s.field_by_name(OP_COLUMN).unwrap().id, 3);
+        assert_eq!(
+            s.field_by_name(OP_COLUMN).unwrap().id,
+            5,
+            "above the list element's id too"
+        );
         let e = upsert_schema(&schema, &KeySpec::from_config(&["v".into()])).unwrap_err();
         assert!(e.to_string().contains("string, int or long"), "{e}");
         let e = upsert_schema(&schema, &KeySpec::from_config(&["nope".into()])).unwrap_err();
