@@ -238,3 +238,230 @@ fn iceberg_failure(ident: &TableIdent, e: iceberg::Error) -> CommitFailure {
         source: Box::new(e),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The commit loop against a real SQLite catalog; only the lost answer (a fault a
+    //! real catalog cannot be made to produce on demand) is injected.
+
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use async_trait::async_trait;
+    use iceberg::spec::{NestedField, PrimitiveType, Type};
+    use iceberg::{NamespaceIdent, TableCreation, TableRequirement, TableUpdate};
+
+    use super::*;
+    use crate::offsets::{OFFSETS_KEY, PIPELINE_KEY};
+    use crate::sink::{CatalogConfig, CatalogHandle, open_catalog};
+
+    /// Passes commits to the real backend but reports the first one as "unknown",
+    /// either after applying it (`apply_first`) or without sending it.
+    #[derive(Debug)]
+    struct LostAnswer {
+        inner: Arc<dyn CommitBackend>,
+        apply_first: bool,
+        calls: AtomicU32,
+    }
+
+    #[async_trait]
+    impl CommitBackend for LostAnswer {
+        async fn commit(
+            &self,
+            base: &Table,
+            requirements: Vec<TableRequirement>,
+            updates: Vec<TableUpdate>,
+        ) -> Result<Table, CommitError> {
+            if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                if self.apply_first {
+                    self.inner.commit(base, requirements, updates).await?;
+                }
+                return Err(CommitError::Unknown("connection reset".into()));
+            }
+            self.inner.commit(base, requirements, updates).await
+        }
+    }
+
+    async fn table(dir: &std::path::Path) -> (CatalogHandle, Table) {
+        let handle = open_catalog(
+            "local",
+            &CatalogConfig::Embedded {
+                path: dir.join("catalog.db"),
+                warehouse: dir.join("warehouse"),
+            },
+        )
+        .await
+        .unwrap();
+        let ns = NamespaceIdent::new("ns".into());
+        handle
+            .catalog
+            .create_namespace(&ns, HashMap::new())
+            .await
+            .unwrap();
+        let schema = Schema::builder()
+            .with_fields(vec![Arc::new(NestedField::optional(
+                1,
+                "id",
+                Type::Primitive(PrimitiveType::Long),
+            ))])
+            .build()
+            .unwrap();
+        let creation = TableCreation::builder()
+            .name("t".into())
+            .schema(schema)
+            .build();
+        let table = handle.catalog.create_table(&ns, creation).await.unwrap();
+        (handle, table)
+    }
+
+    fn props(offset: i64) -> HashMap<String, String> {
+        let mut offsets = OffsetMap::default();
+        offsets.0.insert((Arc::from("topic"), 0), offset);
+        HashMap::from([
+            (OFFSETS_KEY.to_string(), offsets.to_summary_value()),
+            (PIPELINE_KEY.to_string(), "p".to_string()),
+            (COMMIT_KEY.to_string(), uuid::Uuid::now_v7().to_string()),
+        ])
+    }
+
+    async fn commit_once(
+        handle: &CatalogHandle,
+        backend: &dyn CommitBackend,
+    ) -> Result<Table, CommitFailure> {
+        let base = handle
+            .catalog
+            .load_table(&TableIdent::from_strs(["ns", "t"]).unwrap())
+            .await
+            .unwrap();
+        let fence = Fence {
+            pipeline: "p".into(),
+            expected: OffsetMap::from_table(base.metadata(), "p").unwrap(),
+        };
+        let mut staged = StagedSnapshot::write(&base, None, Vec::new(), Vec::new())
+            .await
+            .unwrap();
+        let properties = props(10);
+        commit(
+            handle.catalog.as_ref(),
+            backend,
+            base,
+            &mut staged,
+            CommitOptions {
+                properties: &properties,
+                new_schema: None,
+                fence: &fence,
+                exact_parent: false,
+            },
+        )
+        .await
+    }
+
+    #[tokio::test]
+    async fn an_unknown_outcome_that_landed_is_found_and_not_repeated() {
+        let dir = tempfile::tempdir().unwrap();
+        let (handle, _) = table(dir.path()).await;
+        let backend = LostAnswer {
+            inner: handle.committer.clone(),
+            apply_first: true,
+            calls: AtomicU32::new(0),
+        };
+        let committed = commit_once(&handle, &backend).await.unwrap();
+        assert_eq!(
+            committed.metadata().snapshots().count(),
+            1,
+            "one snapshot, not two"
+        );
+        assert_eq!(backend.calls.load(Ordering::SeqCst), 1, "no second attempt");
+    }
+
+    #[tokio::test]
+    async fn an_unknown_outcome_that_did_not_land_is_retried_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let (handle, _) = table(dir.path()).await;
+        let backend = LostAnswer {
+            inner: handle.committer.clone(),
+            apply_first: false,
+            calls: AtomicU32::new(0),
+        };
+        let committed = commit_once(&handle, &backend).await.unwrap();
+        assert_eq!(committed.metadata().snapshots().count(), 1);
+        assert_eq!(backend.calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_conflict_is_rebased_and_a_moved_offset_is_fenced() {
+        let dir = tempfile::tempdir().unwrap();
+        let (handle, stale) = table(dir.path()).await;
+        // Another writer of a different pipeline commits first: ours rebases onto it.
+        let mut other = StagedSnapshot::write(&stale, None, Vec::new(), Vec::new())
+            .await
+            .unwrap();
+        let mut other_props = props(5);
+        other_props.insert(PIPELINE_KEY.to_string(), "other".into());
+        let fence_other = Fence {
+            pipeline: "other".into(),
+            expected: OffsetMap::default(),
+        };
+        commit(
+            handle.catalog.as_ref(),
+            handle.committer.as_ref(),
+            stale.clone(),
+            &mut other,
+            CommitOptions {
+                properties: &other_props,
+                new_schema: None,
+                fence: &fence_other,
+                exact_parent: false,
+            },
+        )
+        .await
+        .unwrap();
+        let mut ours = StagedSnapshot::write(&stale, None, Vec::new(), Vec::new())
+            .await
+            .unwrap();
+        let fence = Fence {
+            pipeline: "p".into(),
+            expected: OffsetMap::default(),
+        };
+        let our_props = props(10);
+        let t = commit(
+            handle.catalog.as_ref(),
+            handle.committer.as_ref(),
+            stale.clone(),
+            &mut ours,
+            CommitOptions {
+                properties: &our_props,
+                new_schema: None,
+                fence: &fence,
+                exact_parent: false,
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            t.metadata().snapshots().count(),
+            2,
+            "rebased on the other writer's snapshot"
+        );
+        // A zombie of pipeline `p` that still expects no offsets is refused.
+        let mut zombie = StagedSnapshot::write(&stale, None, Vec::new(), Vec::new())
+            .await
+            .unwrap();
+        let zombie_props = props(7);
+        let e = commit(
+            handle.catalog.as_ref(),
+            handle.committer.as_ref(),
+            stale,
+            &mut zombie,
+            CommitOptions {
+                properties: &zombie_props,
+                new_schema: None,
+                fence: &fence,
+                exact_parent: false,
+            },
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(e, CommitFailure::Fenced { .. }), "{e}");
+    }
+}
