@@ -510,8 +510,33 @@ fn main() -> Result<()> {
     runtime.block_on(bench(args))
 }
 
+/// Memory of the upsert key index: resident bytes per live key for `keys` keys.
+fn index_memory(keys: usize) -> Result<()> {
+    let before = rss_mib();
+    let mut index = floe::sink::upsert::KeyIndex::new(usize::MAX);
+    let started = Instant::now();
+    for k in 0..keys as u128 {
+        // Digests are uniform: spread the test keys like xxh3 would.
+        let key = k.wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835);
+        index.put(
+            key,
+            &format!("data-{}.parquet", k / 100_000),
+            (k % 100_000) as u64,
+        )?;
+    }
+    let mib = rss_mib() - before;
+    println!(
+        "upsert key index: {keys} keys, +{mib:.0} MiB resident = {:.0} bytes/key, built in {:.2} s",
+        mib * 1024.0 * 1024.0 / keys as f64,
+        started.elapsed().as_secs_f64()
+    );
+    drop(index);
+    Ok(())
+}
+
 async fn bench(args: Args) -> Result<()> {
     let n = args.records;
+    index_memory(n.max(1_000_000))?;
     let values: Vec<Vec<u8>> = (0..n).map(|i| record(i).to_string().into_bytes()).collect();
     let bytes: u64 = values.iter().map(|v| v.len() as u64).sum();
     println!(

@@ -44,8 +44,8 @@ pub struct SinkConfig {
     /// `["_kafka_key"]` for the Kafka message key (then a tombstone deletes the row).
     #[serde(default)]
     pub key: Vec<String>,
-    /// Upsert mode: most live keys the in-memory key index may hold (about 50 bytes
-    /// each); past it the pipeline stops with an error. Default 20,000,000.
+    /// Upsert mode: most live keys the in-memory key index may hold (about 70 bytes
+    /// each); past it the pipeline stops with an error. Default 10,000,000.
     #[serde(default = "default_max_keys")]
     pub max_keys: usize,
     /// How often buffered records are committed as one snapshot (default 60s, at least 1s).
@@ -84,7 +84,7 @@ pub enum Mode {
 }
 
 fn default_max_keys() -> usize {
-    20_000_000
+    10_000_000
 }
 
 fn default_commit_interval() -> Duration {

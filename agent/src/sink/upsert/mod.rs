@@ -46,7 +46,7 @@ pub enum UpsertError {
     Arrow(#[from] arrow_schema::ArrowError),
     /// More live keys than `max_keys`.
     #[error(
-        "the upsert index holds more than max_keys = {0} keys; raise `max_keys` (about 50 bytes of memory per key)"
+        "the upsert index holds more than max_keys = {0} keys; raise `max_keys` (about 70 bytes of memory per key)"
     )]
     TooManyKeys(usize),
     /// A limit of the index format.
