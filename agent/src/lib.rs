@@ -15,6 +15,7 @@
 //! - [`dead_letter`]: where records that cannot become rows go, with their bytes.
 //! - [`pipeline`]: wires the stages; [`run`] starts every pipeline of a config.
 //! - [`telemetry`]: logs and Prometheus metrics.
+//! - [`check`]: `floe check`, a dry run of every pipeline's connections and privileges.
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
@@ -24,6 +25,7 @@
 //! ```
 
 pub mod batch;
+pub mod check;
 pub mod config;
 pub mod dead_letter;
 pub mod decode;
@@ -38,9 +40,6 @@ pub mod transform;
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
-
-use iceberg::Catalog;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
@@ -71,10 +70,10 @@ pub async fn run(
         telemetry::install(m)?;
     }
     let writer_id = uuid::Uuid::now_v7().to_string();
-    let mut catalogs: HashMap<String, Arc<dyn Catalog>> = HashMap::new();
+    let mut catalogs: HashMap<String, sink::OpenCatalog> = HashMap::new();
     for p in &config.pipelines {
         if !catalogs.contains_key(&p.sink.catalog) {
-            let c = sink::open_catalog(&p.sink.catalog, &config.catalogs[&p.sink.catalog]).await?;
+            let c = sink::open(&p.sink.catalog, &config.catalogs[&p.sink.catalog]).await?;
             catalogs.insert(p.sink.catalog.clone(), c);
         }
     }
@@ -96,7 +95,7 @@ pub async fn run(
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
     for p in config.pipelines {
-        let catalog = catalogs[&p.sink.catalog].clone();
+        let catalog = catalogs[&p.sink.catalog].catalog.clone();
         tasks.spawn(pipeline::run_pipeline(
             p,
             catalog,

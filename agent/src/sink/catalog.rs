@@ -10,6 +10,7 @@ use iceberg_catalog_sql::SqlCatalogBuilder;
 use serde::Deserialize;
 
 use super::SinkError;
+use super::rest::{RestCatalog, RestCatalogConfig, RestSession};
 
 /// `[catalogs.NAME]`.
 #[derive(Debug, Clone, Deserialize)]
@@ -24,6 +25,28 @@ pub enum CatalogConfig {
         /// Directory holding table data and metadata (created if missing).
         warehouse: PathBuf,
     },
+    /// An Iceberg REST catalog (Polaris, Lakekeeper, Nessie, ...), tables on S3.
+    Rest(RestCatalogConfig),
+}
+
+impl CatalogConfig {
+    /// Problems serde cannot see, as `(field, message)` pairs.
+    pub fn problems(&self) -> Vec<(String, String)> {
+        match self {
+            CatalogConfig::Embedded { .. } => Vec::new(),
+            CatalogConfig::Rest(rest) => rest.problems(),
+        }
+    }
+}
+
+/// An open catalog, plus the REST session behind it when it is a REST catalog
+/// (for requests the `Catalog` trait has no method for, such as commits with retries).
+#[derive(Debug, Clone)]
+pub struct OpenCatalog {
+    /// The catalog.
+    pub catalog: Arc<dyn Catalog>,
+    /// The REST session, for `type = "rest"`.
+    pub rest: Option<RestSession>,
 }
 
 /// Opens a catalog and checks that it answers (by listing namespaces).
@@ -31,6 +54,12 @@ pub async fn open_catalog(
     name: &str,
     config: &CatalogConfig,
 ) -> Result<Arc<dyn Catalog>, SinkError> {
+    Ok(open(name, config).await?.catalog)
+}
+
+/// Opens a catalog, keeping its REST session if it has one, and checks that it answers
+/// (by listing namespaces).
+pub async fn open(name: &str, config: &CatalogConfig) -> Result<OpenCatalog, SinkError> {
     match config {
         CatalogConfig::Embedded { path, warehouse } => {
             let db = absolute(path)?;
@@ -63,7 +92,30 @@ pub async fn open_catalog(
                 .await
                 .map_err(unreachable)?;
             catalog.list_namespaces(None).await.map_err(unreachable)?;
-            Ok(Arc::new(catalog))
+            Ok(OpenCatalog {
+                catalog: Arc::new(catalog),
+                rest: None,
+            })
+        }
+        CatalogConfig::Rest(rest) => {
+            let failed = |source| SinkError::Rest {
+                catalog: name.to_string(),
+                source,
+            };
+            let session = RestSession::connect(name, rest).await.map_err(failed)?;
+            let catalog = RestCatalog::new(session.clone(), rest.s3.clone());
+            catalog
+                .list_namespaces(None)
+                .await
+                .map_err(|source| SinkError::Unreachable {
+                    catalog: name.to_string(),
+                    detail: format!("REST catalog at {}", rest.uri),
+                    source: Box::new(source),
+                })?;
+            Ok(OpenCatalog {
+                catalog: Arc::new(catalog),
+                rest: Some(session),
+            })
         }
     }
 }

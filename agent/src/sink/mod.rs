@@ -1,6 +1,7 @@
 //! Sink stage: Parquet data files and Iceberg commits.
 //!
-//! - `catalog`: opens the configured catalog (embedded SQLite + local warehouse today).
+//! - `catalog`: opens the configured catalog (embedded SQLite + local warehouse, or REST).
+//! - `rest`: the Iceberg REST catalog client (OAuth2, vended credentials, S3).
 //! - `table`: loads or creates the target table, evolves its schema, writes Parquet files
 //!   and commits them as one snapshot that carries the Kafka offsets.
 //! - `fence`: a thin catalog wrapper that re-checks, at every commit attempt, that no
@@ -8,13 +9,14 @@
 
 mod catalog;
 mod fence;
+pub mod rest;
 mod table;
 
 use std::time::Duration;
 
 use serde::Deserialize;
 
-pub use catalog::{CatalogConfig, open_catalog};
+pub use catalog::{CatalogConfig, OpenCatalog, open, open_catalog};
 pub use fence::FencedCatalog;
 pub use table::{CommitOutcome, TableSink};
 
@@ -136,6 +138,14 @@ pub enum SinkError {
         detail: String,
         /// The cause.
         source: Box<iceberg::Error>,
+    },
+    /// A REST catalog could not be opened (no answer, credential refused, wrong URI).
+    #[error("catalog {catalog:?}: {source}")]
+    Rest {
+        /// Catalog name from the config.
+        catalog: String,
+        /// The cause.
+        source: rest::RestError,
     },
     /// The target table does not exist and `create_table` is off.
     #[error("table {0} does not exist; create it or set `create_table = true`")]
