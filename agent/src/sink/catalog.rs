@@ -26,7 +26,7 @@ pub enum CatalogConfig {
         warehouse: PathBuf,
     },
     /// An Iceberg REST catalog (Polaris, Lakekeeper, Nessie, ...), tables on S3.
-    Rest(RestCatalogConfig),
+    Rest(Box<RestCatalogConfig>),
 }
 
 impl CatalogConfig {

@@ -189,14 +189,14 @@ impl RestSession {
                 source,
             })?;
             let status = response.status();
-            if status == StatusCode::UNAUTHORIZED && !retried {
-                if let Some(token) = &bearer
-                    && self.inner.tokens.reject(token).await
-                {
-                    tracing::info!(catalog = %self.inner.catalog, %operation, "token rejected (401); fetching a new one");
-                    retried = true;
-                    continue;
-                }
+            if status == StatusCode::UNAUTHORIZED
+                && !retried
+                && let Some(token) = &bearer
+                && self.inner.tokens.reject(token).await
+            {
+                tracing::info!(catalog = %self.inner.catalog, %operation, "token rejected (401); fetching a new one");
+                retried = true;
+                continue;
             }
             let text = response.text().await.unwrap_or_default();
             if !status.is_success() {
