@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use floe_tests::rest::{READER, RestStack, TokenPolicy, WRITER, pipeline_toml, wait_for_rows};
-use floe_tests::{AgentProcess, Broker, Message, floe_cmd};
+use floe_tests::{
+    AgentProcess, Broker, Message, PipelineSpec, Workspace, floe_cmd, free_port, spawn_agent,
+};
 
 fn messages(from: i64, to: i64) -> Vec<Message> {
     (from..to)
@@ -255,5 +257,62 @@ async fn credential_privilege_and_path_errors_are_clear() -> Result<()> {
         "{out}"
     );
     eprintln!("error test took {:?}", started.elapsed());
+    Ok(())
+}
+
+/// `floe check` on the embedded catalog: before the first run the missing table is fine
+/// (create_table = true) and storage is skipped; after it every step passes, storage
+/// included; a broker that is not there fails with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_works_for_the_embedded_catalog() -> Result<()> {
+    let broker = Broker::start()?;
+    broker.create_topic("logs", 1).await?;
+    let ws = Workspace::new()?;
+    let spec = PipelineSpec {
+        name: "logs",
+        bootstrap: &broker.bootstrap,
+        topic: "logs",
+        namespace: "ops",
+        table: "logs",
+        commit_interval: "1s",
+    };
+    let config = ws.write_config(&spec)?;
+    let run_check = || floe_cmd(&["check", "--config", config.to_str().unwrap()]);
+    let (code, stdout, stderr) = run_check()?;
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("created on the first commit"), "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.contains("storage") && l.contains("skip")),
+        "{stdout}"
+    );
+
+    broker.produce("logs", &messages(0, 5)).await?;
+    let agent = spawn_agent(&config)?;
+    ws.wait_for_rows("ops", "logs", 5, Duration::from_secs(60))
+        .await?;
+    agent.stop().await?;
+    let (code, stdout, _) = run_check()?;
+    assert_eq!(code, 0, "{stdout}");
+    assert!(stdout.contains("wrote and deleted file://"), "{stdout}");
+    assert!(
+        stdout.contains("check: 6 ok, 0 failed, 1 skipped"),
+        "{stdout}"
+    );
+
+    let dead = format!("127.0.0.1:{}", free_port());
+    std::fs::write(
+        &config,
+        std::fs::read_to_string(&config)?.replace(&broker.bootstrap, &dead),
+    )?;
+    let (code, stdout, _) = run_check()?;
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.contains("broker") && l.contains("FAIL")),
+        "{stdout}"
+    );
     Ok(())
 }
