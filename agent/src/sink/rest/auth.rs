@@ -210,6 +210,53 @@ fn refresh_delay(expires_in: u64) -> Duration {
 mod tests {
     use super::*;
 
+    fn config(extra: &str) -> RestCatalogConfig {
+        toml::from_str(&format!(
+            "uri = \"http://127.0.0.1:1/api/catalog\"\n{extra}"
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn credential_sources() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("polaris");
+        std::fs::write(&file, "etl:from-file\n").unwrap();
+        let source = TokenSource::from_config(&config(&format!(
+            "credential_file = \"{}\"\nscope = \"PRINCIPAL_ROLE:ALL\"",
+            file.display()
+        )))
+        .unwrap();
+        let TokenSource::ClientCredentials {
+            endpoint,
+            client_id,
+            client_secret,
+            scope,
+            ..
+        } = &source
+        else {
+            panic!("expected client credentials");
+        };
+        assert_eq!(endpoint, "http://127.0.0.1:1/api/catalog/v1/oauth/tokens");
+        assert_eq!(client_id, "etl");
+        assert_eq!(client_secret.expose(), "from-file");
+        assert_eq!(scope.as_deref(), Some("PRINCIPAL_ROLE:ALL"));
+        let missing = TokenSource::from_config(&config("credential_file = \"/nonexistent/x\""));
+        assert!(
+            matches!(&missing, Err(RestError::Config(m)) if m.contains("cannot read credential_file /nonexistent/x")),
+            "{:?}",
+            missing.err()
+        );
+        assert!(matches!(
+            TokenSource::from_config(&config("token = \"t\"")),
+            Ok(TokenSource::Static(_))
+        ));
+        assert!(matches!(
+            TokenSource::from_config(&config("")),
+            Ok(TokenSource::Anonymous)
+        ));
+    }
+
     #[test]
     fn tokens_are_renewed_before_they_run_out() {
         assert_eq!(refresh_delay(3), Duration::from_millis(2400));
