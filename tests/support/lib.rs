@@ -21,6 +21,8 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::Value;
 
+pub mod rest;
+
 /// The repository root.
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -29,7 +31,7 @@ pub fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
-fn tool(var: &str) -> PathBuf {
+pub(crate) fn tool(var: &str) -> PathBuf {
     match std::env::var_os(var) {
         Some(p) => PathBuf::from(p),
         None => panic!(

@@ -121,6 +121,9 @@ impl Config {
                 for (name, value) in t {
                     let path = format!("catalogs.{name}");
                     if let Some(c) = section::<CatalogConfig>(value, &path, &mut errors) {
+                        for (field, message) in c.problems() {
+                            errors.push(err(&format!("{path}.{field}"), &message));
+                        }
                         catalogs.insert(name, c);
                     }
                 }

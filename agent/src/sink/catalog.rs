@@ -10,16 +10,19 @@ use iceberg_catalog_sql::SqlCatalogBuilder;
 use serde::Deserialize;
 
 use super::SinkError;
-use super::commit::{CommitBackend, SqlBackend};
+use super::commit::{CommitBackend, RestBackend, SqlBackend};
+use super::rest::{RestCatalog, RestCatalogConfig, RestSession};
 
-/// An open catalog: the `Catalog` for reads and table creation, and the backend our
-/// commit layer uses for snapshot commits.
+/// An open catalog: the `Catalog` for reads and table creation, the backend our commit
+/// layer uses for snapshot commits and, for a REST catalog, its session.
 #[derive(Debug, Clone)]
 pub struct CatalogHandle {
     /// Loads, lists and creates tables.
     pub catalog: Arc<dyn Catalog>,
     /// Applies commits (see [`super::commit`]).
     pub committer: Arc<dyn CommitBackend>,
+    /// The REST session, for `type = "rest"` (token checks in `floe check`).
+    pub rest: Option<RestSession>,
 }
 
 /// `[catalogs.NAME]`.
@@ -35,6 +38,18 @@ pub enum CatalogConfig {
         /// Directory holding table data and metadata (created if missing).
         warehouse: PathBuf,
     },
+    /// An Iceberg REST catalog (Polaris, Lakekeeper, Nessie, ...), tables on S3.
+    Rest(Box<RestCatalogConfig>),
+}
+
+impl CatalogConfig {
+    /// Problems serde cannot see, as `(field, message)` pairs.
+    pub fn problems(&self) -> Vec<(String, String)> {
+        match self {
+            CatalogConfig::Embedded { .. } => Vec::new(),
+            CatalogConfig::Rest(rest) => rest.problems(),
+        }
+    }
 }
 
 /// Opens a catalog and checks that it answers (by listing namespaces).
@@ -77,6 +92,28 @@ pub async fn open_catalog(name: &str, config: &CatalogConfig) -> Result<CatalogH
             Ok(CatalogHandle {
                 catalog: Arc::new(catalog),
                 committer,
+                rest: None,
+            })
+        }
+        CatalogConfig::Rest(rest) => {
+            let failed = |source| SinkError::Rest {
+                catalog: name.to_string(),
+                source,
+            };
+            let session = RestSession::connect(name, rest).await.map_err(failed)?;
+            let catalog = RestCatalog::new(session.clone(), rest.s3.clone());
+            catalog
+                .list_namespaces(None)
+                .await
+                .map_err(|source| SinkError::Unreachable {
+                    catalog: name.to_string(),
+                    detail: format!("REST catalog at {}", rest.uri),
+                    source: Box::new(source),
+                })?;
+            Ok(CatalogHandle {
+                catalog: Arc::new(catalog),
+                committer: RestBackend::new(session.clone()),
+                rest: Some(session),
             })
         }
     }

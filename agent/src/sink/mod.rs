@@ -1,6 +1,7 @@
 //! Sink stage: Parquet data files and Iceberg commits.
 //!
-//! - `catalog`: opens the configured catalog (embedded SQLite + local warehouse today).
+//! - `catalog`: opens the configured catalog (embedded SQLite + local warehouse, or REST).
+//! - `rest`: the Iceberg REST catalog client (OAuth2, vended credentials, S3).
 //! - `table`: loads or creates the target table, evolves its schema, writes Parquet files
 //!   and commits them as one snapshot that carries the Kafka offsets.
 //! - `commit`: our own snapshot commit (data and delete files) with the exactly-once
@@ -8,6 +9,7 @@
 
 mod catalog;
 pub mod commit;
+pub mod rest;
 mod table;
 pub mod upsert;
 
@@ -170,6 +172,14 @@ pub enum SinkError {
         detail: String,
         /// The cause.
         source: Box<iceberg::Error>,
+    },
+    /// A REST catalog could not be opened (no answer, credential refused, wrong URI).
+    #[error("catalog {catalog:?}: {source}")]
+    Rest {
+        /// Catalog name from the config.
+        catalog: String,
+        /// The cause.
+        source: rest::RestError,
     },
     /// The target table does not exist and `create_table` is off.
     #[error("table {0} does not exist; create it or set `create_table = true`")]

@@ -13,6 +13,8 @@ use iceberg::table::Table;
 use iceberg::{MetadataLocation, TableRequirement, TableUpdate};
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 
+use crate::sink::rest::{RestCatalog, RestError, RestSession};
+
 /// Why a commit did not land.
 #[derive(Debug, thiserror::Error)]
 pub enum CommitError {
@@ -126,5 +128,76 @@ impl CommitBackend for SqlBackend {
             .runtime(iceberg::Runtime::try_current().map_err(failed)?)
             .build()
             .map_err(failed)
+    }
+}
+
+/// Commits through a REST catalog's commit-table endpoint
+/// (`POST /v1/{prefix}/namespaces/{ns}/tables/{table}` with requirements and updates).
+#[derive(Debug, Clone)]
+pub struct RestBackend {
+    session: RestSession,
+}
+
+impl RestBackend {
+    /// Commits through `session` (the catalog's authenticated request path).
+    pub fn new(session: RestSession) -> Arc<Self> {
+        Arc::new(RestBackend { session })
+    }
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+struct CommitAnswer {
+    metadata_location: String,
+    metadata: iceberg::spec::TableMetadata,
+}
+
+#[async_trait]
+impl CommitBackend for RestBackend {
+    async fn commit(
+        &self,
+        base: &Table,
+        requirements: Vec<TableRequirement>,
+        updates: Vec<TableUpdate>,
+    ) -> Result<Table, CommitError> {
+        let ident = base.identifier();
+        let body = serde_json::json!({
+            "identifier": {"namespace": ident.namespace().as_ref(), "name": ident.name()},
+            "requirements": requirements,
+            "updates": updates,
+        });
+        let path = RestCatalog::table_path(ident);
+        let answer = match self
+            .session
+            .send(reqwest::Method::POST, &path, Some(&body))
+            .await
+        {
+            Ok(answer) => answer,
+            Err(e) => {
+                return Err(match e.status() {
+                    Some(409) => CommitError::Conflict(e.to_string()),
+                    // The spec's "commit state unknown": the catalog may have applied it.
+                    Some(500 | 502 | 503 | 504) => CommitError::Unknown(e.to_string()),
+                    // The request may have reached the catalog before the connection broke.
+                    None if matches!(e, RestError::Http { .. }) => {
+                        CommitError::Unknown(e.to_string())
+                    }
+                    _ => CommitError::Failed(e.to_string()),
+                });
+            }
+        };
+        let answer: CommitAnswer = serde_json::from_value(answer)
+            .map_err(|e| CommitError::Unknown(format!("unreadable commit answer: {e}")))?;
+        // The table's FileIO (with its renewing vended credentials) stays valid.
+        Table::builder()
+            .identifier(ident.clone())
+            .metadata(answer.metadata)
+            .metadata_location(answer.metadata_location)
+            .file_io(base.file_io().clone())
+            .runtime(
+                iceberg::Runtime::try_current().map_err(|e| CommitError::Failed(e.to_string()))?,
+            )
+            .build()
+            .map_err(|e| CommitError::Failed(e.to_string()))
     }
 }

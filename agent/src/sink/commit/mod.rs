@@ -29,7 +29,7 @@ use iceberg::spec::{Operation, Schema};
 use iceberg::table::Table;
 use iceberg::{Catalog, TableIdent};
 
-pub use backend::{CommitBackend, CommitError, SqlBackend};
+pub use backend::{CommitBackend, CommitError, RestBackend, SqlBackend};
 pub use snapshot::StagedSnapshot;
 
 use crate::offsets::{COMMIT_KEY, OffsetMap};

@@ -1,0 +1,400 @@
+//! An Iceberg [`Catalog`] over a [`RestSession`]: the wire types come from
+//! iceberg-catalog-rest, the requests go through our session so that tokens are
+//! renewed, errors say what to do and tables get their vended storage credentials.
+
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+use iceberg::table::Table;
+use iceberg::{
+    Catalog, Error, ErrorKind, Namespace, NamespaceIdent, Result, TableCommit, TableCreation,
+    TableIdent,
+};
+use iceberg_catalog_rest::{
+    CommitTableRequest, CommitTableResponse, CreateNamespaceRequest, CreateTableRequest,
+    ListNamespaceResponse, ListTablesResponse, LoadTableResult, NamespaceResponse,
+    RegisterTableRequest, RenameTableRequest,
+};
+use reqwest::Method;
+use serde_json::Value;
+
+use super::config::S3Settings;
+use super::session::{RestSession, encode, namespace_path};
+use super::storage::table_file_io;
+
+/// A REST catalog. Every table it returns writes with the storage credentials in use
+/// (vended, renewed before they expire; or the agent's own).
+#[derive(Debug)]
+pub struct RestCatalog {
+    session: RestSession,
+    s3: S3Settings,
+}
+
+impl RestCatalog {
+    /// A catalog over an open session.
+    pub fn new(session: RestSession, s3: S3Settings) -> RestCatalog {
+        RestCatalog { session, s3 }
+    }
+
+    /// The session, for requests the `Catalog` trait has no method for.
+    pub fn session(&self) -> &RestSession {
+        &self.session
+    }
+
+    /// Path of a table's endpoint, relative to `{uri}/v1/{prefix}/`.
+    pub(crate) fn table_path(ident: &TableIdent) -> String {
+        format!(
+            "namespaces/{}/tables/{}",
+            namespace_path(ident.namespace().as_ref()),
+            encode(ident.name())
+        )
+    }
+
+    fn to_table(&self, ident: &TableIdent, loaded: LoadTableResult) -> Result<Table> {
+        let location = loaded.metadata.location().to_string();
+        let file_io = table_file_io(
+            &self.session,
+            &self.s3,
+            &Self::table_path(ident),
+            &location,
+            &loaded.config,
+            loaded.storage_credentials.as_deref().unwrap_or_default(),
+        )
+        .map_err(|e| e.into_iceberg(ErrorKind::Unexpected))?;
+        let mut builder = Table::builder()
+            .identifier(ident.clone())
+            .metadata(loaded.metadata)
+            .file_io(file_io);
+        if let Some(l) = loaded.metadata_location {
+            builder = builder.metadata_location(l);
+        }
+        builder.build()
+    }
+
+    async fn json<T: serde::de::DeserializeOwned>(
+        &self,
+        operation: String,
+        method: Method,
+        path: &str,
+        query: &[(&str, &str)],
+        body: Option<Value>,
+        not_found: ErrorKind,
+    ) -> Result<T> {
+        self.session
+            .call_as(&operation, method, path, query, body.as_ref())
+            .await
+            .map_err(|e| e.into_iceberg(not_found))
+    }
+
+    async fn no_content(
+        &self,
+        operation: String,
+        method: Method,
+        path: &str,
+        query: &[(&str, &str)],
+        body: Option<Value>,
+        not_found: ErrorKind,
+    ) -> Result<()> {
+        self.session
+            .call(&operation, method, path, query, body.as_ref())
+            .await
+            .map(|_| ())
+            .map_err(|e| e.into_iceberg(not_found))
+    }
+
+    async fn exists(&self, operation: String, path: &str) -> Result<bool> {
+        match self
+            .session
+            .call(&operation, Method::HEAD, path, &[], None)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if e.status() == Some(404) => Ok(false),
+            Err(e) => Err(e.into_iceberg(ErrorKind::Unexpected)),
+        }
+    }
+}
+
+fn body(value: impl serde::Serialize) -> Result<Option<Value>> {
+    serde_json::to_value(value).map(Some).map_err(|e| {
+        Error::new(
+            ErrorKind::DataInvalid,
+            format!("cannot encode request: {e}"),
+        )
+    })
+}
+
+#[async_trait]
+impl Catalog for RestCatalog {
+    async fn list_namespaces(
+        &self,
+        parent: Option<&NamespaceIdent>,
+    ) -> Result<Vec<NamespaceIdent>> {
+        let parent_arg = parent.map(|p| p.as_ref().join("\u{1f}"));
+        let mut out = Vec::new();
+        let mut page: Option<String> = None;
+        loop {
+            let mut query = Vec::new();
+            if let Some(p) = &parent_arg {
+                query.push(("parent", p.as_str()));
+            }
+            if let Some(t) = &page {
+                query.push(("pageToken", t.as_str()));
+            }
+            let answer: ListNamespaceResponse = self
+                .json(
+                    "list namespaces".into(),
+                    Method::GET,
+                    "namespaces",
+                    &query,
+                    None,
+                    ErrorKind::NamespaceNotFound,
+                )
+                .await?;
+            out.extend(answer.namespaces);
+            match answer.next_page_token {
+                Some(t) if !t.is_empty() => page = Some(t),
+                _ => return Ok(out),
+            }
+        }
+    }
+
+    async fn create_namespace(
+        &self,
+        namespace: &NamespaceIdent,
+        properties: HashMap<String, String>,
+    ) -> Result<Namespace> {
+        let request = CreateNamespaceRequest {
+            namespace: namespace.clone(),
+            properties,
+        };
+        let answer: NamespaceResponse = self
+            .json(
+                format!("create namespace {}", namespace.to_url_string()),
+                Method::POST,
+                "namespaces",
+                &[],
+                body(request)?,
+                ErrorKind::NamespaceNotFound,
+            )
+            .await?;
+        Ok(Namespace::with_properties(
+            answer.namespace,
+            answer.properties,
+        ))
+    }
+
+    async fn get_namespace(&self, namespace: &NamespaceIdent) -> Result<Namespace> {
+        let answer: NamespaceResponse = self
+            .json(
+                format!("get namespace {}", namespace.to_url_string()),
+                Method::GET,
+                &format!("namespaces/{}", namespace_path(namespace.as_ref())),
+                &[],
+                None,
+                ErrorKind::NamespaceNotFound,
+            )
+            .await?;
+        Ok(Namespace::with_properties(
+            answer.namespace,
+            answer.properties,
+        ))
+    }
+
+    async fn namespace_exists(&self, namespace: &NamespaceIdent) -> Result<bool> {
+        self.exists(
+            format!("check namespace {}", namespace.to_url_string()),
+            &format!("namespaces/{}", namespace_path(namespace.as_ref())),
+        )
+        .await
+    }
+
+    async fn update_namespace(
+        &self,
+        namespace: &NamespaceIdent,
+        properties: HashMap<String, String>,
+    ) -> Result<()> {
+        self.no_content(
+            format!("update namespace {}", namespace.to_url_string()),
+            Method::POST,
+            &format!(
+                "namespaces/{}/properties",
+                namespace_path(namespace.as_ref())
+            ),
+            &[],
+            Some(serde_json::json!({ "removals": [], "updates": properties })),
+            ErrorKind::NamespaceNotFound,
+        )
+        .await
+    }
+
+    async fn drop_namespace(&self, namespace: &NamespaceIdent) -> Result<()> {
+        self.no_content(
+            format!("drop namespace {}", namespace.to_url_string()),
+            Method::DELETE,
+            &format!("namespaces/{}", namespace_path(namespace.as_ref())),
+            &[],
+            None,
+            ErrorKind::NamespaceNotFound,
+        )
+        .await
+    }
+
+    async fn list_tables(&self, namespace: &NamespaceIdent) -> Result<Vec<TableIdent>> {
+        let path = format!("namespaces/{}/tables", namespace_path(namespace.as_ref()));
+        let mut out = Vec::new();
+        let mut page: Option<String> = None;
+        loop {
+            let query: Vec<(&str, &str)> = page.iter().map(|t| ("pageToken", t.as_str())).collect();
+            let answer: ListTablesResponse = self
+                .json(
+                    format!("list tables of {}", namespace.to_url_string()),
+                    Method::GET,
+                    &path,
+                    &query,
+                    None,
+                    ErrorKind::NamespaceNotFound,
+                )
+                .await?;
+            out.extend(answer.identifiers);
+            match answer.next_page_token {
+                Some(t) if !t.is_empty() => page = Some(t),
+                _ => return Ok(out),
+            }
+        }
+    }
+
+    async fn create_table(
+        &self,
+        namespace: &NamespaceIdent,
+        creation: TableCreation,
+    ) -> Result<Table> {
+        let ident = TableIdent::new(namespace.clone(), creation.name.clone());
+        let request = CreateTableRequest {
+            name: creation.name,
+            location: creation.location,
+            schema: creation.schema,
+            partition_spec: creation.partition_spec,
+            write_order: creation.sort_order,
+            stage_create: None,
+            properties: creation.properties,
+        };
+        let loaded: LoadTableResult = self
+            .json(
+                format!("create table {ident}"),
+                Method::POST,
+                &format!("namespaces/{}/tables", namespace_path(namespace.as_ref())),
+                &[],
+                body(request)?,
+                ErrorKind::NamespaceNotFound,
+            )
+            .await?;
+        self.to_table(&ident, loaded)
+    }
+
+    async fn load_table(&self, table: &TableIdent) -> Result<Table> {
+        let loaded: LoadTableResult = self
+            .json(
+                format!("load table {table}"),
+                Method::GET,
+                &Self::table_path(table),
+                &[],
+                None,
+                ErrorKind::TableNotFound,
+            )
+            .await?;
+        self.to_table(table, loaded)
+    }
+
+    async fn drop_table(&self, table: &TableIdent) -> Result<()> {
+        self.no_content(
+            format!("drop table {table}"),
+            Method::DELETE,
+            &Self::table_path(table),
+            &[],
+            None,
+            ErrorKind::TableNotFound,
+        )
+        .await
+    }
+
+    async fn purge_table(&self, table: &TableIdent) -> Result<()> {
+        self.no_content(
+            format!("purge table {table}"),
+            Method::DELETE,
+            &Self::table_path(table),
+            &[("purgeRequested", "true")],
+            None,
+            ErrorKind::TableNotFound,
+        )
+        .await
+    }
+
+    async fn table_exists(&self, table: &TableIdent) -> Result<bool> {
+        self.exists(format!("check table {table}"), &Self::table_path(table))
+            .await
+    }
+
+    async fn rename_table(&self, src: &TableIdent, dest: &TableIdent) -> Result<()> {
+        let request = RenameTableRequest {
+            source: src.clone(),
+            destination: dest.clone(),
+        };
+        self.no_content(
+            format!("rename table {src} to {dest}"),
+            Method::POST,
+            "tables/rename",
+            &[],
+            body(request)?,
+            ErrorKind::TableNotFound,
+        )
+        .await
+    }
+
+    async fn register_table(&self, table: &TableIdent, metadata_location: String) -> Result<Table> {
+        let request = RegisterTableRequest {
+            name: table.name().to_string(),
+            metadata_location,
+            overwrite: None,
+        };
+        let loaded: LoadTableResult = self
+            .json(
+                format!("register table {table}"),
+                Method::POST,
+                &format!(
+                    "namespaces/{}/register",
+                    namespace_path(table.namespace().as_ref())
+                ),
+                &[],
+                body(request)?,
+                ErrorKind::NamespaceNotFound,
+            )
+            .await?;
+        self.to_table(table, loaded)
+    }
+
+    async fn update_table(&self, mut commit: TableCommit) -> Result<Table> {
+        let ident = commit.identifier().clone();
+        let request = CommitTableRequest {
+            identifier: Some(ident.clone()),
+            requirements: commit.take_requirements(),
+            updates: commit.take_updates(),
+        };
+        let answer: CommitTableResponse = self
+            .json(
+                format!("commit to table {ident}"),
+                Method::POST,
+                &Self::table_path(&ident),
+                &[],
+                body(request)?,
+                ErrorKind::TableNotFound,
+            )
+            .await?;
+        // A commit answer carries no storage credentials: load the table again for them.
+        let loaded = self.load_table(&ident).await?;
+        if loaded.metadata_location() != Some(answer.metadata_location.as_str()) {
+            tracing::debug!(table = %ident, "table moved on after our commit");
+        }
+        Ok(loaded)
+    }
+}

@@ -1,0 +1,231 @@
+//! `[catalogs.NAME]` with `type = "rest"`: the settings Flink, Trino and PyIceberg users
+//! know (`uri`, `warehouse`, `credential`, `scope`, `header.*`, `s3.*`).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// A string that never appears in logs or `Debug` output.
+#[derive(Clone, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a value.
+    pub fn new(value: impl Into<String>) -> Secret {
+        Secret(value.into())
+    }
+
+    /// The value itself; only for sending it where it belongs.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("\"***\"")
+    }
+}
+
+/// Whether the catalog hands out storage credentials for each table.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum AccessDelegation {
+    /// Send `X-Iceberg-Access-Delegation: vended-credentials` and write with what the
+    /// catalog returns for each table.
+    #[default]
+    VendedCredentials,
+    /// Write with the agent's own storage credentials (`s3.*`, else the AWS chain).
+    None,
+}
+
+/// The agent's own S3 settings (`s3.endpoint`, `s3.region`, `s3.path-style-access`, keys).
+/// With vended credentials only endpoint, region and addressing are used.
+#[derive(Clone, Default, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct S3Settings {
+    /// Endpoint of an S3-compatible store, e.g. `http://127.0.0.1:9000`.
+    pub endpoint: Option<String>,
+    /// Region (`us-east-1` when neither this nor the catalog says).
+    pub region: Option<String>,
+    /// Path-style addressing (`http://host/bucket/key`), which most S3-compatible stores need.
+    pub path_style_access: Option<bool>,
+    /// Static access key id; without it the standard AWS chain is used
+    /// (environment, profile, web identity, instance metadata).
+    pub access_key_id: Option<String>,
+    /// Static secret access key.
+    pub secret_access_key: Option<Secret>,
+    /// Session token of temporary static credentials.
+    pub session_token: Option<Secret>,
+}
+
+impl fmt::Debug for S3Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("S3Settings")
+            .field("endpoint", &self.endpoint)
+            .field("region", &self.region)
+            .field("path_style_access", &self.path_style_access)
+            .field("access_key_id", &self.access_key_id)
+            .field("secret_access_key", &self.secret_access_key)
+            .field("session_token", &self.session_token)
+            .finish()
+    }
+}
+
+impl S3Settings {
+    /// These settings as Iceberg FileIO properties (`s3.endpoint`, ...).
+    pub fn file_io_props(&self, with_keys: bool) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        if let Some(e) = &self.endpoint {
+            out.push(("s3.endpoint".into(), e.clone()));
+        }
+        if let Some(r) = &self.region {
+            out.push(("s3.region".into(), r.clone()));
+        }
+        if let Some(p) = self.path_style_access {
+            out.push(("s3.path-style-access".into(), p.to_string()));
+        }
+        if with_keys {
+            if let Some(k) = &self.access_key_id {
+                out.push(("s3.access-key-id".into(), k.clone()));
+            }
+            if let Some(s) = &self.secret_access_key {
+                out.push(("s3.secret-access-key".into(), s.expose().to_string()));
+            }
+            if let Some(t) = &self.session_token {
+                out.push(("s3.session-token".into(), t.expose().to_string()));
+            }
+        }
+        out
+    }
+}
+
+/// An Iceberg REST catalog (Apache Polaris, Lakekeeper, Nessie, Gravitino, Unity, ...).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestCatalogConfig {
+    /// Base URI, e.g. `http://polaris:8181/api/catalog` (requests go to `{uri}/v1/...`).
+    pub uri: String,
+    /// Warehouse: for Polaris the catalog name, for others often a location.
+    pub warehouse: Option<String>,
+    /// OAuth2 client credentials `client_id:client_secret` (use `${ENV_VAR}`).
+    pub credential: Option<Secret>,
+    /// A file holding `client_id:client_secret` (surrounding whitespace ignored).
+    pub credential_file: Option<PathBuf>,
+    /// OAuth2 scope, e.g. `PRINCIPAL_ROLE:ALL` (Polaris requires one).
+    pub scope: Option<String>,
+    /// Token endpoint; default `{uri}/v1/oauth/tokens`.
+    #[serde(alias = "oauth2-server-uri")]
+    pub oauth2_server_uri: Option<String>,
+    /// A static bearer token instead of client credentials (not refreshed).
+    pub token: Option<Secret>,
+    /// Extra HTTP headers sent with every catalog request (`header.X-Name = "v"` works too).
+    #[serde(default, alias = "header")]
+    pub headers: BTreeMap<String, String>,
+    /// `vended-credentials` (default) or `none`.
+    #[serde(default, alias = "access-delegation")]
+    pub access_delegation: AccessDelegation,
+    /// The agent's own S3 settings (`s3.endpoint`, `s3.region`, `s3.path-style-access`, keys).
+    #[serde(default)]
+    pub s3: S3Settings,
+}
+
+impl RestCatalogConfig {
+    /// Problems serde cannot see, as `(field, message)` pairs.
+    pub fn problems(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        if !(self.uri.starts_with("http://") || self.uri.starts_with("https://")) {
+            out.push(("uri".into(), "must start with http:// or https://".into()));
+        }
+        let given = [
+            self.credential.is_some(),
+            self.credential_file.is_some(),
+            self.token.is_some(),
+        ];
+        if given.iter().filter(|g| **g).count() > 1 {
+            out.push((
+                "credential".into(),
+                "set only one of credential, credential_file and token".into(),
+            ));
+        }
+        if let Some(c) = &self.credential
+            && !valid_client_credential(c.expose())
+        {
+            out.push((
+                "credential".into(),
+                "must be client_id:client_secret (both non-empty)".into(),
+            ));
+        }
+        for name in self.headers.keys() {
+            if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                out.push((format!("headers.{name}"), "not a valid header name".into()));
+            }
+        }
+        out
+    }
+
+    /// The token endpoint.
+    pub fn token_endpoint(&self) -> String {
+        self.oauth2_server_uri
+            .clone()
+            .unwrap_or_else(|| format!("{}/v1/oauth/tokens", self.uri.trim_end_matches('/')))
+    }
+}
+
+/// Whether `text` reads `client_id:client_secret` with both parts present.
+pub(crate) fn valid_client_credential(text: &str) -> bool {
+    text.split_once(':')
+        .is_some_and(|(id, secret)| !id.trim().is_empty() && !secret.trim().is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flink_style_keys_parse_and_secrets_stay_hidden() {
+        let c: RestCatalogConfig = toml::from_str(
+            r#"
+uri = "http://polaris:8181/api/catalog"
+warehouse = "prod"
+credential = "etl:s3cr3t"
+scope = "PRINCIPAL_ROLE:ALL"
+header.X-Tenant = "acme"
+s3.endpoint = "http://127.0.0.1:9000"
+s3.path-style-access = true
+s3.secret-access-key = "hidden-key"
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.access_delegation, AccessDelegation::VendedCredentials);
+        assert_eq!(c.headers["X-Tenant"], "acme");
+        assert_eq!(c.s3.path_style_access, Some(true));
+        assert_eq!(
+            c.token_endpoint(),
+            "http://polaris:8181/api/catalog/v1/oauth/tokens"
+        );
+        assert!(c.problems().is_empty(), "{:?}", c.problems());
+        let debug = format!("{c:?}");
+        assert!(
+            !debug.contains("s3cr3t") && !debug.contains("hidden-key"),
+            "{debug}"
+        );
+    }
+
+    #[test]
+    fn conflicting_or_malformed_credentials_are_reported() {
+        let c: RestCatalogConfig =
+            toml::from_str("uri = \"polaris:8181\"\ncredential = \"only-id\"\ntoken = \"t\"")
+                .unwrap();
+        let fields: Vec<_> = c.problems().into_iter().map(|p| p.0).collect();
+        assert_eq!(fields, ["uri", "credential", "credential"]);
+        let e = toml::from_str::<RestCatalogConfig>(
+            "uri = \"http://x\"\naccess_delegation = \"maybe\"",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("vended-credentials"), "{e}");
+    }
+}

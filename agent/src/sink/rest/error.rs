@@ -1,0 +1,116 @@
+//! Errors of the REST catalog client, worded so that a user knows what to change.
+
+use iceberg::ErrorKind;
+
+/// What went wrong talking to a REST catalog.
+#[derive(Debug, thiserror::Error)]
+pub enum RestError {
+    /// The catalog answered with a non-2xx status.
+    #[error("{operation}: {}", status_text(*status, message))]
+    Status {
+        /// HTTP status code.
+        status: u16,
+        /// What we asked for, e.g. `load table db.events`.
+        operation: String,
+        /// The server's error message (from its `ErrorModel`, else the body).
+        message: String,
+    },
+    /// The token endpoint refused the client credentials or answered badly.
+    #[error("OAuth2 token request to {endpoint} failed (HTTP {status}): {message}")]
+    Token {
+        /// Token endpoint.
+        endpoint: String,
+        /// HTTP status code.
+        status: u16,
+        /// The server's message.
+        message: String,
+    },
+    /// No answer at all (connection refused, DNS, TLS, timeout).
+    #[error("{operation}: cannot reach {url}: {source}")]
+    Http {
+        /// What we asked for.
+        operation: String,
+        /// Where.
+        url: String,
+        /// Cause.
+        source: reqwest::Error,
+    },
+    /// A 2xx answer we could not read.
+    #[error("{operation}: unexpected answer: {message}")]
+    Decode {
+        /// What we asked for.
+        operation: String,
+        /// What did not parse.
+        message: String,
+    },
+    /// Settings that cannot work (unreadable credential file, bad header).
+    #[error("{0}")]
+    Config(String),
+}
+
+fn status_text(status: u16, message: &str) -> String {
+    let hint = match status {
+        401 => {
+            "the catalog rejected the credential: it is wrong or expired (check `credential`, `credential_file` or `token`)"
+        }
+        403 => {
+            "the principal lacks the privilege for this operation (grant it in the catalog, e.g. a Polaris catalog role with TABLE_WRITE_DATA)"
+        }
+        409 => "conflict: the table changed since it was read",
+        419 => "the token expired",
+        500..=599 => "server error",
+        _ => "",
+    };
+    match (hint.is_empty(), message.is_empty()) {
+        (true, _) => format!("HTTP {status}: {message}"),
+        (false, true) => format!("HTTP {status}: {hint}"),
+        (false, false) => format!("HTTP {status}: {hint}; server says: {message}"),
+    }
+}
+
+impl RestError {
+    /// The HTTP status, if the catalog answered with one.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            RestError::Status { status, .. } | RestError::Token { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    /// As an Iceberg error of the kind the `Catalog` trait's callers look for.
+    pub(crate) fn into_iceberg(self, not_found: ErrorKind) -> iceberg::Error {
+        let kind = match self.status() {
+            Some(404) => not_found,
+            Some(409) => ErrorKind::CatalogCommitConflicts,
+            _ => ErrorKind::Unexpected,
+        };
+        let retryable = matches!(self.status(), Some(409));
+        iceberg::Error::new(kind, self.to_string()).with_retryable(retryable)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_say_what_to_do() {
+        let e = |status: u16| RestError::Status {
+            status,
+            operation: "commit table db.t".into(),
+            message: "denied".into(),
+        };
+        assert!(e(401).to_string().contains("wrong or expired"));
+        let forbidden = e(403).to_string();
+        assert!(
+            forbidden.starts_with("commit table db.t:")
+                && forbidden.contains("lacks the privilege"),
+            "{forbidden}"
+        );
+        assert_eq!(e(418).to_string(), "commit table db.t: HTTP 418: denied");
+        assert_eq!(
+            e(404).into_iceberg(ErrorKind::TableNotFound).kind(),
+            ErrorKind::TableNotFound
+        );
+    }
+}

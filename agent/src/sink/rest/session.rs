@@ -1,0 +1,315 @@
+//! One authenticated connection to a REST catalog: base path (with the prefix from
+//! `/v1/config`), bearer token (renewed), extra headers and access delegation.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+
+use super::auth::TokenSource;
+use super::config::{AccessDelegation, RestCatalogConfig};
+use super::error::RestError;
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// An authenticated client of one REST catalog; cheap to clone, shared by every table
+/// of the catalog. Tokens are renewed before they expire and once after a 401.
+#[derive(Clone)]
+pub struct RestSession {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    catalog: String,
+    uri: String,
+    /// `{uri}/v1/` or `{uri}/v1/{prefix}/`.
+    base: String,
+    http: reqwest::Client,
+    tokens: TokenSource,
+    headers: HeaderMap,
+    delegation: AccessDelegation,
+    /// Catalog properties from `/v1/config` (defaults overlaid with overrides).
+    properties: HashMap<String, String>,
+}
+
+impl std::fmt::Debug for RestSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RestSession")
+            .field("catalog", &self.inner.catalog)
+            .field("base", &self.inner.base)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RestSession {
+    /// Opens a session: reads `/v1/config` (which also proves the credential works) and
+    /// keeps the prefix it names.
+    pub async fn connect(name: &str, config: &RestCatalogConfig) -> Result<RestSession, RestError> {
+        RestSession::new(name, config)?
+            .configure(config.warehouse.as_deref())
+            .await
+    }
+
+    /// A session that has not talked to the catalog yet (see [`RestSession::configure`]).
+    pub fn new(name: &str, config: &RestCatalogConfig) -> Result<RestSession, RestError> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(REQUEST_TIMEOUT)
+            .user_agent(concat!("floe/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| RestError::Config(format!("HTTP client: {e}")))?;
+        let mut headers = HeaderMap::new();
+        if config.access_delegation == AccessDelegation::VendedCredentials {
+            headers.insert(
+                HeaderName::from_static("x-iceberg-access-delegation"),
+                HeaderValue::from_static("vended-credentials"),
+            );
+        }
+        for (k, v) in &config.headers {
+            let name = HeaderName::from_bytes(k.as_bytes())
+                .map_err(|_| RestError::Config(format!("header {k:?}: not a valid header name")))?;
+            let value = HeaderValue::from_str(v).map_err(|_| {
+                RestError::Config(format!("header {k:?}: not a valid header value"))
+            })?;
+            headers.insert(name, value);
+        }
+        let uri = config.uri.trim_end_matches('/').to_string();
+        Ok(RestSession {
+            inner: Arc::new(Inner {
+                catalog: name.to_string(),
+                base: format!("{uri}/v1/"),
+                uri: uri.clone(),
+                http,
+                tokens: TokenSource::from_config(config)?,
+                headers,
+                delegation: config.access_delegation,
+                properties: HashMap::new(),
+            }),
+        })
+    }
+
+    /// Reads `/v1/config` for `warehouse` and keeps the prefix and properties it returns.
+    pub async fn configure(mut self, warehouse: Option<&str>) -> Result<RestSession, RestError> {
+        let uri = self.inner.uri.clone();
+        let name = self.inner.catalog.clone();
+        let query: Vec<(&str, &str)> = match warehouse {
+            Some(w) => vec![("warehouse", w)],
+            None => Vec::new(),
+        };
+        let answer = self
+            .call("read catalog config", Method::GET, "config", &query, None)
+            .await
+            .map_err(|e| match e {
+                RestError::Status {
+                    status: 404,
+                    operation,
+                    message,
+                } => RestError::Status {
+                    status: 404,
+                    operation,
+                    message: format!(
+                        "no Iceberg REST API at {uri}/v1/config ({message}); check `uri` \
+                         (for Polaris it ends in /api/catalog) and `warehouse`"
+                    ),
+                },
+                other => other,
+            })?
+            .unwrap_or(Value::Null);
+        let mut properties = HashMap::new();
+        for section in ["defaults", "overrides"] {
+            if let Some(map) = answer.get(section).and_then(Value::as_object) {
+                for (k, v) in map {
+                    if let Some(v) = v.as_str() {
+                        properties.insert(k.clone(), v.to_string());
+                    }
+                }
+            }
+        }
+        let inner = Arc::get_mut(&mut self.inner).ok_or_else(|| {
+            RestError::Config("a session is configured before it is shared".into())
+        })?;
+        if let Some(prefix) = properties.get("prefix").filter(|p| !p.is_empty()) {
+            inner.base = format!("{uri}/v1/{}/", prefix.trim_matches('/'));
+        }
+        inner.properties = properties;
+        tracing::info!(catalog = %name, base = %self.inner.base, "connected to REST catalog");
+        Ok(self)
+    }
+
+    /// Sends a request to `path`, relative to `{uri}/v1/{prefix}/`, with the bearer
+    /// token, extra headers and access-delegation header; a 401 renews the token and
+    /// retries once. Returns the JSON body (`Null` for an empty 2xx answer) or
+    /// [`RestError::Status`] for any non-2xx answer.
+    pub async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Value, RestError> {
+        let operation = format!("{method} {path}");
+        let path = path.trim_start_matches('/');
+        Ok(self
+            .call(&operation, method, path, &[], body)
+            .await?
+            .unwrap_or(Value::Null))
+    }
+
+    /// Like [`RestSession::send`] with a user-facing operation name and a query string.
+    pub(crate) async fn call(
+        &self,
+        operation: &str,
+        method: Method,
+        path: &str,
+        query: &[(&str, &str)],
+        body: Option<&Value>,
+    ) -> Result<Option<Value>, RestError> {
+        let url = format!("{}{path}", self.inner.base);
+        let mut retried = false;
+        loop {
+            let bearer = self.inner.tokens.bearer(&self.inner.http).await?;
+            let mut request = self
+                .inner
+                .http
+                .request(method.clone(), &url)
+                .headers(self.inner.headers.clone())
+                .query(query);
+            if let Some(token) = &bearer {
+                request = request.bearer_auth(token);
+            }
+            if let Some(body) = body {
+                request = request.json(body);
+            }
+            let response = request.send().await.map_err(|source| RestError::Http {
+                operation: operation.to_string(),
+                url: url.clone(),
+                source,
+            })?;
+            let status = response.status();
+            if status == StatusCode::UNAUTHORIZED
+                && !retried
+                && let Some(token) = &bearer
+                && self.inner.tokens.reject(token).await
+            {
+                tracing::info!(catalog = %self.inner.catalog, %operation, "token rejected (401); fetching a new one");
+                retried = true;
+                continue;
+            }
+            let text = response.text().await.unwrap_or_default();
+            if !status.is_success() {
+                return Err(RestError::Status {
+                    status: status.as_u16(),
+                    operation: operation.to_string(),
+                    message: error_message(&text),
+                });
+            }
+            if text.trim().is_empty() {
+                return Ok(None);
+            }
+            return serde_json::from_str(&text)
+                .map(Some)
+                .map_err(|e| RestError::Decode {
+                    operation: operation.to_string(),
+                    message: format!("{e}"),
+                });
+        }
+    }
+
+    /// Like [`RestSession::call`], decoding the answer into `T`.
+    pub(crate) async fn call_as<T: serde::de::DeserializeOwned>(
+        &self,
+        operation: &str,
+        method: Method,
+        path: &str,
+        query: &[(&str, &str)],
+        body: Option<&Value>,
+    ) -> Result<T, RestError> {
+        let value = self
+            .call(operation, method, path, query, body)
+            .await?
+            .unwrap_or(Value::Null);
+        serde_json::from_value(value).map_err(|e| RestError::Decode {
+            operation: operation.to_string(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Obtains a token now; `Ok(false)` when the catalog is used without one.
+    pub async fn obtain_token(&self) -> Result<bool, RestError> {
+        Ok(self.inner.tokens.bearer(&self.inner.http).await?.is_some())
+    }
+
+    /// The base path requests go to (`{uri}/v1/{prefix}/`).
+    pub fn base(&self) -> &str {
+        &self.inner.base
+    }
+
+    /// OAuth2 tokens fetched since the session started.
+    pub fn tokens_fetched(&self) -> u64 {
+        self.inner.tokens.fetched()
+    }
+
+    /// The catalog's name in the config.
+    pub fn catalog(&self) -> &str {
+        &self.inner.catalog
+    }
+
+    /// The catalog's base URI.
+    pub fn uri(&self) -> &str {
+        &self.inner.uri
+    }
+
+    /// Whether tables come with vended storage credentials.
+    pub fn delegation(&self) -> AccessDelegation {
+        self.inner.delegation
+    }
+
+    /// Catalog properties from `/v1/config`.
+    pub fn properties(&self) -> &HashMap<String, String> {
+        &self.inner.properties
+    }
+}
+
+/// The `message` of an Iceberg `ErrorModel` body, else the body itself (shortened).
+fn error_message(body: &str) -> String {
+    let parsed: Option<Value> = serde_json::from_str(body).ok();
+    if let Some(m) = parsed
+        .as_ref()
+        .and_then(|v| v.get("error"))
+        .and_then(|e| e.get("message").or(Some(e)))
+        .and_then(Value::as_str)
+    {
+        return m.to_string();
+    }
+    body.trim().chars().take(300).collect()
+}
+
+/// A namespace as one path segment: levels joined by the unit separator, escaped.
+pub(crate) fn namespace_path(levels: &[String]) -> String {
+    encode(&levels.join("\u{1f}"))
+}
+
+/// Percent-encodes a path segment.
+pub(crate) fn encode(segment: &str) -> String {
+    percent_encoding::utf8_percent_encode(segment, percent_encoding::NON_ALPHANUMERIC).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_and_error_bodies() {
+        assert_eq!(namespace_path(&["a".into(), "b c".into()]), "a%1Fb%20c");
+        assert_eq!(
+            error_message(
+                r#"{"error":{"message":"Table does not exist: db.t","type":"NoSuchTableException","code":404}}"#
+            ),
+            "Table does not exist: db.t"
+        );
+        assert_eq!(error_message("plain text\n"), "plain text");
+    }
+}
