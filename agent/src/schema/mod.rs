@@ -17,8 +17,9 @@
 //! and the hints of [`SchemaTracker::observe_with`]) and per-field overrides from the
 //! config give the exact Iceberg type, and such a column never widens by inference.
 //! A declared widening of a committed column (int -> long, float -> double, decimal
-//! precision increase) is kept for [`SchemaTracker::evolved_schema`]. The full rules are
-//! in `docs/types.md`.
+//! precision increase) is kept for [`SchemaTracker::evolved_schema`], and from then on
+//! values are checked against the wider type: the sink commits the widened schema in
+//! the same snapshot as the data written with it. The full rules are in `docs/types.md`.
 
 pub mod avro;
 mod evolve;
@@ -632,7 +633,9 @@ fn check_value(
         (Kind::List(element), Value::Array(items)) => {
             return check_items(element, items, path, options);
         }
-        (Kind::Other(t), v) => type_accepts(t, v),
+        // A declared widening is committed with the data that needs it: the value
+        // only has to fit the wider type.
+        (Kind::Other(t), v) => type_accepts(node.widen.as_ref().unwrap_or(t), v),
         _ => false,
     };
     if ok {
@@ -640,7 +643,10 @@ fn check_value(
     } else {
         Err(Conflict {
             path: path.clone(),
-            column: describe(kind),
+            column: node
+                .widen
+                .as_ref()
+                .map_or_else(|| describe(kind), type_name),
             value: value_desc(v),
         })
     }

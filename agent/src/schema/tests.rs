@@ -233,7 +233,7 @@ fn evolved_schema_keeps_ids_and_identifier_fields_and_widens() {
         None,
         "nothing learnt, nothing to commit"
     );
-    // A value that does not fit the committed int is refused until the widening is committed.
+    // A value that does not fit the committed int is refused while nothing declares a widening.
     assert!(
         tracker
             .observe(&obj(json!({"n": 3_000_000_000_i64})))
@@ -264,6 +264,26 @@ fn evolved_schema_keeps_ids_and_identifier_fields_and_widens() {
         )),
     ]));
     tracker.declare(&declared);
+    // Declared widenings are committed with the data: values only need to fit the wider type.
+    assert!(
+        tracker
+            .observe(&obj(
+                json!({"n": 3_000_000_000_i64, "price": "1234567890.12"})
+            ))
+            .is_ok()
+    );
+    // A value that does not fit even the wider type still conflicts, naming that type.
+    let e = tracker
+        .observe(&obj(json!({"price": "12345678901.12"})))
+        .unwrap_err();
+    assert_eq!(
+        (e.path.as_str(), e.column.as_str()),
+        ("price", "decimal(12, 2)")
+    );
+    let e = tracker
+        .observe(&obj(json!({"price": "1.125"})))
+        .unwrap_err();
+    assert_eq!(e.column, "decimal(12, 2)", "the scale does not change");
     let next = tracker.evolved_schema(&table, 10).unwrap().unwrap();
     assert_eq!(next.schema_id(), 4);
     assert_eq!(next.identifier_field_ids().collect::<Vec<_>>(), [1]);
