@@ -334,3 +334,100 @@ fn declared_types_do_not_widen_by_inference() {
         "a declared column does not turn into a string"
     );
 }
+
+/// A committed table with `n: int` and `price: decimal(9,2)`.
+fn narrow_table() -> Schema {
+    use std::sync::Arc;
+
+    use iceberg::spec::{NestedField, PrimitiveType};
+
+    Schema::builder()
+        .with_fields(vec![
+            Arc::new(NestedField::optional(
+                1,
+                "n",
+                Type::Primitive(PrimitiveType::Int),
+            )),
+            Arc::new(NestedField::optional(
+                2,
+                "price",
+                Type::Primitive(PrimitiveType::Decimal {
+                    precision: 9,
+                    scale: 2,
+                }),
+            )),
+        ])
+        .build()
+        .unwrap()
+}
+
+fn declared_price(precision: u32) -> std::sync::Arc<iceberg::spec::StructType> {
+    use iceberg::spec::{NestedField, PrimitiveType, StructType};
+
+    std::sync::Arc::new(StructType::new(vec![std::sync::Arc::new(
+        NestedField::optional(
+            0,
+            "price",
+            Type::Primitive(PrimitiveType::Decimal {
+                precision,
+                scale: 2,
+            }),
+        ),
+    )]))
+}
+
+#[test]
+fn hints_widen_committed_columns_when_a_value_needs_it() {
+    use std::sync::Arc;
+
+    use iceberg::spec::{NestedField, PrimitiveType, StructType};
+
+    // Through plugins the writer schema is a hint per record, not a declaration.
+    let table = narrow_table();
+    let hints = StructType::new(vec![Arc::new(NestedField::optional(
+        0,
+        "n",
+        Type::Primitive(PrimitiveType::Long),
+    ))]);
+    let mut t = SchemaTracker::from_table(&table);
+    assert!(t.observe_with(&obj(json!({"n": 5})), Some(&hints)).is_ok());
+    assert_eq!(
+        t.evolved_schema(&table, 2).unwrap(),
+        None,
+        "a value that fits the column needs no widening"
+    );
+    let wide = obj(json!({"n": 3_000_000_000_i64}));
+    assert!(t.observe(&wide).is_err(), "without the hint it conflicts");
+    assert!(t.observe_with(&wide, Some(&hints)).is_ok());
+    let next = t.evolved_schema(&table, 2).unwrap().unwrap();
+    assert_eq!(
+        type_name(&next.field_by_name("n").unwrap().field_type),
+        "long"
+    );
+    assert_eq!(next.field_by_name("n").unwrap().id, 1);
+    // Once widened, the column takes wide values without the hint too.
+    assert!(t.observe(&wide).is_ok());
+}
+
+#[test]
+fn a_later_declaration_never_narrows_a_widening() {
+    let table = narrow_table();
+    let mut t = SchemaTracker::from_table(&table);
+    t.declare(&declared_price(12));
+    let big = obj(json!({"price": "1234567890.12"}));
+    assert!(t.observe(&big).is_ok());
+    // A later writer schema with less precision than the first: values already accepted
+    // for decimal(12,2) must still fit the committed type.
+    t.declare(&declared_price(10));
+    let next = t.evolved_schema(&table, 2).unwrap().unwrap();
+    assert_eq!(
+        type_name(&next.field_by_name("price").unwrap().field_type),
+        "decimal(12, 2)"
+    );
+    t.declare(&declared_price(14));
+    let next = t.evolved_schema(&table, 2).unwrap().unwrap();
+    assert_eq!(
+        type_name(&next.field_by_name("price").unwrap().field_type),
+        "decimal(14, 2)"
+    );
+}
