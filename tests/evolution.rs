@@ -129,6 +129,17 @@ async fn assert_schema_committed_with_rows(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn widenings_commit_with_their_data_and_readers_see_exact_values() -> Result<()> {
+    widenings(None).await
+}
+
+/// Through a plugin the writer schema is a hint per record; the widenings are the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn widenings_through_a_plugin_commit_the_same_way() -> Result<()> {
+    widenings(Some("passthrough")).await
+}
+
+/// v1 rows committed, then v2 rows that need the wider types (and one that fits none).
+async fn widenings(plugin: Option<&str>) -> Result<()> {
     let broker = Broker::start()?;
     broker.create_topic("readings", 1).await?;
     let registry = Registry::start(None)?;
@@ -151,13 +162,17 @@ async fn widenings_commit_with_their_data_and_readers_see_exact_values() -> Resu
         table: "readings",
         commit_interval: "1s",
     })?;
-    append_config(
-        &config,
-        &format!(
-            "[pipelines.decode]\nformat = \"avro\"\nregistry = {{ url = \"{}\" }}\n",
-            registry.url
-        ),
-    )?;
+    let mut toml = format!(
+        "[pipelines.decode]\nformat = \"avro\"\nregistry = {{ url = \"{}\" }}\n",
+        registry.url
+    );
+    if let Some(name) = plugin {
+        toml.push_str(&format!(
+            "\n[[pipelines.transforms]]\nuses = \"{}\"\n",
+            floe_tests::plugin_path(name).display()
+        ));
+    }
+    append_config(&config, &toml)?;
     let agent = spawn_agent(&config)?;
     // v1 is committed first: the widenings change columns that are in the table.
     ws.wait_for_rows("plant", "readings", 3, Duration::from_secs(60))

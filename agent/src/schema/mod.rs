@@ -719,10 +719,10 @@ fn merge_value(node: &mut Node, v: &Value, hint: Option<&Type>, ctx: &mut Ctx<'_
         }
         (k @ Kind::Long, Value::Number(n)) if n.is_f64() && !fixed => *k = Kind::Double,
         // A hint (the writer schema seen through plugins) that safely widens the column
-        // and whose type the value needs: widened like a declaration.
+        // widens it like a declaration, also for values the column could hold: a double
+        // stored in a float column would lose precision.
         (Kind::Other(t), v) => {
             if let Some(wide) = hint.and_then(|h| widening(t, h))
-                && !type_accepts(t, v)
                 && type_accepts(&wide, v)
             {
                 if node.locked {

@@ -377,7 +377,7 @@ fn declared_price(precision: u32) -> std::sync::Arc<iceberg::spec::StructType> {
 }
 
 #[test]
-fn hints_widen_committed_columns_when_a_value_needs_it() {
+fn hints_widen_committed_columns() {
     use std::sync::Arc;
 
     use iceberg::spec::{NestedField, PrimitiveType, StructType};
@@ -390,14 +390,17 @@ fn hints_widen_committed_columns_when_a_value_needs_it() {
         Type::Primitive(PrimitiveType::Long),
     ))]);
     let mut t = SchemaTracker::from_table(&table);
-    assert!(t.observe_with(&obj(json!({"n": 5})), Some(&hints)).is_ok());
+    let wide = obj(json!({"n": 3_000_000_000_i64}));
+    assert!(t.observe(&wide).is_err(), "without the hint it conflicts");
+    assert!(
+        t.observe_with(&obj(json!({"n": null})), Some(&hints))
+            .is_ok()
+    );
     assert_eq!(
         t.evolved_schema(&table, 2).unwrap(),
         None,
-        "a value that fits the column needs no widening"
+        "a null value does not widen"
     );
-    let wide = obj(json!({"n": 3_000_000_000_i64}));
-    assert!(t.observe(&wide).is_err(), "without the hint it conflicts");
     assert!(t.observe_with(&wide, Some(&hints)).is_ok());
     let next = t.evolved_schema(&table, 2).unwrap().unwrap();
     assert_eq!(
@@ -429,5 +432,57 @@ fn a_later_declaration_never_narrows_a_widening() {
     assert_eq!(
         type_name(&next.field_by_name("price").unwrap().field_type),
         "decimal(14, 2)"
+    );
+}
+
+#[test]
+fn float_columns_refuse_what_an_f32_cannot_hold() {
+    use iceberg::spec::PrimitiveType;
+
+    let float = Type::Primitive(PrimitiveType::Float);
+    assert!(type_accepts(&float, &json!(3.0e38)));
+    assert!(type_accepts(&float, &json!(-1.5)));
+    assert!(
+        !type_accepts(&float, &json!(1e300)),
+        "would read as infinity"
+    );
+    assert!(type_accepts(
+        &Type::Primitive(PrimitiveType::Double),
+        &json!(1e300)
+    ));
+}
+
+#[test]
+fn a_double_hint_widens_a_float_column_even_for_values_a_float_holds() {
+    use std::sync::Arc;
+
+    use iceberg::spec::{NestedField, PrimitiveType, StructType};
+
+    let float = |t| {
+        Schema::builder()
+            .with_fields(vec![Arc::new(NestedField::optional(
+                1,
+                "r",
+                Type::Primitive(t),
+            ))])
+            .build()
+            .unwrap()
+    };
+    let table = float(PrimitiveType::Float);
+    let hints = StructType::new(vec![Arc::new(NestedField::optional(
+        0,
+        "r",
+        Type::Primitive(PrimitiveType::Double),
+    ))]);
+    let mut t = SchemaTracker::from_table(&table);
+    // 1.1 "fits" a float only by rounding: stored as a float it would read 1.100000023841858.
+    assert!(
+        t.observe_with(&obj(json!({"r": 1.1})), Some(&hints))
+            .is_ok()
+    );
+    let next = t.evolved_schema(&table, 1).unwrap().unwrap();
+    assert_eq!(
+        type_name(&next.field_by_name("r").unwrap().field_type),
+        "double"
     );
 }
