@@ -182,7 +182,9 @@ impl SchemaTracker {
 
     /// [`observe`](Self::observe) with declared types as hints: a new field whose value
     /// fits its declared type (e.g. from the Avro writer schema) gets that type instead of
-    /// an inferred one.
+    /// an inferred one, and a hint that safely widens a column (int -> long, float ->
+    /// double, decimal precision increase) widens it for [`evolved_schema`](Self::evolved_schema)
+    /// when the field has a value.
     pub fn observe_with(
         &mut self,
         record: &Map<String, Value>,

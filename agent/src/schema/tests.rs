@@ -486,3 +486,43 @@ fn a_double_hint_widens_a_float_column_even_for_values_a_float_holds() {
         "double"
     );
 }
+
+#[test]
+fn nested_widenings_keep_their_ids() {
+    use std::sync::Arc;
+
+    use iceberg::spec::{NestedField, PrimitiveType, StructType};
+
+    let lines = |qty: PrimitiveType, id: i32| {
+        Type::List(ListType::new(Arc::new(NestedField::list_element(
+            id,
+            Type::Struct(StructType::new(vec![Arc::new(NestedField::optional(
+                id + 1,
+                "qty",
+                Type::Primitive(qty),
+            ))])),
+            false,
+        ))))
+    };
+    let table = Schema::builder()
+        .with_fields(vec![Arc::new(NestedField::optional(
+            1,
+            "lines",
+            lines(PrimitiveType::Int, 2),
+        ))])
+        .build()
+        .unwrap();
+    let mut t = SchemaTracker::from_table(&table);
+    let record = obj(json!({"lines": [{"qty": 1}, {"qty": 3_000_000_000_i64}]}));
+    assert!(t.observe(&record).is_err());
+    t.declare(&Arc::new(StructType::new(vec![Arc::new(
+        NestedField::optional(0, "lines", lines(PrimitiveType::Long, 0)),
+    )])));
+    assert!(t.observe(&record).is_ok());
+    let next = t.evolved_schema(&table, 3).unwrap().unwrap();
+    assert_eq!(
+        next.field_by_name("lines").unwrap().field_type.as_ref(),
+        &lines(PrimitiveType::Long, 2),
+        "element and member ids unchanged, the member widened"
+    );
+}
