@@ -32,6 +32,15 @@ pub fn widening(current: &Type, declared: &Type) -> Option<Type> {
     }
 }
 
+/// The wider of two widenings of one column (a later declaration never narrows an
+/// earlier one: values may already have been accepted for the wider type).
+pub fn widest(a: Option<Type>, b: Option<Type>) -> Option<Type> {
+    match (a, b) {
+        (Some(a), Some(b)) if widening(&a, &b).is_some() => Some(b),
+        (a, b) => a.or(b),
+    }
+}
+
 /// The Iceberg type a node currently stands for (the committed one for locked nodes).
 fn node_type(node: &Node) -> Option<Type> {
     node.iceberg_type()
@@ -73,7 +82,7 @@ fn declare_node(node: &mut Node, declared: &Type) {
             };
             if node.locked {
                 // Widening a committed column needs a schema commit: evolved_schema.
-                node.widen = Some(wider);
+                node.widen = widest(node.widen.take(), Some(wider));
             } else {
                 let locked = node.locked;
                 *node = Node::from_type(&wider, false);

@@ -17,8 +17,9 @@
 //! and the hints of [`SchemaTracker::observe_with`]) and per-field overrides from the
 //! config give the exact Iceberg type, and such a column never widens by inference.
 //! A declared widening of a committed column (int -> long, float -> double, decimal
-//! precision increase) is kept for [`SchemaTracker::evolved_schema`]. The full rules are
-//! in `docs/types.md`.
+//! precision increase) is kept for [`SchemaTracker::evolved_schema`], and from then on
+//! values are checked against the wider type: the sink commits the widened schema in
+//! the same snapshot as the data written with it. The full rules are in `docs/types.md`.
 
 pub mod avro;
 mod evolve;
@@ -27,6 +28,8 @@ mod values;
 
 pub use self::options::{OnIncompatible, SchemaConfig, SchemaOptions};
 pub use self::values::type_accepts;
+
+use self::evolve::{widening, widest};
 
 use std::sync::Arc;
 
@@ -179,14 +182,16 @@ impl SchemaTracker {
 
     /// [`observe`](Self::observe) with declared types as hints: a new field whose value
     /// fits its declared type (e.g. from the Avro writer schema) gets that type instead of
-    /// an inferred one.
+    /// an inferred one, and a hint that safely widens a column (int -> long, float ->
+    /// double, decimal precision increase) widens it for [`evolved_schema`](Self::evolved_schema)
+    /// when the field has a value.
     pub fn observe_with(
         &mut self,
         record: &Map<String, Value>,
         hints: Option<&StructType>,
     ) -> Result<(), Conflict> {
         let mut path = String::new();
-        check_object(&self.root, record, &mut path, &self.options)?;
+        check_object(&self.root, record, hints, &mut path, &self.options)?;
         let mut ctx = Ctx {
             options: &self.options,
             path: String::new(),
@@ -529,6 +534,7 @@ fn push_path(path: &mut String, name: &str) -> usize {
 fn check_object(
     fields: &IndexMap<String, Node>,
     record: &Map<String, Value>,
+    hints: Option<&StructType>,
     path: &mut String,
     options: &SchemaOptions,
 ) -> Result<(), Conflict> {
@@ -536,9 +542,12 @@ fn check_object(
         if path.is_empty() && RESERVED_COLUMNS.contains(&name.as_str()) {
             continue;
         }
+        let hint = hints
+            .and_then(|h| h.field_by_name(name))
+            .map(|f| &*f.field_type);
         let len = push_path(path, name);
         match fields.get(name) {
-            Some(node) => check_value(node, value, path, options)?,
+            Some(node) => check_value(node, value, hint, path, options)?,
             None => check_fresh(value, path, options)?,
         }
         path.truncate(len);
@@ -569,7 +578,7 @@ fn check_fresh(v: &Value, path: &mut String, options: &SchemaOptions) -> Result<
             }
             Ok(())
         }
-        Value::Array(items) => check_items(&Node::unknown(), items, path, options),
+        Value::Array(items) => check_items(&Node::unknown(), items, None, path, options),
         _ => Ok(()),
     }
 }
@@ -579,6 +588,7 @@ fn check_fresh(v: &Value, path: &mut String, options: &SchemaOptions) -> Result<
 fn check_items(
     element: &Node,
     items: &[Value],
+    hint: Option<&Type>,
     path: &mut String,
     options: &SchemaOptions,
 ) -> Result<(), Conflict> {
@@ -591,7 +601,7 @@ fn check_items(
             ));
     if settled {
         for item in items {
-            check_value(element, item, path, options)?;
+            check_value(element, item, hint, path, options)?;
         }
         return Ok(());
     }
@@ -601,8 +611,8 @@ fn check_items(
         path: path.clone(),
     };
     for item in items {
-        check_value(&learnt, item, path, options)?;
-        merge_value(&mut learnt, item, None, &mut ctx);
+        check_value(&learnt, item, hint, path, options)?;
+        merge_value(&mut learnt, item, hint, &mut ctx);
     }
     Ok(())
 }
@@ -610,6 +620,7 @@ fn check_items(
 fn check_value(
     node: &Node,
     v: &Value,
+    hint: Option<&Type>,
     path: &mut String,
     options: &SchemaOptions,
 ) -> Result<(), Conflict> {
@@ -620,6 +631,12 @@ fn check_value(
         return check_fresh(v, path, options);
     };
     let fixed = node.fixed();
+    // A declared widening is committed with the data that needs it: the value only has
+    // to fit the wider type.
+    let wide = match kind {
+        Kind::Other(t) => widest(node.widen.clone(), hint.and_then(|h| widening(t, h))),
+        _ => None,
+    };
     let ok = match (kind, v) {
         (Kind::Boolean, Value::Bool(_)) => true,
         (Kind::Long, Value::Number(n)) => n.is_i64() || (!fixed && n.is_f64()),
@@ -628,11 +645,13 @@ fn check_value(
         (Kind::String, Value::String(_)) => true,
         (Kind::Timestamptz, Value::String(s)) => !fixed || timestamp_shape(s) == Some(true),
         (Kind::Timestamp, Value::String(s)) => !fixed || timestamp_shape(s) == Some(false),
-        (Kind::Struct(fields), Value::Object(m)) => return check_object(fields, m, path, options),
-        (Kind::List(element), Value::Array(items)) => {
-            return check_items(element, items, path, options);
+        (Kind::Struct(fields), Value::Object(m)) => {
+            return check_object(fields, m, struct_hint(hint), path, options);
         }
-        (Kind::Other(t), v) => type_accepts(t, v),
+        (Kind::List(element), Value::Array(items)) => {
+            return check_items(element, items, list_hint(hint), path, options);
+        }
+        (Kind::Other(t), v) => type_accepts(wide.as_ref().unwrap_or(t), v),
         _ => false,
     };
     if ok {
@@ -640,7 +659,7 @@ fn check_value(
     } else {
         Err(Conflict {
             path: path.clone(),
-            column: describe(kind),
+            column: wide.as_ref().map_or_else(|| describe(kind), type_name),
             value: value_desc(v),
         })
     }
@@ -701,6 +720,20 @@ fn merge_value(node: &mut Node, v: &Value, hint: Option<&Type>, ctx: &mut Ctx<'_
             }
         }
         (k @ Kind::Long, Value::Number(n)) if n.is_f64() && !fixed => *k = Kind::Double,
+        // A hint (the writer schema seen through plugins) that safely widens the column
+        // widens it like a declaration, also for values the column could hold: a double
+        // stored in a float column would lose precision.
+        (Kind::Other(t), v) => {
+            if let Some(wide) = hint.and_then(|h| widening(t, h))
+                && type_accepts(&wide, v)
+            {
+                if node.locked {
+                    node.widen = widest(node.widen.take(), Some(wide));
+                } else {
+                    *t = wide;
+                }
+            }
+        }
         (k @ (Kind::Timestamptz | Kind::Timestamp), Value::String(s)) if !fixed => {
             let seen = string_kind(s, ctx.options);
             if seen != *k {

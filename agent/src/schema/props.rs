@@ -198,3 +198,138 @@ proptest! {
         prop_assert!(batch.is_ok(), "{:?} for {:?}", batch.err(), accepted);
     }
 }
+
+/// `name: type` fields as a declared struct (ids are placeholders).
+fn declared(fields: &[(&str, Type)]) -> Arc<iceberg::spec::StructType> {
+    use iceberg::spec::NestedField;
+    Arc::new(iceberg::spec::StructType::new(
+        fields
+            .iter()
+            .map(|(n, t)| Arc::new(NestedField::optional(0, *n, t.clone())))
+            .collect(),
+    ))
+}
+
+fn decimal(precision: u32) -> Type {
+    Type::Primitive(iceberg::spec::PrimitiveType::Decimal {
+        precision,
+        scale: 2,
+    })
+}
+
+/// A plain decimal string: up to 12 integer digits, up to 3 fraction digits.
+fn decimal_text() -> impl Strategy<Value = String> {
+    (
+        any::<bool>(),
+        "[0-9]{1,12}",
+        proptest::option::of("[0-9]{1,3}"),
+    )
+        .prop_map(|(neg, i, f)| {
+            let sign = if neg { "-" } else { "" };
+            match f {
+                Some(f) => format!("{sign}{i}.{f}"),
+                None => format!("{sign}{i}"),
+            }
+        })
+}
+
+/// Whether a plain decimal string fits decimal(12,2).
+fn fits_12_2(s: &str) -> bool {
+    let digits = s.trim_start_matches('-');
+    let (int, frac) = digits.split_once('.').unwrap_or((digits, ""));
+    int.trim_start_matches('0').len() <= 10 && frac.len() <= 2
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    /// Committed `int` / `float` / `decimal(9,2)` columns declared `long` / `double` /
+    /// `decimal(12,2)`: a record is accepted exactly when its values fit the wider types,
+    /// and the accepted ones encode with the evolved schema to the exact values.
+    #[test]
+    fn widened_columns_take_exactly_what_fits_and_encode_it(
+        values in proptest::collection::vec(
+            (any::<i64>(), any::<f32>().prop_filter("finite", |f| f.is_finite()), decimal_text()),
+            1..8,
+        )
+    ) {
+        use arrow_array::{Array, Decimal128Array, Float64Array, Int64Array};
+        use iceberg::spec::PrimitiveType as P;
+
+        let mut narrow = SchemaTracker::new();
+        narrow.declare(&declared(&[
+            ("n", Type::Primitive(P::Int)),
+            ("r", Type::Primitive(P::Float)),
+            ("p", decimal(9)),
+        ]));
+        let table = narrow.new_table_schema().unwrap();
+        let mut t = SchemaTracker::from_table(&table);
+        t.declare(&declared(&[
+            ("n", Type::Primitive(P::Long)),
+            ("r", Type::Primitive(P::Double)),
+            ("p", decimal(12)),
+        ]));
+        let mut accepted = Vec::new();
+        for (n, r, p) in &values {
+            let record: Map<String, Value> = json!({"n": n, "r": f64::from(*r), "p": p})
+                .as_object()
+                .unwrap()
+                .clone();
+            let ok = t.observe(&record).is_ok();
+            prop_assert_eq!(ok, fits_12_2(p), "{:?}", record);
+            if ok {
+                accepted.push((record, *n, f64::from(*r), p.clone()));
+            }
+        }
+        let evolved = t
+            .evolved_schema(&table, table.highest_field_id())
+            .unwrap()
+            .unwrap();
+        let rows: Vec<KafkaRecord> = accepted
+            .iter()
+            .enumerate()
+            .map(|(i, (r, ..))| KafkaRecord {
+                topic: Arc::from("t"),
+                partition: 0,
+                offset: i as i64,
+                timestamp_ms: None,
+                key: None,
+                value: Some(serde_json::to_vec(r).unwrap()),
+            })
+            .collect();
+        let batch = BatchEncoder::new(&evolved).unwrap().encode(&rows);
+        prop_assert!(batch.is_ok(), "{:?}", batch.err());
+        let batch = batch.unwrap();
+        let column = |name: &str| batch.column_by_name(name).unwrap().clone();
+        let n = column("n");
+        let n = n.as_any().downcast_ref::<Int64Array>().unwrap();
+        let r = column("r");
+        let r = r.as_any().downcast_ref::<Float64Array>().unwrap();
+        let p = column("p");
+        let p = p.as_any().downcast_ref::<Decimal128Array>().unwrap();
+        prop_assert_eq!(p.precision(), 12);
+        for (i, (_, want_n, want_r, want_p)) in accepted.iter().enumerate() {
+            prop_assert_eq!(n.value(i), *want_n);
+            prop_assert_eq!(r.value(i), *want_r);
+            prop_assert_eq!(&p.value_as_string(i), &normalize_2(want_p));
+        }
+    }
+}
+
+/// A plain decimal string with exactly two fraction digits, as Arrow prints decimal(_,2).
+fn normalize_2(s: &str) -> String {
+    let (neg, digits) = match s.strip_prefix('-') {
+        Some(d) => (true, d),
+        None => (false, s),
+    };
+    let (int, frac) = digits.split_once('.').unwrap_or((digits, ""));
+    let int = int.trim_start_matches('0');
+    let int = if int.is_empty() { "0" } else { int };
+    let text = format!("{int}.{frac:0<2}");
+    let zero = text.bytes().all(|b| b == b'0' || b == b'.');
+    if neg && !zero {
+        format!("-{text}")
+    } else {
+        text
+    }
+}

@@ -233,7 +233,7 @@ fn evolved_schema_keeps_ids_and_identifier_fields_and_widens() {
         None,
         "nothing learnt, nothing to commit"
     );
-    // A value that does not fit the committed int is refused until the widening is committed.
+    // A value that does not fit the committed int is refused while nothing declares a widening.
     assert!(
         tracker
             .observe(&obj(json!({"n": 3_000_000_000_i64})))
@@ -264,6 +264,26 @@ fn evolved_schema_keeps_ids_and_identifier_fields_and_widens() {
         )),
     ]));
     tracker.declare(&declared);
+    // Declared widenings are committed with the data: values only need to fit the wider type.
+    assert!(
+        tracker
+            .observe(&obj(
+                json!({"n": 3_000_000_000_i64, "price": "1234567890.12"})
+            ))
+            .is_ok()
+    );
+    // A value that does not fit even the wider type still conflicts, naming that type.
+    let e = tracker
+        .observe(&obj(json!({"price": "12345678901.12"})))
+        .unwrap_err();
+    assert_eq!(
+        (e.path.as_str(), e.column.as_str()),
+        ("price", "decimal(12, 2)")
+    );
+    let e = tracker
+        .observe(&obj(json!({"price": "1.125"})))
+        .unwrap_err();
+    assert_eq!(e.column, "decimal(12, 2)", "the scale does not change");
     let next = tracker.evolved_schema(&table, 10).unwrap().unwrap();
     assert_eq!(next.schema_id(), 4);
     assert_eq!(next.identifier_field_ids().collect::<Vec<_>>(), [1]);
@@ -312,5 +332,197 @@ fn declared_types_do_not_widen_by_inference() {
     assert_eq!(
         e.column, "timestamptz",
         "a declared column does not turn into a string"
+    );
+}
+
+/// A committed table with `n: int` and `price: decimal(9,2)`.
+fn narrow_table() -> Schema {
+    use std::sync::Arc;
+
+    use iceberg::spec::{NestedField, PrimitiveType};
+
+    Schema::builder()
+        .with_fields(vec![
+            Arc::new(NestedField::optional(
+                1,
+                "n",
+                Type::Primitive(PrimitiveType::Int),
+            )),
+            Arc::new(NestedField::optional(
+                2,
+                "price",
+                Type::Primitive(PrimitiveType::Decimal {
+                    precision: 9,
+                    scale: 2,
+                }),
+            )),
+        ])
+        .build()
+        .unwrap()
+}
+
+fn declared_price(precision: u32) -> std::sync::Arc<iceberg::spec::StructType> {
+    use iceberg::spec::{NestedField, PrimitiveType, StructType};
+
+    std::sync::Arc::new(StructType::new(vec![std::sync::Arc::new(
+        NestedField::optional(
+            0,
+            "price",
+            Type::Primitive(PrimitiveType::Decimal {
+                precision,
+                scale: 2,
+            }),
+        ),
+    )]))
+}
+
+#[test]
+fn hints_widen_committed_columns() {
+    use std::sync::Arc;
+
+    use iceberg::spec::{NestedField, PrimitiveType, StructType};
+
+    // Through plugins the writer schema is a hint per record, not a declaration.
+    let table = narrow_table();
+    let hints = StructType::new(vec![Arc::new(NestedField::optional(
+        0,
+        "n",
+        Type::Primitive(PrimitiveType::Long),
+    ))]);
+    let mut t = SchemaTracker::from_table(&table);
+    let wide = obj(json!({"n": 3_000_000_000_i64}));
+    assert!(t.observe(&wide).is_err(), "without the hint it conflicts");
+    assert!(
+        t.observe_with(&obj(json!({"n": null})), Some(&hints))
+            .is_ok()
+    );
+    assert_eq!(
+        t.evolved_schema(&table, 2).unwrap(),
+        None,
+        "a null value does not widen"
+    );
+    assert!(t.observe_with(&wide, Some(&hints)).is_ok());
+    let next = t.evolved_schema(&table, 2).unwrap().unwrap();
+    assert_eq!(
+        type_name(&next.field_by_name("n").unwrap().field_type),
+        "long"
+    );
+    assert_eq!(next.field_by_name("n").unwrap().id, 1);
+    // Once widened, the column takes wide values without the hint too.
+    assert!(t.observe(&wide).is_ok());
+}
+
+#[test]
+fn a_later_declaration_never_narrows_a_widening() {
+    let table = narrow_table();
+    let mut t = SchemaTracker::from_table(&table);
+    t.declare(&declared_price(12));
+    let big = obj(json!({"price": "1234567890.12"}));
+    assert!(t.observe(&big).is_ok());
+    // A later writer schema with less precision than the first: values already accepted
+    // for decimal(12,2) must still fit the committed type.
+    t.declare(&declared_price(10));
+    let next = t.evolved_schema(&table, 2).unwrap().unwrap();
+    assert_eq!(
+        type_name(&next.field_by_name("price").unwrap().field_type),
+        "decimal(12, 2)"
+    );
+    t.declare(&declared_price(14));
+    let next = t.evolved_schema(&table, 2).unwrap().unwrap();
+    assert_eq!(
+        type_name(&next.field_by_name("price").unwrap().field_type),
+        "decimal(14, 2)"
+    );
+}
+
+#[test]
+fn float_columns_refuse_what_an_f32_cannot_hold() {
+    use iceberg::spec::PrimitiveType;
+
+    let float = Type::Primitive(PrimitiveType::Float);
+    assert!(type_accepts(&float, &json!(3.0e38)));
+    assert!(type_accepts(&float, &json!(-1.5)));
+    assert!(
+        !type_accepts(&float, &json!(1e300)),
+        "would read as infinity"
+    );
+    assert!(type_accepts(
+        &Type::Primitive(PrimitiveType::Double),
+        &json!(1e300)
+    ));
+}
+
+#[test]
+fn a_double_hint_widens_a_float_column_even_for_values_a_float_holds() {
+    use std::sync::Arc;
+
+    use iceberg::spec::{NestedField, PrimitiveType, StructType};
+
+    let float = |t| {
+        Schema::builder()
+            .with_fields(vec![Arc::new(NestedField::optional(
+                1,
+                "r",
+                Type::Primitive(t),
+            ))])
+            .build()
+            .unwrap()
+    };
+    let table = float(PrimitiveType::Float);
+    let hints = StructType::new(vec![Arc::new(NestedField::optional(
+        0,
+        "r",
+        Type::Primitive(PrimitiveType::Double),
+    ))]);
+    let mut t = SchemaTracker::from_table(&table);
+    // 1.1 "fits" a float only by rounding: stored as a float it would read 1.100000023841858.
+    assert!(
+        t.observe_with(&obj(json!({"r": 1.1})), Some(&hints))
+            .is_ok()
+    );
+    let next = t.evolved_schema(&table, 1).unwrap().unwrap();
+    assert_eq!(
+        type_name(&next.field_by_name("r").unwrap().field_type),
+        "double"
+    );
+}
+
+#[test]
+fn nested_widenings_keep_their_ids() {
+    use std::sync::Arc;
+
+    use iceberg::spec::{NestedField, PrimitiveType, StructType};
+
+    let lines = |qty: PrimitiveType, id: i32| {
+        Type::List(ListType::new(Arc::new(NestedField::list_element(
+            id,
+            Type::Struct(StructType::new(vec![Arc::new(NestedField::optional(
+                id + 1,
+                "qty",
+                Type::Primitive(qty),
+            ))])),
+            false,
+        ))))
+    };
+    let table = Schema::builder()
+        .with_fields(vec![Arc::new(NestedField::optional(
+            1,
+            "lines",
+            lines(PrimitiveType::Int, 2),
+        ))])
+        .build()
+        .unwrap();
+    let mut t = SchemaTracker::from_table(&table);
+    let record = obj(json!({"lines": [{"qty": 1}, {"qty": 3_000_000_000_i64}]}));
+    assert!(t.observe(&record).is_err());
+    t.declare(&Arc::new(StructType::new(vec![Arc::new(
+        NestedField::optional(0, "lines", lines(PrimitiveType::Long, 0)),
+    )])));
+    assert!(t.observe(&record).is_ok());
+    let next = t.evolved_schema(&table, 3).unwrap().unwrap();
+    assert_eq!(
+        next.field_by_name("lines").unwrap().field_type.as_ref(),
+        &lines(PrimitiveType::Long, 2),
+        "element and member ids unchanged, the member widened"
     );
 }

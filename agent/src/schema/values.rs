@@ -21,7 +21,9 @@ pub fn type_accepts(t: &Type, v: &Value) -> bool {
             (P::Boolean, Value::Bool(_)) => true,
             (P::Int, Value::Number(n)) => n.as_i64().is_some_and(|i| i32::try_from(i).is_ok()),
             (P::Long, Value::Number(n)) => n.is_i64(),
-            (P::Float | P::Double, Value::Number(_)) => true,
+            // A float column holds what an f32 can: beyond that it would read as infinity.
+            (P::Float, Value::Number(n)) => n.as_f64().is_some_and(|f| f.abs() <= f32::MAX.into()),
+            (P::Double, Value::Number(_)) => true,
             (P::Float | P::Double, Value::String(s)) => {
                 matches!(s.as_str(), "NaN" | "inf" | "-inf")
             }
