@@ -63,7 +63,8 @@ async fn rest_catalog_end_to_end_with_vended_credentials() -> Result<()> {
         40,
         Duration::from_secs(60),
     )
-    .await?;
+    .await
+    .map_err(|e| e.context(agent.output()))?;
     broker.produce("events", &messages(40, 60)).await?;
     wait_for_rows(
         catalog.as_ref(),
@@ -72,7 +73,8 @@ async fn rest_catalog_end_to_end_with_vended_credentials() -> Result<()> {
         60,
         Duration::from_secs(60),
     )
-    .await?;
+    .await
+    .map_err(|e| e.context(agent.output()))?;
     let log = agent.terminate()?;
     assert!(!log.contains("vended no storage credentials"), "{log}");
 
@@ -160,7 +162,8 @@ async fn short_lived_tokens_and_credentials_are_renewed() -> Result<()> {
             sent,
             Duration::from_secs(60),
         )
-        .await?;
+        .await
+        .map_err(|e| e.context(agent.output()))?;
         if round == 1 {
             stack.revoke_tokens()?;
         }
