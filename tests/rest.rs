@@ -109,6 +109,7 @@ async fn rest_catalog_end_to_end_with_vended_credentials() -> Result<()> {
         stdout.contains("wrote and deleted s3://warehouse/"),
         "{stdout}"
     );
+    eprintln!("floe check:\n{stdout}");
 
     std::fs::write(
         &config,
