@@ -111,6 +111,19 @@ async fn rest_catalog_end_to_end_with_vended_credentials() -> Result<()> {
     );
     eprintln!("floe check:\n{stdout}");
 
+    // Without access delegation the agent writes with its own keys and endpoint.
+    let own_keys = text.replace(
+        "s3.region = \"us-east-1\"",
+        "s3.region = \"us-east-1\"\naccess_delegation = \"none\"\ns3.access-key-id = \"testing\"\ns3.secret-access-key = \"testing\"",
+    );
+    std::fs::write(&config, &own_keys)?;
+    let (code, stdout, _) = floe_cmd(&["check", "--config", config.to_str().unwrap()])?;
+    assert_eq!(code, 0, "{stdout}");
+    assert!(
+        stdout.contains("wrote and deleted s3://warehouse/"),
+        "{stdout}"
+    );
+
     std::fs::write(
         &config,
         text.replace("topics = [\"events\"]", "topics = [\"events\", \"absent\"]"),
