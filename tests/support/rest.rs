@@ -358,8 +358,10 @@ pub async fn committed_rows(
     table: &str,
 ) -> Result<i64> {
     let ident = iceberg::TableIdent::from_strs([namespace, table])?;
-    let Ok(t) = catalog.load_table(&ident).await else {
-        return Ok(0);
+    let t = match catalog.load_table(&ident).await {
+        Ok(t) => t,
+        Err(e) if e.kind() == iceberg::ErrorKind::TableNotFound => return Ok(0),
+        Err(e) => return Err(e.into()),
     };
     Ok(t.metadata()
         .current_snapshot()

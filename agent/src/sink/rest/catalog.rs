@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use async_trait::async_trait;
+use iceberg::Runtime;
 use iceberg::table::Table;
 use iceberg::{
     Catalog, Error, ErrorKind, Namespace, NamespaceIdent, Result, TableCommit, TableCreation,
@@ -15,6 +16,7 @@ use iceberg_catalog_rest::{
     ListNamespaceResponse, ListTablesResponse, LoadTableResult, NamespaceResponse,
     RegisterTableRequest, RenameTableRequest,
 };
+
 use reqwest::Method;
 use serde_json::Value;
 
@@ -28,12 +30,18 @@ use super::storage::table_file_io;
 pub struct RestCatalog {
     session: RestSession,
     s3: S3Settings,
+    /// Where tables spawn their I/O tasks (the runtime that opened the catalog).
+    runtime: Runtime,
 }
 
 impl RestCatalog {
-    /// A catalog over an open session.
+    /// A catalog over an open session; call it inside the tokio runtime tables will use.
     pub fn new(session: RestSession, s3: S3Settings) -> RestCatalog {
-        RestCatalog { session, s3 }
+        RestCatalog {
+            session,
+            s3,
+            runtime: Runtime::current(),
+        }
     }
 
     /// The session, for requests the `Catalog` trait has no method for.
@@ -64,7 +72,8 @@ impl RestCatalog {
         let mut builder = Table::builder()
             .identifier(ident.clone())
             .metadata(loaded.metadata)
-            .file_io(file_io);
+            .file_io(file_io)
+            .runtime(self.runtime.clone());
         if let Some(l) = loaded.metadata_location {
             builder = builder.metadata_location(l);
         }
@@ -279,7 +288,7 @@ impl Catalog for RestCatalog {
             stage_create: None,
             properties: creation.properties,
         };
-        let loaded: LoadTableResult = self
+        let _: LoadTableResult = self
             .json(
                 format!("create table {ident}"),
                 Method::POST,
@@ -289,7 +298,8 @@ impl Catalog for RestCatalog {
                 ErrorKind::NamespaceNotFound,
             )
             .await?;
-        self.to_table(&ident, loaded)
+        // Catalogs may vend storage credentials on load only: load the new table.
+        self.load_table(&ident).await
     }
 
     async fn load_table(&self, table: &TableIdent) -> Result<Table> {

@@ -89,6 +89,8 @@ fn vended(
     config: &HashMap<String, String>,
     credentials: &[StorageCredential],
 ) -> Option<AwsCredential> {
+    // Prefixes often end in '/', locations do not (`s3://b/wh/t/` covers `s3://b/wh/t`).
+    let location = format!("{}/", location.trim_end_matches('/'));
     credentials
         .iter()
         .filter(|c| location.starts_with(&c.prefix) && c.config.contains_key(ACCESS_KEY))
@@ -219,6 +221,10 @@ mod tests {
         assert_eq!(c.expires_in.unwrap().as_second(), 4_102_444_800);
         let c = vended("s3://wh/db/u", &HashMap::new(), &creds).unwrap();
         assert_eq!(c.access_key_id, "broad");
+        let slashed = [cred("s3://wh/db/t/", "slashed")];
+        let c = vended("s3://wh/db/t", &HashMap::new(), &slashed).unwrap();
+        assert_eq!(c.access_key_id, "slashed");
+        assert!(vended("s3://wh/db/tt", &HashMap::new(), &slashed).is_none());
         let config = cred("", "from-config").config;
         assert_eq!(
             vended("s3://x/t", &config, &creds).unwrap().access_key_id,
