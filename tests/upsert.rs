@@ -4,8 +4,12 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, ensure};
-use floe_tests::{AgentProcess, Broker, Workspace, spawn_agent};
+use std::sync::Arc;
+
+use anyhow::{Result, bail, ensure};
+use floe_tests::rest::{RestStack, TokenPolicy, WRITER};
+use floe_tests::{AgentProcess, Broker, TableDump, Workspace, spawn_agent};
+use iceberg::{Catalog, TableIdent};
 use serde_json::{Value, json};
 
 const READERS: [&str; 2] = ["pyiceberg", "duckdb"];
@@ -22,17 +26,91 @@ struct Pipe<'a> {
     sink_extra: &'a str,
 }
 
-/// A config with the embedded catalog of `ws` and the given pipelines.
+/// Where the tables live: the embedded catalog of a workspace, or a REST catalog on S3.
+struct Lake {
+    ws: Workspace,
+    rest: Option<RestStack>,
+}
+
+impl Lake {
+    fn embedded() -> Result<Lake> {
+        Ok(Lake {
+            ws: Workspace::new()?,
+            rest: None,
+        })
+    }
+
+    fn rest() -> Result<Lake> {
+        Ok(Lake {
+            ws: Workspace::new()?,
+            rest: Some(RestStack::start(TokenPolicy::default())?),
+        })
+    }
+
+    /// The `[catalogs.local]` section.
+    fn catalog_toml(&self) -> String {
+        match &self.rest {
+            Some(stack) => stack.catalog_toml("local", WRITER),
+            None => {
+                let d = self.ws.dir.path().display();
+                format!(
+                    "[catalogs.local]\ntype = \"embedded\"\npath = \"{d}/catalog.db\"\nwarehouse = \"{d}/warehouse\"\n"
+                )
+            }
+        }
+    }
+
+    async fn catalog(&self) -> Result<Arc<dyn Catalog>> {
+        match &self.rest {
+            Some(stack) => stack.open_catalog(WRITER).await,
+            None => self.ws.catalog().await,
+        }
+    }
+
+    fn read(&self, reader: &str, table: &str, order_by: &str) -> Result<TableDump> {
+        match &self.rest {
+            Some(stack) => stack.read(reader, "shop", table, order_by),
+            None => self.ws.read(reader, "shop", table, order_by),
+        }
+    }
+
+    /// Waits until `shop.table` covers `messages` messages of `pipeline` (the sum of the
+    /// stored next offsets; every partition starts at 0).
+    async fn wait_for_messages(&self, table: &str, pipeline: &str, messages: i64) -> Result<()> {
+        let catalog = self.catalog().await?;
+        let ident = TableIdent::from_strs(["shop", table])?;
+        let started = Instant::now();
+        loop {
+            let covered: i64 = match catalog.load_table(&ident).await {
+                Ok(t) => floe::offsets::OffsetMap::from_table(t.metadata(), pipeline)?
+                    .0
+                    .values()
+                    .sum(),
+                Err(_) => 0,
+            };
+            if covered >= messages {
+                return Ok(());
+            }
+            if started.elapsed() > WAIT {
+                bail!(
+                    "shop.{table} covers {covered} messages of {pipeline} after {WAIT:?}, expected {messages}"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// A config with the lake's catalog (named `local`) and the given pipelines.
 fn write_config(
-    ws: &Workspace,
+    lake: &Lake,
     bootstrap: &str,
     pipes: &[Pipe<'_>],
     file: &str,
 ) -> Result<std::path::PathBuf> {
+    let ws = &lake.ws;
     let d = ws.dir.path().display();
-    let mut text = format!(
-        "[catalogs.local]\ntype = \"embedded\"\npath = \"{d}/catalog.db\"\nwarehouse = \"{d}/warehouse\"\n"
-    );
+    let mut text = lake.catalog_toml();
     for p in pipes {
         text.push_str(&format!(
             r#"
@@ -71,12 +149,12 @@ path = "{d}/dead-letter-{name}.ndjson"
 
 /// Payload columns of every row a reader returns, keyed by `id`, plus each row's `_op`.
 fn rows_by_id(
-    ws: &Workspace,
+    lake: &Lake,
     reader: &str,
     table: &str,
     fields: &[&str],
 ) -> Result<(BTreeMap<i64, Value>, BTreeMap<i64, String>)> {
-    let dump = ws.read(reader, "shop", table, "id")?;
+    let dump = lake.read(reader, table, "id")?;
     let mut rows = BTreeMap::new();
     let mut ops = BTreeMap::new();
     for r in dump.rows() {
@@ -130,9 +208,9 @@ async fn customers_and_orders_keep_one_row_per_key() -> Result<()> {
     let broker = Broker::start()?;
     broker.create_topic("customers", 2).await?;
     broker.create_topic("orders", 3).await?;
-    let ws = Workspace::new()?;
+    let lake = Lake::embedded()?;
     let config = write_config(
-        &ws,
+        &lake,
         &broker.bootstrap,
         &[
             // Keyed by the message key: tombstones delete.
@@ -176,9 +254,9 @@ async fn customers_and_orders_keep_one_row_per_key() -> Result<()> {
     produced.0 += c_msgs.len() as i64;
     produced.1 += o_msgs.len() as i64;
     let agent = spawn_agent(&config)?;
-    ws.wait_for_messages("shop", "customers", "customers", produced.0, WAIT)
+    lake.wait_for_messages("customers", "customers", produced.0)
         .await?;
-    ws.wait_for_messages("shop", "orders", "orders", produced.1, WAIT)
+    lake.wait_for_messages("orders", "orders", produced.1)
         .await?;
 
     // Second batch: new keys, changed values (some several times in one batch), deletes.
@@ -215,14 +293,14 @@ async fn customers_and_orders_keep_one_row_per_key() -> Result<()> {
     broker.produce("orders", &o_msgs).await?;
     produced.0 += c_msgs.len() as i64;
     produced.1 += o_msgs.len() as i64;
-    ws.wait_for_messages("shop", "customers", "customers", produced.0, WAIT)
+    lake.wait_for_messages("customers", "customers", produced.0)
         .await?;
-    ws.wait_for_messages("shop", "orders", "orders", produced.1, WAIT)
+    lake.wait_for_messages("orders", "orders", produced.1)
         .await?;
     agent.stop().await?;
 
     // The tombstone on `orders` is in the dead-letter file with its reason.
-    let dl = std::fs::read_to_string(ws.path("dead-letter-orders.ndjson"))?;
+    let dl = std::fs::read_to_string(lake.ws.path("dead-letter-orders.ndjson"))?;
     ensure!(
         dl.lines().count() == 1 && dl.contains("tombstone"),
         "orders dead letters: {dl}"
@@ -240,14 +318,14 @@ async fn customers_and_orders_keep_one_row_per_key() -> Result<()> {
     customers.remove(&56);
     broker.produce("customers", &c_msgs).await?;
     produced.0 += c_msgs.len() as i64;
-    ws.wait_for_messages("shop", "customers", "customers", produced.0, WAIT)
+    lake.wait_for_messages("customers", "customers", produced.0)
         .await?;
     agent.stop().await?;
 
     let c_fields = ["id", "name", "city", "balance"];
     let o_fields = ["id", "customer", "status", "amount"];
     for reader in READERS {
-        let (rows, ops) = rows_by_id(&ws, reader, "customers", &c_fields)?;
+        let (rows, ops) = rows_by_id(&lake, reader, "customers", &c_fields)?;
         let expected: BTreeMap<i64, Value> = customers
             .iter()
             .map(|(k, v)| (*k, project(v, &c_fields)))
@@ -275,7 +353,7 @@ async fn customers_and_orders_keep_one_row_per_key() -> Result<()> {
             ops[&57]
         );
 
-        let (rows, _) = rows_by_id(&ws, reader, "orders", &o_fields)?;
+        let (rows, _) = rows_by_id(&lake, reader, "orders", &o_fields)?;
         let expected: BTreeMap<i64, Value> = orders
             .iter()
             .map(|(k, v)| (*k, project(v, &o_fields)))
@@ -303,16 +381,25 @@ impl Rng {
 }
 
 /// 100,000 messages over 1,000 keys with updates and deletes, across many commits and a
-/// restart, against the reference "last message per key".
+/// restart, against the reference "last message per key": on the embedded catalog.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn randomised_updates_and_deletes_match_the_reference() -> Result<()> {
+    randomised(Lake::embedded()?).await
+}
+
+/// The same on the REST catalog (rustberg) over S3 (moto), with vended credentials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn randomised_updates_and_deletes_match_the_reference_on_rest_and_s3() -> Result<()> {
+    randomised(Lake::rest()?).await
+}
+
+async fn randomised(lake: Lake) -> Result<()> {
     const N: usize = 100_000;
     const KEYS: u64 = 1_000;
     let broker = Broker::start()?;
     broker.create_topic("state", 4).await?;
-    let ws = Workspace::new()?;
     let config = write_config(
-        &ws,
+        &lake,
         &broker.bootstrap,
         &[Pipe {
             name: "state",
@@ -341,13 +428,12 @@ async fn randomised_updates_and_deletes_match_the_reference() -> Result<()> {
     let (first, second) = messages.split_at(N / 2);
     broker.produce("state", first).await?;
     let agent = spawn_agent(&config)?;
-    ws.wait_for_messages("shop", "state", "state", first.len() as i64, WAIT)
+    lake.wait_for_messages("state", "state", first.len() as i64)
         .await?;
     agent.stop().await?;
     broker.produce("state", second).await?;
     let agent = spawn_agent(&config)?;
-    ws.wait_for_messages("shop", "state", "state", N as i64, WAIT)
-        .await?;
+    lake.wait_for_messages("state", "state", N as i64).await?;
     agent.stop().await?;
     let ingest = started.elapsed();
 
@@ -359,7 +445,7 @@ async fn randomised_updates_and_deletes_match_the_reference() -> Result<()> {
     let mut report = Vec::new();
     for reader in READERS {
         let t = Instant::now();
-        let (rows, _) = rows_by_id(&ws, reader, "state", &fields)?;
+        let (rows, _) = rows_by_id(&lake, reader, "state", &fields)?;
         report.push(format!(
             "{reader} read {} rows in {:?}",
             rows.len(),
@@ -375,7 +461,7 @@ async fn randomised_updates_and_deletes_match_the_reference() -> Result<()> {
     }
     // Files per commit, from the snapshot summaries, in commit order. (Each commit holds
     // about one partition's worth of messages, i.e. about 250 of the keys.)
-    let catalog = ws.catalog().await?;
+    let catalog = lake.catalog().await?;
     let table = catalog
         .load_table(&iceberg::TableIdent::from_strs(["shop", "state"])?)
         .await?;
@@ -395,7 +481,12 @@ async fn randomised_updates_and_deletes_match_the_reference() -> Result<()> {
     let commits = per_commit.iter().filter(|c| c.0 + c.1 > 0).count();
     ensure!(commits >= 10, "expected many commits, got {commits}");
     println!(
-        "randomised upsert: {N} messages, {} live keys, ingest {ingest:?}, {} snapshots ({commits} with files), (data files, delete files, rows, position deletes) per snapshot: {per_commit:?}; {}",
+        "randomised upsert ({}): {N} messages, {} live keys, ingest {ingest:?}, {} snapshots ({commits} with files), (data files, delete files, rows, position deletes) per snapshot: {per_commit:?}; {}",
+        if lake.rest.is_some() {
+            "REST + S3"
+        } else {
+            "embedded"
+        },
         expected.len(),
         per_commit.len(),
         report.join("; ")
@@ -410,9 +501,9 @@ async fn a_concurrent_writer_between_write_and_commit_loses_nothing() -> Result<
     let broker = Broker::start()?;
     broker.create_topic("a", 1).await?;
     broker.create_topic("b", 1).await?;
-    let ws = Workspace::new()?;
+    let lake = Lake::embedded()?;
     let a = write_config(
-        &ws,
+        &lake,
         &broker.bootstrap,
         &[Pipe {
             name: "a",
@@ -424,7 +515,7 @@ async fn a_concurrent_writer_between_write_and_commit_loses_nothing() -> Result<
         "a.toml",
     )?;
     let b = write_config(
-        &ws,
+        &lake,
         &broker.bootstrap,
         &[Pipe {
             name: "b",
@@ -445,7 +536,7 @@ async fn a_concurrent_writer_between_write_and_commit_loses_nothing() -> Result<
     broker.produce("b", &b_msgs).await?;
 
     // Writer A stops right after writing its data files, before committing them.
-    let resume = ws.path("resume-a");
+    let resume = lake.ws.path("resume-a");
     let mut agent_a = AgentProcess::start(
         &a,
         &[
@@ -459,11 +550,11 @@ async fn a_concurrent_writer_between_write_and_commit_loses_nothing() -> Result<
     agent_a.wait_for_line("FLOE_FAILPOINT after_write reached", WAIT)?;
     // Writer B commits keys 50..149 meanwhile.
     let agent_b = AgentProcess::start(&b, &[])?;
-    ws.wait_for_messages("shop", "kv", "b", 100, WAIT).await?;
+    lake.wait_for_messages("kv", "b", 100).await?;
     agent_b.terminate()?;
     // A goes on: its commit conflicts, it rebuilds its index and deletes B's rows it replaces.
     std::fs::write(&resume, b"")?;
-    ws.wait_for_messages("shop", "kv", "a", 100, WAIT).await?;
+    lake.wait_for_messages("kv", "a", 100).await?;
     let log = agent_a.terminate()?;
     ensure!(
         log.contains("rebuilding the upsert index"),
@@ -475,7 +566,7 @@ async fn a_concurrent_writer_between_write_and_commit_loses_nothing() -> Result<
         expected.insert(id, json!({"id": id, "v": if id < 100 { "a" } else { "b" }}));
     }
     for reader in READERS {
-        let (rows, _) = rows_by_id(&ws, reader, "kv", &["id", "v"])?;
+        let (rows, _) = rows_by_id(&lake, reader, "kv", &["id", "v"])?;
         ensure!(
             rows == expected,
             "{reader}: kv differs from the reference:\n got {rows:?}"
