@@ -496,12 +496,22 @@ async fn randomised(lake: Lake) -> Result<()> {
 
 /// Another writer commits to the same table between our write and our commit: our
 /// commit is rebased, its position deletes recomputed, and nothing is lost or duplicated.
+/// Embedded catalog: the conflict is the SQLite compare-and-swap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_concurrent_writer_between_write_and_commit_loses_nothing() -> Result<()> {
+    concurrent_writer(Lake::embedded()?).await
+}
+
+/// The same on the REST catalog: the conflict is the catalog's real HTTP 409.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_concurrent_writer_on_the_rest_catalog_gets_a_409_and_loses_nothing() -> Result<()> {
+    concurrent_writer(Lake::rest()?).await
+}
+
+async fn concurrent_writer(lake: Lake) -> Result<()> {
     let broker = Broker::start()?;
     broker.create_topic("a", 1).await?;
     broker.create_topic("b", 1).await?;
-    let lake = Lake::embedded()?;
     let a = write_config(
         &lake,
         &broker.bootstrap,
@@ -557,9 +567,15 @@ async fn a_concurrent_writer_between_write_and_commit_loses_nothing() -> Result<
     lake.wait_for_messages("kv", "a", 100).await?;
     let log = agent_a.terminate()?;
     ensure!(
-        log.contains("rebuilding the upsert index"),
-        "A did not rebase its deletes:\n{log}"
+        log.contains("commit did not land") && log.contains("rebuilding the upsert index"),
+        "A's commit did not conflict and rebase its deletes:\n{log}"
     );
+    if lake.rest.is_some() {
+        ensure!(
+            log.contains("HTTP 409"),
+            "no 409 from the REST catalog:\n{log}"
+        );
+    }
 
     let mut expected = BTreeMap::new();
     for id in 0..150 {
