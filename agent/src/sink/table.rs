@@ -111,7 +111,7 @@ impl TableSink {
             return Err(SinkError::MissingTable(sink.ident.to_string()));
         }
         if let (Some(table), Some(u)) = (&sink.table, &sink.upsert) {
-            upsert::check_table(table.metadata().current_schema(), &u.spec)?;
+            upsert::check_table(table.metadata(), &u.spec)?;
             sink.ensure_index().await?;
         }
         Ok(sink)

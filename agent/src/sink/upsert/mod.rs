@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use foldhash::fast::RandomState;
-use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
+use iceberg::spec::{FormatVersion, NestedField, PrimitiveType, Schema, TableMetadata, Type};
 
 pub use deletes::write_position_deletes;
 pub use index::{KeyIndex, RebuildStats};
@@ -147,7 +147,16 @@ pub fn upsert_schema(schema: &Schema, spec: &KeySpec) -> Result<Schema, UpsertEr
 }
 
 /// Checks that an existing table can be upserted with `spec`.
-pub fn check_table(schema: &Schema, spec: &KeySpec) -> Result<(), UpsertError> {
+pub fn check_table(metadata: &TableMetadata, spec: &KeySpec) -> Result<(), UpsertError> {
+    // v3 replaces position-delete files by deletion vectors, which iceberg-rust 0.10
+    // cannot write yet; v1 has no delete files at all.
+    if metadata.format_version() != FormatVersion::V2 {
+        return Err(UpsertError::Unsupported(format!(
+            "upsert mode writes position deletes, which need a format-version 2 table (this one is {})",
+            metadata.format_version()
+        )));
+    }
+    let schema = metadata.current_schema();
     for k in spec.columns() {
         let Some(f) = schema.field_by_name(k) else {
             return Err(UpsertError::Unsupported(format!(
