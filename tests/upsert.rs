@@ -6,10 +6,10 @@ use std::time::{Duration, Instant};
 
 use std::sync::Arc;
 
-use anyhow::{Result, bail, ensure};
+use anyhow::{Result, ensure};
 use floe_tests::rest::{RestStack, TokenPolicy, WRITER};
-use floe_tests::{AgentProcess, Broker, TableDump, Workspace, spawn_agent};
-use iceberg::{Catalog, TableIdent};
+use floe_tests::{AgentProcess, Broker, TableDump, Workspace, spawn_agent, wait_for_messages};
+use iceberg::Catalog;
 use serde_json::{Value, json};
 
 const READERS: [&str; 2] = ["pyiceberg", "duckdb"];
@@ -74,30 +74,11 @@ impl Lake {
         }
     }
 
-    /// Waits until `shop.table` covers `messages` messages of `pipeline` (the sum of the
-    /// stored next offsets; every partition starts at 0).
+    /// Waits until `shop.table` covers `messages` messages of `pipeline`.
     async fn wait_for_messages(&self, table: &str, pipeline: &str, messages: i64) -> Result<()> {
         let catalog = self.catalog().await?;
-        let ident = TableIdent::from_strs(["shop", table])?;
-        let started = Instant::now();
-        loop {
-            let covered: i64 = match catalog.load_table(&ident).await {
-                Ok(t) => floe::offsets::OffsetMap::from_table(t.metadata(), pipeline)?
-                    .0
-                    .values()
-                    .sum(),
-                Err(_) => 0,
-            };
-            if covered >= messages {
-                return Ok(());
-            }
-            if started.elapsed() > WAIT {
-                bail!(
-                    "shop.{table} covers {covered} messages of {pipeline} after {WAIT:?}, expected {messages}"
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_for_messages(catalog.as_ref(), "shop", table, pipeline, messages, WAIT).await?;
+        Ok(())
     }
 }
 

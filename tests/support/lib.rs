@@ -275,66 +275,12 @@ path = "{d}/dead-letter.ndjson"
         Ok(floe::sink::open_catalog("local", &config).await?.catalog)
     }
 
-    /// Rows committed to a table so far (from snapshot summaries; 0 if no table yet).
+    /// Rows committed to a table so far (see [`committed_rows`]).
     pub async fn committed_rows(&self, namespace: &str, table: &str) -> Result<i64> {
-        let catalog = self.catalog().await?;
-        let ident = TableIdent::from_strs([namespace, table])?;
-        let Ok(t) = catalog.load_table(&ident).await else {
-            return Ok(0);
-        };
-        Ok(t.metadata()
-            .current_snapshot()
-            .and_then(|s| {
-                s.summary()
-                    .additional_properties
-                    .get("total-records")
-                    .and_then(|v| v.parse().ok())
-            })
-            .unwrap_or(0))
+        committed_rows(self.catalog().await?.as_ref(), namespace, table).await
     }
 
-    /// Sum over partitions of the next offsets the table stores for `pipeline`: the number
-    /// of messages it covers when every partition started at 0 (0 if no table yet).
-    pub async fn covered_messages(
-        &self,
-        namespace: &str,
-        table: &str,
-        pipeline: &str,
-    ) -> Result<i64> {
-        let catalog = self.catalog().await?;
-        let ident = TableIdent::from_strs([namespace, table])?;
-        let Ok(t) = catalog.load_table(&ident).await else {
-            return Ok(0);
-        };
-        let offsets = floe::offsets::OffsetMap::from_table(t.metadata(), pipeline)?;
-        Ok(offsets.0.values().sum())
-    }
-
-    /// Waits until the table covers `messages` messages of `pipeline` (see [`Self::covered_messages`]).
-    pub async fn wait_for_messages(
-        &self,
-        namespace: &str,
-        table: &str,
-        pipeline: &str,
-        messages: i64,
-        timeout: Duration,
-    ) -> Result<Duration> {
-        let start = Instant::now();
-        loop {
-            let n = self.covered_messages(namespace, table, pipeline).await?;
-            if n >= messages {
-                return Ok(start.elapsed());
-            }
-            if start.elapsed() > timeout {
-                bail!(
-                    "{namespace}.{table} covers {n} messages of {pipeline} after {timeout:?}, expected {messages}"
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    /// Waits until the table holds at least `rows` rows.
+    /// Waits until the table holds at least `rows` rows (see [`wait_for_rows`]).
     pub async fn wait_for_rows(
         &self,
         namespace: &str,
@@ -342,17 +288,14 @@ path = "{d}/dead-letter.ndjson"
         rows: i64,
         timeout: Duration,
     ) -> Result<Duration> {
-        let start = Instant::now();
-        loop {
-            let n = self.committed_rows(namespace, table).await?;
-            if n >= rows {
-                return Ok(start.elapsed());
-            }
-            if start.elapsed() > timeout {
-                bail!("table {namespace}.{table} has {n} rows after {timeout:?}, expected {rows}");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_for_rows(
+            self.catalog().await?.as_ref(),
+            namespace,
+            table,
+            rows,
+            timeout,
+        )
+        .await
     }
 
     /// Reads a table with an independent reader (`pyiceberg` or `duckdb`).
@@ -718,4 +661,97 @@ impl Drop for Registry {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Rows committed to a table so far, from the current snapshot's `total-records`
+/// (0 when the table or snapshot is missing).
+pub async fn committed_rows(catalog: &dyn Catalog, namespace: &str, table: &str) -> Result<i64> {
+    let ident = TableIdent::from_strs([namespace, table])?;
+    let t = match catalog.load_table(&ident).await {
+        Ok(t) => t,
+        Err(e) if e.kind() == iceberg::ErrorKind::TableNotFound => return Ok(0),
+        Err(e) if e.message().contains("No such table") => return Ok(0),
+        Err(e) => return Err(e.into()),
+    };
+    Ok(t.metadata()
+        .current_snapshot()
+        .and_then(|s| {
+            s.summary()
+                .additional_properties
+                .get("total-records")
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0))
+}
+
+/// Sum over partitions of the next offsets a table stores for `pipeline`: the number of
+/// messages it covers when every partition started at 0 (0 if there is no table yet).
+pub async fn covered_messages(
+    catalog: &dyn Catalog,
+    namespace: &str,
+    table: &str,
+    pipeline: &str,
+) -> Result<i64> {
+    let ident = TableIdent::from_strs([namespace, table])?;
+    let Ok(t) = catalog.load_table(&ident).await else {
+        return Ok(0);
+    };
+    let offsets = floe::offsets::OffsetMap::from_table(t.metadata(), pipeline)?;
+    Ok(offsets.0.values().sum())
+}
+
+/// Polls `count` until it reaches `target` or `timeout` passes; `what` names the count
+/// in the error.
+async fn wait_until<F, Fut>(
+    target: i64,
+    timeout: Duration,
+    what: &str,
+    mut count: F,
+) -> Result<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<i64>>,
+{
+    let start = Instant::now();
+    loop {
+        let n = count().await?;
+        if n >= target {
+            return Ok(start.elapsed());
+        }
+        if start.elapsed() > timeout {
+            bail!("{what}: {n} after {timeout:?}, expected {target}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until a table holds at least `rows` rows.
+pub async fn wait_for_rows(
+    catalog: &dyn Catalog,
+    namespace: &str,
+    table: &str,
+    rows: i64,
+    timeout: Duration,
+) -> Result<Duration> {
+    let what = format!("rows of {namespace}.{table}");
+    wait_until(rows, timeout, &what, || {
+        committed_rows(catalog, namespace, table)
+    })
+    .await
+}
+
+/// Waits until a table covers `messages` messages of `pipeline` (see [`covered_messages`]).
+pub async fn wait_for_messages(
+    catalog: &dyn Catalog,
+    namespace: &str,
+    table: &str,
+    pipeline: &str,
+    messages: i64,
+    timeout: Duration,
+) -> Result<Duration> {
+    let what = format!("messages of pipeline {pipeline} covered by {namespace}.{table}");
+    wait_until(messages, timeout, &what, || {
+        covered_messages(catalog, namespace, table, pipeline)
+    })
+    .await
 }

@@ -351,49 +351,7 @@ path = "{dl}"
     )
 }
 
-/// Rows in a table's current snapshot (0 when the table or snapshot is missing).
-pub async fn committed_rows(
-    catalog: &dyn iceberg::Catalog,
-    namespace: &str,
-    table: &str,
-) -> Result<i64> {
-    let ident = iceberg::TableIdent::from_strs([namespace, table])?;
-    let t = match catalog.load_table(&ident).await {
-        Ok(t) => t,
-        Err(e) if e.kind() == iceberg::ErrorKind::TableNotFound => return Ok(0),
-        Err(e) => return Err(e.into()),
-    };
-    Ok(t.metadata()
-        .current_snapshot()
-        .and_then(|s| {
-            s.summary()
-                .additional_properties
-                .get("total-records")
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0))
-}
-
-/// Waits until a table holds at least `rows` rows.
-pub async fn wait_for_rows(
-    catalog: &dyn iceberg::Catalog,
-    namespace: &str,
-    table: &str,
-    rows: i64,
-    timeout: Duration,
-) -> Result<()> {
-    let start = Instant::now();
-    loop {
-        let n = committed_rows(catalog, namespace, table).await?;
-        if n >= rows {
-            return Ok(());
-        }
-        if start.elapsed() > timeout {
-            bail!("table {namespace}.{table} has {n} rows after {timeout:?}, expected {rows}");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
+pub use crate::{committed_rows, wait_for_rows};
 
 impl RestStack {
     /// Opens the catalog the way the agent does, as client `client`.

@@ -57,11 +57,6 @@ impl Staged {
     pub fn empty() -> Self {
         Staged::default()
     }
-
-    /// Data files written.
-    pub fn data_files(&self) -> usize {
-        self.data.len()
-    }
 }
 
 /// What a commit did.
@@ -448,11 +443,7 @@ impl TableSink {
         let Some(index) = self.upsert.as_ref().and_then(|u| u.index.as_ref()) else {
             return Ok(Vec::new());
         };
-        let rows: Vec<(String, u64)> = staged
-            .touched
-            .iter()
-            .filter_map(|k| index.get(k).map(|(f, p)| (f.to_string(), p)))
-            .collect();
+        let rows = upsert::rows_to_delete(&staged.touched, index);
         if rows.is_empty() {
             return Ok(Vec::new());
         }

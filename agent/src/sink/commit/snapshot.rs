@@ -111,21 +111,6 @@ impl StagedSnapshot {
         })
     }
 
-    /// The id the snapshot will have.
-    pub fn snapshot_id(&self) -> i64 {
-        self.snapshot_id
-    }
-
-    /// Data files it adds.
-    pub fn data_files(&self) -> u64 {
-        self.stats.data_files
-    }
-
-    /// Delete files it adds.
-    pub fn delete_files(&self) -> u64 {
-        self.stats.delete_files
-    }
-
     /// The requirements and updates that add this snapshot on top of `base`'s `main`
     /// branch, with `properties` in its summary and, if given, a new current schema.
     pub async fn updates(

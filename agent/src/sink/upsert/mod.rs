@@ -100,14 +100,14 @@ impl<'a> Plan<'a> {
         }
         plan
     }
+}
 
-    /// The rows this plan replaces or deletes in older files.
-    pub fn deletes(&self, index: &KeyIndex) -> Vec<(String, u64)> {
-        self.touched
-            .iter()
-            .filter_map(|k| index.get(k).map(|(f, p)| (f.to_string(), p)))
-            .collect()
-    }
+/// The rows in older files that a commit touching `touched` keys replaces or deletes.
+pub fn rows_to_delete(touched: &[KeyHash], index: &KeyIndex) -> Vec<(String, u64)> {
+    touched
+        .iter()
+        .filter_map(|k| index.get(k).map(|(f, p)| (f.to_string(), p)))
+        .collect()
 }
 
 /// Turns a new table's schema into an upsert table's: key columns required and set as
@@ -213,7 +213,7 @@ mod tests {
             "one row per key, the latest; key 3 deleted"
         );
         assert_eq!(plan.ops, ["update", "insert", "insert"]);
-        let mut deletes = plan.deletes(&index);
+        let mut deletes = rows_to_delete(&plan.touched, &index);
         deletes.sort();
         assert_eq!(
             deletes,
