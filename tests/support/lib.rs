@@ -22,6 +22,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::Value;
 
 pub mod rest;
+pub mod scripted;
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
@@ -268,11 +269,11 @@ path = "{d}/dead-letter.ndjson"
 
     /// Opens the embedded catalog read-side, for polling progress.
     pub async fn catalog(&self) -> Result<Arc<dyn Catalog>> {
-        let config = floe::sink::CatalogConfig::Embedded {
+        let config = floe::catalog::CatalogConfig::Embedded {
             path: self.path("catalog.db"),
             warehouse: self.path("warehouse"),
         };
-        Ok(floe::sink::open_catalog("local", &config).await?.catalog)
+        Ok(floe::catalog::open_catalog("local", &config).await?.catalog)
     }
 
     /// Rows committed to a table so far (see [`committed_rows`]).
@@ -696,7 +697,7 @@ pub async fn covered_messages(
     let Ok(t) = catalog.load_table(&ident).await else {
         return Ok(0);
     };
-    let offsets = floe::offsets::OffsetMap::from_table(t.metadata(), pipeline)?;
+    let offsets = floe::commit::OffsetMap::from_table(t.metadata(), pipeline)?;
     Ok(offsets.0.values().sum())
 }
 

@@ -1,14 +1,12 @@
-//! Decode stage: message bytes -> a JSON object.
+//! Decode stage: message bytes -> a parsed JSON object, or a reason to reject it.
 //!
-//! JSON values are parsed as they are. Avro values (Confluent wire format with a
-//! schema registry, or plain Avro with a schema file) are decoded with their writer
-//! schema and turned into the JSON representation documented in `docs/types.md`; the
-//! writer schema's columns travel with the record so the table gets the exact Iceberg
-//! types the Avro schema declares.
-//!
-//! For JSON the original bytes are kept for the Arrow encoder and the dead-letter path;
-//! for Avro the JSON text replaces the value for the later stages, and the original
-//! bytes still go to the dead-letter path.
+//! JSON values are parsed once into [`crate::record::json`] (text plus token tape).
+//! Avro values (Confluent wire format with a schema registry, or plain Avro with a
+//! schema file) are decoded with their writer schema straight into the same
+//! representation (the JSON mapping documented in `docs/types.md`); the writer schema's
+//! columns travel with the record so the table gets the exact Iceberg types the Avro
+//! schema declares (`avro::types`). The original bytes always stay with the message
+//! for the dead-letter path.
 
 pub mod avro;
 pub mod registry;
@@ -18,7 +16,9 @@ use std::sync::Arc;
 
 use iceberg::spec::StructType;
 use serde::Deserialize;
-use serde_json::{Map, Value};
+use serde_json::Value;
+
+use crate::record::json::{JsonError, JsonObject, Tape};
 
 use self::avro::{WriterSchema, split_confluent};
 use self::registry::{RegistryClient, RegistryConfig};
@@ -96,10 +96,13 @@ impl DecodeConfig {
 }
 
 /// Why a message could not be decoded. Such a message goes to the dead-letter path,
-/// except [`DecodeError::RegistryUnreachable`], which stops the pipeline.
+/// except [`DecodeError::RegistryUnreachable`], a transient failure of the pipeline.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum DecodeError {
-    /// The bytes are not valid JSON.
+    /// The bytes are not one acceptable JSON object.
+    #[error(transparent)]
+    Json(#[from] JsonError),
+    /// The bytes are not valid JSON (keys).
     #[error("value is not valid JSON: {0}")]
     NotJson(String),
     /// Valid JSON, but not an object, so it cannot be a row.
@@ -145,14 +148,28 @@ pub enum DecodeError {
     },
 }
 
+impl crate::error::Classify for DecodeError {
+    fn class(&self) -> crate::error::ErrorClass {
+        match self {
+            DecodeError::RegistryUnreachable { .. } => crate::error::ErrorClass::Transient,
+            DecodeError::Key(inner) => inner.class(),
+            DecodeError::SchemaFile { .. } => crate::error::ErrorClass::Fatal,
+            _ => crate::error::ErrorClass::BadRecord,
+        }
+    }
+}
+
 /// A decoded message value.
 #[derive(Debug, Clone)]
 pub struct Decoded {
-    /// The record as a JSON object.
-    pub object: Map<String, Value>,
+    /// The record as a parsed JSON object.
+    pub value: JsonObject,
     /// For Avro: the columns of the writer schema, with their exact Iceberg types.
     pub declared: Option<Arc<StructType>>,
 }
+
+/// Largest allocation the Avro decoder may make for one array, map, string or bytes.
+pub const MAX_AVRO_ALLOCATION: usize = 64 << 20;
 
 /// Decodes message values and keys according to a pipeline's [`DecodeConfig`].
 #[derive(Debug)]
@@ -166,6 +183,9 @@ pub struct Decoder {
 impl Decoder {
     /// Builds the decoder; reads and checks `schema_file` if one is configured.
     pub fn new(config: &DecodeConfig) -> Result<Decoder, DecodeError> {
+        // apache-avro reserves memory from counts in the data: a 10-byte message
+        // claiming a billion items must fail, not abort the process.
+        apache_avro::util::max_allocation_bytes(MAX_AVRO_ALLOCATION);
         let registry = config
             .registry
             .clone()
@@ -239,13 +259,13 @@ impl Decoder {
     pub fn decode_value(&self, bytes: &[u8]) -> Result<Decoded, DecodeError> {
         match self.format {
             Format::Json => Ok(Decoded {
-                object: decode_json(bytes)?,
+                value: JsonObject::parse(bytes.to_vec())?,
                 declared: None,
             }),
             Format::Avro => {
                 let (schema, body) = self.avro_schema(bytes)?;
                 Ok(Decoded {
-                    object: schema.decode(body)?,
+                    value: schema.decode(body)?,
                     declared: Some(schema.columns.clone()),
                 })
             }
@@ -297,60 +317,16 @@ impl Decoder {
     }
 }
 
-/// Decodes one message value into a JSON object.
-pub fn decode_json(bytes: &[u8]) -> Result<Map<String, Value>, DecodeError> {
-    match serde_json::from_slice::<Value>(bytes) {
-        Ok(Value::Object(map)) => Ok(map),
-        Ok(other) => Err(DecodeError::NotAnObject(json_kind(&other))),
-        Err(e) => Err(DecodeError::NotJson(e.to_string())),
-    }
+/// Checks that bytes are one JSON object (parsing into a reusable tape).
+pub fn validate_object(bytes: &[u8], tape: &mut Tape) -> Result<(), DecodeError> {
+    tape.parse(bytes).map(|_| ()).map_err(DecodeError::from)
 }
 
-/// Checks that bytes are one JSON object, without building it (cheaper than [`decode_json`]).
-pub fn validate_object(bytes: &[u8]) -> Result<(), DecodeError> {
-    match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
-        Some(b'{') => serde_json::from_slice::<serde::de::IgnoredAny>(bytes)
-            .map(|_| ())
-            .map_err(|e| DecodeError::NotJson(e.to_string())),
-        // Not an object: decode it to say what it is instead.
-        _ => decode_json(bytes).map(|_| ()),
-    }
-}
-
-/// A short name of a JSON value's kind, for error messages.
-pub fn json_kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(n) if n.is_f64() => "number with fraction",
-        Value::Number(_) => "integer",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
-    }
-}
+pub use crate::record::json_kind;
 
 #[cfg(test)]
 mod tests {
-    use proptest::prelude::*;
-
     use super::*;
-
-    proptest! {
-        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
-
-        /// Fuzz: arbitrary bytes never panic the JSON decoder, and validation agrees.
-        #[test]
-        fn fuzz_json_decoder_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..128)) {
-            prop_assert_eq!(validate_object(&bytes), decode_json(&bytes).map(|_| ()));
-        }
-
-        /// Fuzz: JSON-like text (brackets, quotes, digits) never panics either.
-        #[test]
-        fn fuzz_json_like_text_never_panics(text in r#"[{}\[\]":,0-9a-z. -]{0,64}"#) {
-            prop_assert_eq!(validate_object(text.as_bytes()), decode_json(text.as_bytes()).map(|_| ()));
-        }
-    }
 
     fn config(toml_text: &str) -> DecodeConfig {
         toml::from_str(toml_text).unwrap()
@@ -419,7 +395,7 @@ mod tests {
         .unwrap();
         // zig-zag 21 = 42
         let d = decoder.decode_value(&[42]).unwrap();
-        assert_eq!(d.object["n"], 21);
+        assert_eq!(d.value.to_serde()["n"], 21);
         assert!(d.declared.is_some());
         let missing = Decoder::new(&DecodeConfig {
             format: Format::Avro,
@@ -435,45 +411,18 @@ mod tests {
     }
 
     #[test]
-    fn objects_decode() {
-        let m = decode_json(br#"{"a": 1, "b": [true]}"#).unwrap();
-        assert_eq!(m["a"], 1);
-    }
-
-    #[test]
-    fn validation_agrees_with_decoding() {
-        for input in [
-            &br#"{"a": [1, {"b": null}]}"#[..],
-            b"  {}",
-            b"[1]",
-            b"42",
-            b"{bad",
-            b"{} trailing",
-            b"",
-            b"\xff",
-        ] {
-            assert_eq!(
-                validate_object(input),
-                decode_json(input).map(|_| ()),
-                "{:?}",
-                String::from_utf8_lossy(input)
-            );
-        }
-    }
-
-    #[test]
-    fn other_values_are_rejected_with_reason() {
-        assert_eq!(
-            decode_json(b"[1,2]"),
-            Err(DecodeError::NotAnObject("array"))
-        );
-        assert_eq!(decode_json(b"42"), Err(DecodeError::NotAnObject("integer")));
-        let e = decode_json(b"{not json").unwrap_err();
-        assert!(matches!(e, DecodeError::NotJson(_)));
-        assert!(e.to_string().contains("not valid JSON"));
-        assert!(matches!(
-            decode_json(&[0xff, 0xfe]),
-            Err(DecodeError::NotJson(_))
-        ));
+    fn json_values_are_parsed_or_rejected_with_reason() {
+        let plain = Decoder::new(&DecodeConfig::default()).unwrap();
+        let d = plain.decode_value(br#"{"a": 1, "b": [true]}"#).unwrap();
+        assert_eq!(d.value.to_serde()["a"], 1);
+        assert!(d.declared.is_none());
+        let e = plain.decode_value(b"[1,2]").unwrap_err();
+        assert_eq!(e.to_string(), "value is a JSON array, expected an object");
+        let e = plain.decode_value(b"{not json").unwrap_err();
+        assert!(e.to_string().contains("not valid JSON"), "{e}");
+        assert!(plain.decode_value(&[0xff, 0xfe]).is_err());
+        let mut tape = Tape::new();
+        assert!(validate_object(b"  {}", &mut tape).is_ok());
+        assert!(validate_object(b"{} trailing", &mut tape).is_err());
     }
 }

@@ -5,7 +5,7 @@ use std::time::Instant;
 use super::engine::TransformEngine;
 use super::plugin::{Input, Metadata, Outcome, PluginInstance};
 use super::{OnError, TransformConfig, TransformError};
-use crate::source::KafkaRecord;
+use crate::record::Message;
 use crate::telemetry;
 
 /// One record coming out of the chain.
@@ -87,7 +87,7 @@ impl TransformChain {
     }
 
     /// Runs records (all with a value) through every plugin. A fault aborts the batch.
-    pub fn run(&mut self, records: &[&KafkaRecord]) -> Result<ChainResult, TransformError> {
+    pub fn run(&mut self, records: &[&Message]) -> Result<ChainResult, TransformError> {
         let mut current: Vec<ChainOutput> = records
             .iter()
             .enumerate()
