@@ -11,7 +11,9 @@
 //! - [`schema`]: Iceberg schema inferred from records, evolved by adding columns.
 //! - [`batch`]: buffered records -> Arrow batches with Iceberg field ids.
 //! - [`sink`]: Parquet files and the Iceberg commit, fenced for exactly-once.
-//! - [`offsets`]: the Kafka offsets each snapshot carries in its summary.
+//! - [`commit`]: snapshots with data and delete files, the exactly-once fence, and the
+//!   Kafka offsets each snapshot (and a table property) carries.
+//! - [`maintain`]: compaction, snapshot expiry, orphan and metadata cleanup.
 //! - [`dead_letter`]: where records that cannot become rows go, with their bytes.
 //! - [`pipeline`]: wires the stages; [`run`] starts every pipeline of a config.
 //! - [`telemetry`]: logs and Prometheus metrics.
@@ -33,6 +35,7 @@ pub mod dead_letter;
 pub mod decode;
 pub mod error;
 pub mod failpoint;
+pub mod maintain;
 pub mod pipeline;
 pub mod record;
 pub mod schema;
@@ -98,6 +101,16 @@ pub async fn run(
         None
     };
     let (stop_tx, stop_rx) = watch::channel(false);
+    // Scheduled table maintenance (`[pipelines.sink.maintenance]`): never stops ingestion.
+    let mut maintenance = JoinSet::new();
+    for p in config
+        .pipelines
+        .iter()
+        .filter(|p| p.sink.maintenance.is_some())
+    {
+        let catalog = catalogs[&p.sink.catalog].clone();
+        maintenance.spawn(maintain::schedule(p.clone(), catalog, stop_rx.clone()));
+    }
     let mut tasks = JoinSet::new();
     for p in config.pipelines {
         let catalog = catalogs[&p.sink.catalog].clone();
@@ -129,6 +142,9 @@ pub async fn run(
             }
         }
     }
+    // A maintenance run in progress is dropped at its next await: every job is safe to
+    // stop anywhere (nothing it wrote is referenced until its commit lands).
+    maintenance.shutdown().await;
     match first_error {
         Some(e) => Err(e.into()),
         None => Ok(()),

@@ -35,6 +35,19 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Maintain the configured tables once: compact, expire snapshots, delete orphan
+    /// and old metadata files; prints what each job did.
+    Maintain {
+        /// Config file (TOML).
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Only this table (`name` or `namespace.name`).
+        #[arg(long)]
+        table: Option<String>,
+        /// Report what would be done without changing anything.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Tools for plugin authors.
     #[command(subcommand)]
     Plugin(PluginCommand),
@@ -153,6 +166,44 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::FAILURE
+            }
+        }
+        Command::Maintain {
+            config,
+            table,
+            dry_run,
+        } => {
+            let config = match Config::load(&config) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("{}: {e}", config.display());
+                    return ExitCode::from(2);
+                }
+            };
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .expect("tokio runtime");
+            match runtime.block_on(floe::maintain::maintain(&config, table.as_deref(), dry_run)) {
+                Ok(reports) if reports.is_empty() => {
+                    eprintln!(
+                        "no table matches {}",
+                        table.as_deref().unwrap_or("the config")
+                    );
+                    ExitCode::from(2)
+                }
+                Ok(reports) => {
+                    print!("{}", floe::maintain::render(&reports, dry_run));
+                    if floe::maintain::all_ok(&reports) {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::FAILURE
+                    }
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
             }
         }
         Command::Run { config } => {

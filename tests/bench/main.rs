@@ -533,14 +533,12 @@ fn index_memory(keys: usize) -> Result<()> {
     let before = rss_mib();
     let mut index = floe::sink::upsert::KeyIndex::new(usize::MAX);
     let started = Instant::now();
+    let empty = iceberg::spec::Struct::empty();
     for k in 0..keys as u128 {
         // Digests are uniform: spread the test keys like xxh3 would.
         let key = k.wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835);
-        index.put(
-            key,
-            &format!("data-{}.parquet", k / 100_000),
-            (k % 100_000) as u64,
-        )?;
+        let file = index.register_file(&format!("data-{}.parquet", k / 100_000), 0, &empty);
+        index.put(key, file, (k % 100_000) as u64)?;
     }
     let mib = rss_mib() - before;
     println!(

@@ -15,6 +15,9 @@ use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 
 use crate::catalog::rest::{RestCatalog, RestError, RestSession};
 
+/// Table property: delete metadata files that leave the metadata log at commit.
+pub const DELETE_AFTER_COMMIT: &str = "write.metadata.delete-after-commit.enabled";
+
 /// Why a commit did not land.
 #[derive(Debug, thiserror::Error)]
 pub enum CommitError {
@@ -88,7 +91,8 @@ impl CommitBackend for SqlBackend {
         for update in updates {
             builder = update.apply(builder).map_err(failed)?;
         }
-        let metadata = builder.build().map_err(failed)?.metadata;
+        let built = builder.build().map_err(failed)?;
+        let (metadata, expired_logs) = (built.metadata, built.expired_metadata_logs);
         let location = MetadataLocation::from_str(&base_location)
             .map_err(failed)?
             .with_next_version()
@@ -119,6 +123,19 @@ impl CommitBackend for SqlBackend {
             return Err(CommitError::Conflict(format!(
                 "{ident} changed since {base_location}"
             )));
+        }
+        // Metadata files that fell off the metadata log (`write.metadata.previous-versions-max`)
+        // are deleted when the table asks for it, as Iceberg's own catalogs do.
+        let delete_old = metadata
+            .properties()
+            .get(DELETE_AFTER_COMMIT)
+            .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        if delete_old {
+            for log in expired_logs {
+                if let Err(e) = base.file_io().delete(&log.metadata_file).await {
+                    tracing::warn!(table = %ident, file = %log.metadata_file, error = %e, "could not delete an old metadata file");
+                }
+            }
         }
         Table::builder()
             .identifier(ident.clone())

@@ -22,7 +22,9 @@
 //!    commit id in the snapshots before retrying, so a commit never lands twice.
 
 mod backend;
+pub mod manifests;
 mod offsets;
+mod rewrite;
 mod snapshot;
 
 use std::collections::HashMap;
@@ -30,13 +32,17 @@ use std::time::Duration;
 
 use iceberg::spec::{Operation, Schema};
 use iceberg::table::Table;
-use iceberg::{Catalog, TableIdent};
+use iceberg::{Catalog, TableIdent, TableUpdate};
 
-pub use backend::{CommitBackend, CommitError, RestBackend, SqlBackend};
+pub use backend::{CommitBackend, CommitError, DELETE_AFTER_COMMIT, RestBackend, SqlBackend};
 pub use offsets::{
-    COMMIT_KEY, GAP_KEY, OFFSETS_KEY, OffsetMap, OffsetsError, PIPELINE_KEY, WRITER_KEY,
+    COMMIT_KEY, GAP_KEY, OFFSETS_KEY, OFFSETS_PROPERTY_PREFIX, OffsetMap, OffsetsError,
+    OffsetsSource, PIPELINE_KEY, StoredOffsets, WRITER_KEY,
 };
-pub use snapshot::StagedSnapshot;
+pub use rewrite::{
+    MAINTENANCE_KEY, Rewrite, RewriteOutcome, RewritePlan, commit_rewrite, commit_updates,
+};
+pub use snapshot::{SpecFile, StagedSnapshot};
 
 /// Attempts before a commit that keeps conflicting gives up.
 const MAX_ATTEMPTS: u32 = 12;
@@ -142,10 +148,8 @@ pub async fn commit(
         attempt += 1;
         let found = check_fence(&base, options.fence)?;
         let mut properties = options.properties.clone();
-        properties.insert(
-            OFFSETS_KEY.to_string(),
-            found.merged(options.offsets).to_summary_value(),
-        );
+        let stored = found.merged(options.offsets);
+        properties.insert(OFFSETS_KEY.to_string(), stored.to_summary_value());
         let schema_now = (
             base.metadata().current_schema_id(),
             base.metadata().last_column_id(),
@@ -156,10 +160,16 @@ pub async fn commit(
         if options.exact_parent && data_changed_since(&base, prepared_on) {
             return Err(CommitFailure::Stale(Box::new(base)));
         }
-        let (requirements, updates) = staged
+        let (requirements, mut updates) = staged
             .updates(&base, &properties, options.new_schema)
             .await
             .map_err(|e| iceberg_failure(&ident, e))?;
+        // The same offsets in a table property, which snapshot expiry cannot remove.
+        updates.push(offsets_property(
+            &options.fence.pipeline,
+            staged.snapshot_id(),
+            stored,
+        ));
         let error = match backend.commit(&base, requirements, updates).await {
             Ok(table) => return Ok(table),
             Err(e) => e,
@@ -184,6 +194,20 @@ pub async fn commit(
             tracing::info!(table = %ident, commit_id = %id, "commit had landed after all");
             return Ok(base);
         }
+    }
+}
+
+/// The update setting `floe.offsets.<pipeline>` to `offsets`, committed by `snapshot_id`.
+fn offsets_property(pipeline: &str, snapshot_id: i64, offsets: OffsetMap) -> TableUpdate {
+    TableUpdate::SetProperties {
+        updates: HashMap::from([(
+            StoredOffsets::property_key(pipeline),
+            StoredOffsets {
+                snapshot_id,
+                offsets,
+            }
+            .to_property_value(),
+        )]),
     }
 }
 
@@ -559,5 +583,137 @@ mod tests {
         .await
         .unwrap_err();
         assert!(matches!(e, CommitFailure::Fenced { .. }), "{e}");
+    }
+
+    /// A snapshot of no pipeline (another engine's append), on the current table.
+    async fn foreign_commit(handle: &CatalogHandle) -> Table {
+        let base = load(handle).await;
+        let mut staged = StagedSnapshot::write(&base, None, Vec::new(), Vec::new())
+            .await
+            .unwrap();
+        let (requirements, updates) = staged.updates(&base, &HashMap::new(), None).await.unwrap();
+        handle
+            .committer
+            .commit(&base, requirements, updates)
+            .await
+            .unwrap()
+    }
+
+    /// Removes every snapshot but the current one, as another engine's expiry would.
+    async fn expire_all_but_current(handle: &CatalogHandle) -> Table {
+        let base = load(handle).await;
+        let current = base.metadata().current_snapshot_id();
+        let ids: Vec<i64> = base
+            .metadata()
+            .snapshots()
+            .map(|s| s.snapshot_id())
+            .filter(|id| Some(*id) != current)
+            .collect();
+        handle
+            .committer
+            .commit(
+                &base,
+                Vec::new(),
+                vec![TableUpdate::RemoveSnapshots { snapshot_ids: ids }],
+            )
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn offsets_survive_foreign_commits_and_expiry() {
+        let dir = tempfile::tempdir().unwrap();
+        let (handle, _) = table(dir.path()).await;
+        let backend = handle.committer.clone();
+        let t = commit_on(
+            &handle,
+            backend.as_ref(),
+            load(&handle).await,
+            "p",
+            &[(0, None), (1, None)],
+            &[(0, 10), (1, 4)],
+        )
+        .await
+        .unwrap();
+        let ours = t.metadata().current_snapshot_id().unwrap();
+        foreign_commit(&handle).await;
+        foreign_commit(&handle).await;
+        let t = expire_all_but_current(&handle).await;
+        assert!(
+            t.metadata().snapshot_by_id(ours).is_none(),
+            "our snapshot is gone"
+        );
+        let (found, source) = OffsetMap::located(t.metadata(), "p").unwrap();
+        assert_eq!(found, offsets(&[(0, 10), (1, 4)]));
+        assert_eq!(source, OffsetsSource::Property(ours));
+        assert_eq!(
+            OffsetMap::from_table(t.metadata(), "other").unwrap(),
+            OffsetMap::default()
+        );
+        // The pipeline goes on from what the property says: the fence accepts it.
+        let t = commit_on(
+            &handle,
+            backend.as_ref(),
+            t,
+            "p",
+            &[(0, Some(10))],
+            &[(0, 12)],
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            OffsetMap::from_table(t.metadata(), "p").unwrap(),
+            offsets(&[(0, 12), (1, 4)]),
+            "partition 1 carried forward from the property"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_lineage_wins_over_the_property_after_a_rollback() {
+        let dir = tempfile::tempdir().unwrap();
+        let (handle, _) = table(dir.path()).await;
+        let backend = handle.committer.clone();
+        let first = commit_on(
+            &handle,
+            backend.as_ref(),
+            load(&handle).await,
+            "p",
+            &[(0, None)],
+            &[(0, 10)],
+        )
+        .await
+        .unwrap();
+        let first_id = first.metadata().current_snapshot_id().unwrap();
+        commit_on(
+            &handle,
+            backend.as_ref(),
+            first,
+            "p",
+            &[(0, Some(10))],
+            &[(0, 20)],
+        )
+        .await
+        .unwrap();
+        // Roll `main` back to the first commit: its data is what the table holds.
+        let base = load(&handle).await;
+        let rolled = handle
+            .committer
+            .commit(
+                &base,
+                Vec::new(),
+                vec![TableUpdate::SetSnapshotRef {
+                    ref_name: iceberg::spec::MAIN_BRANCH.to_string(),
+                    reference: iceberg::spec::SnapshotReference::new(
+                        first_id,
+                        iceberg::spec::SnapshotRetention::branch(None, None, None),
+                    ),
+                }],
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            OffsetMap::located(rolled.metadata(), "p").unwrap(),
+            (offsets(&[(0, 10)]), OffsetsSource::Snapshot(first_id))
+        );
     }
 }

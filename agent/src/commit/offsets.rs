@@ -2,10 +2,25 @@
 //!
 //! Every snapshot a pipeline commits carries, in its summary, the next offset to read
 //! for every topic-partition the pipeline has ever written (`floe.offsets`), plus the
-//! pipeline name, a writer id and a commit id. On start, and after a fenced commit,
-//! the agent walks the table's snapshot history from the current snapshot back to the
-//! newest one of its pipeline and resumes exactly there. The consumer group's offsets
-//! are written only after the Iceberg commit and are never read back.
+//! pipeline name, a writer id and a commit id. The same commit also sets the table
+//! property `floe.offsets.<pipeline>` to those offsets and the id of the snapshot that
+//! carries them ([`StoredOffsets`]). Maintenance snapshots (compaction) carry every
+//! pipeline's offsets forward in `floe.offsets.<pipeline>` summary keys.
+//!
+//! Reading ([`OffsetMap::from_table`]), in this order:
+//! 1. Walk `main` from the current snapshot back to the newest snapshot that carries
+//!    the pipeline's offsets (its own commit or a maintenance commit). The lineage is
+//!    authoritative: after a rollback it names exactly the data the table holds.
+//! 2. If the walk finds none (the pipeline's snapshots were expired after another
+//!    writer committed on top, which the walk cannot see past), the table property.
+//!    It is ignored only when the snapshot it names still exists but is not on `main`
+//!    (a rollback removed that commit from the table): then the table's data does not
+//!    contain what the property covers.
+//! 3. Otherwise nothing: a fresh start.
+//!
+//! Snapshot expiry removes snapshots, never table properties, so the offsets survive any
+//! expiry, by Floe or by another engine. The consumer group's offsets are written only
+//! after the Iceberg commit and are never read back.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -22,6 +37,9 @@ pub const PIPELINE_KEY: &str = "floe.pipeline";
 pub const WRITER_KEY: &str = "floe.writer-id";
 /// Summary key holding the unique id of the commit.
 pub const COMMIT_KEY: &str = "floe.commit-id";
+/// Table property prefix: `floe.offsets.<pipeline>` holds [`StoredOffsets`] as JSON.
+/// Maintenance snapshots use the same key in their summary (offsets only).
+pub const OFFSETS_PROPERTY_PREFIX: &str = "floe.offsets.";
 /// Summary key recording records lost to retention before they were read:
 /// `{"topic": {"partition": [stored offset, first offset read]}}`.
 pub const GAP_KEY: &str = "floe.offset-gaps";
@@ -41,6 +59,65 @@ pub enum OffsetsError {
         /// Why.
         reason: String,
     },
+    /// The table property holding the pipeline's offsets cannot be parsed.
+    #[error("table property {key} is unreadable: {reason}")]
+    UnreadableProperty {
+        /// The property key.
+        key: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The value of the table property `floe.offsets.<pipeline>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredOffsets {
+    /// The snapshot whose commit set these offsets.
+    pub snapshot_id: i64,
+    /// The offsets.
+    pub offsets: OffsetMap,
+}
+
+impl StoredOffsets {
+    /// `{"snapshot-id": N, "offsets": {"topic": {"partition": next}}}`.
+    pub fn to_property_value(&self) -> String {
+        format!(
+            r#"{{"snapshot-id":{},"offsets":{}}}"#,
+            self.snapshot_id,
+            self.offsets.to_summary_value()
+        )
+    }
+
+    /// Decodes what [`StoredOffsets::to_property_value`] wrote.
+    pub fn from_property_value(s: &str) -> Result<StoredOffsets, String> {
+        #[derive(serde::Deserialize)]
+        struct Raw {
+            #[serde(rename = "snapshot-id")]
+            snapshot_id: i64,
+            offsets: serde_json::Value,
+        }
+        let raw: Raw = serde_json::from_str(s).map_err(|e| e.to_string())?;
+        Ok(StoredOffsets {
+            snapshot_id: raw.snapshot_id,
+            offsets: OffsetMap::from_summary_value(&raw.offsets.to_string())?,
+        })
+    }
+
+    /// The property key of `pipeline`.
+    pub fn property_key(pipeline: &str) -> String {
+        format!("{OFFSETS_PROPERTY_PREFIX}{pipeline}")
+    }
+}
+
+/// Where [`OffsetMap::from_table`] found a pipeline's offsets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OffsetsSource {
+    /// A snapshot on `main`.
+    Snapshot(i64),
+    /// The table property (the pipeline's snapshots were expired).
+    Property(i64),
+    /// Nowhere: the pipeline starts fresh on this table.
+    None,
 }
 
 impl OffsetMap {
@@ -82,27 +159,108 @@ impl OffsetMap {
         Ok(OffsetMap(map))
     }
 
-    /// The offsets the newest snapshot of `pipeline` stored, following the `main` lineage.
-    /// Snapshots of other writers in between are skipped; an empty map means a fresh start.
+    /// The offsets the table stores for `pipeline` (see the module docs for the order
+    /// of the places looked at); an empty map means a fresh start.
     pub fn from_table(metadata: &TableMetadata, pipeline: &str) -> Result<OffsetMap, OffsetsError> {
+        Ok(OffsetMap::located(metadata, pipeline)?.0)
+    }
+
+    /// [`OffsetMap::from_table`], and where the offsets were found.
+    pub fn located(
+        metadata: &TableMetadata,
+        pipeline: &str,
+    ) -> Result<(OffsetMap, OffsetsSource), OffsetsError> {
+        let carried_key = StoredOffsets::property_key(pipeline);
+        let mut lineage = std::collections::HashSet::new();
         let mut current = metadata.current_snapshot();
         while let Some(snapshot) = current {
+            lineage.insert(snapshot.snapshot_id());
             let props = &snapshot.summary().additional_properties;
-            if props.get(PIPELINE_KEY).map(String::as_str) == Some(pipeline)
-                && let Some(value) = props.get(OFFSETS_KEY)
-            {
-                return OffsetMap::from_summary_value(value).map_err(|reason| {
+            let own = (props.get(PIPELINE_KEY).map(String::as_str) == Some(pipeline))
+                .then(|| props.get(OFFSETS_KEY))
+                .flatten();
+            if let Some(value) = own.or_else(|| props.get(&carried_key)) {
+                let offsets = OffsetMap::from_summary_value(value).map_err(|reason| {
                     OffsetsError::Unreadable {
                         snapshot_id: snapshot.snapshot_id(),
                         reason,
                     }
-                });
+                })?;
+                return Ok((offsets, OffsetsSource::Snapshot(snapshot.snapshot_id())));
             }
             current = snapshot
                 .parent_snapshot_id()
                 .and_then(|id| metadata.snapshot_by_id(id));
         }
-        Ok(OffsetMap::default())
+        let Some(value) = metadata.properties().get(&carried_key) else {
+            return Ok((OffsetMap::default(), OffsetsSource::None));
+        };
+        let stored = StoredOffsets::from_property_value(value).map_err(|reason| {
+            OffsetsError::UnreadableProperty {
+                key: carried_key.clone(),
+                reason,
+            }
+        })?;
+        if metadata.snapshot_by_id(stored.snapshot_id).is_some()
+            && !lineage.contains(&stored.snapshot_id)
+        {
+            tracing::warn!(
+                pipeline,
+                snapshot_id = stored.snapshot_id,
+                "the snapshot named by {carried_key} is no longer on main (a rollback?): its offsets are ignored"
+            );
+            return Ok((OffsetMap::default(), OffsetsSource::None));
+        }
+        Ok((stored.offsets, OffsetsSource::Property(stored.snapshot_id)))
+    }
+
+    /// Every pipeline whose offsets the table stores: named by a table property or by a
+    /// snapshot on `main`.
+    pub fn pipelines(metadata: &TableMetadata) -> std::collections::BTreeSet<String> {
+        let mut out: std::collections::BTreeSet<String> = metadata
+            .properties()
+            .keys()
+            .filter_map(|k| k.strip_prefix(OFFSETS_PROPERTY_PREFIX))
+            .map(str::to_string)
+            .collect();
+        let mut current = metadata.current_snapshot();
+        while let Some(snapshot) = current {
+            let props = &snapshot.summary().additional_properties;
+            if props.contains_key(OFFSETS_KEY)
+                && let Some(p) = props.get(PIPELINE_KEY)
+            {
+                out.insert(p.clone());
+            }
+            out.extend(
+                props
+                    .keys()
+                    .filter_map(|k| k.strip_prefix(OFFSETS_PROPERTY_PREFIX))
+                    .map(str::to_string),
+            );
+            current = snapshot
+                .parent_snapshot_id()
+                .and_then(|id| metadata.snapshot_by_id(id));
+        }
+        out
+    }
+
+    /// Summary properties that carry every pipeline's stored offsets forward
+    /// (`floe.offsets.<pipeline>`), for snapshots Floe makes that are not a pipeline's
+    /// own commit (maintenance).
+    pub fn carried_forward(
+        metadata: &TableMetadata,
+    ) -> Result<std::collections::HashMap<String, String>, OffsetsError> {
+        let mut out = std::collections::HashMap::new();
+        for pipeline in OffsetMap::pipelines(metadata) {
+            let (offsets, source) = OffsetMap::located(metadata, &pipeline)?;
+            if source != OffsetsSource::None {
+                out.insert(
+                    StoredOffsets::property_key(&pipeline),
+                    offsets.to_summary_value(),
+                );
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -120,5 +278,15 @@ mod tests {
         assert_eq!(s, r#"{"a.b":{"1":0},"orders":{"0":10,"3":7}}"#);
         assert_eq!(OffsetMap::from_summary_value(&s).unwrap(), m);
         assert!(OffsetMap::from_summary_value("{\"t\":{\"x\":1}}").is_err());
+        let stored = StoredOffsets {
+            snapshot_id: 42,
+            offsets: m,
+        };
+        let v = stored.to_property_value();
+        assert_eq!(
+            v,
+            r#"{"snapshot-id":42,"offsets":{"a.b":{"1":0},"orders":{"0":10,"3":7}}}"#
+        );
+        assert_eq!(StoredOffsets::from_property_value(&v).unwrap(), stored);
     }
 }

@@ -3,11 +3,16 @@
 //!
 //! - `table`: loads or creates the target table, evolves its schema, writes Parquet files
 //!   and commits them as one snapshot that carries the Kafka offsets.
-//! - `upsert`: one row per key: key index, last-per-key reduction, position deletes.
+//! - `upsert`: one row per key: key index, last-per-key reduction, position deletes or
+//!   deletion vectors.
+//! - `partition`: the partition spec of created tables; the check that a table's spec
+//!   can be written.
+//! - `writer`: Parquet data files, fanned out by partition one partition at a time.
 
+pub mod partition;
 mod table;
 pub mod upsert;
-mod writer;
+pub mod writer;
 
 use std::time::Duration;
 
@@ -66,6 +71,18 @@ pub struct SinkConfig {
         deserialize_with = "crate::config::size::deserialize"
     )]
     pub target_file_size: u64,
+    /// Partition spec of a table the agent creates, e.g. `["day(ts)", "bucket(16, id)"]`
+    /// (see [`partition`]); a table that exists keeps its own spec.
+    #[serde(default)]
+    pub partition_by: Vec<String>,
+    /// Iceberg format version of a table the agent creates: 2 (default; upsert writes
+    /// position-delete files) or 3 (upsert writes deletion vectors).
+    #[serde(default = "default_format_version")]
+    pub format_version: u8,
+    /// Table maintenance run by the agent (compaction, snapshot expiry, cleanup); off
+    /// when absent.
+    #[serde(default)]
+    pub maintenance: Option<crate::maintain::MaintenanceConfig>,
 }
 
 /// Write mode.
@@ -78,6 +95,10 @@ pub enum Mode {
     /// One row per key: later messages replace the row, tombstones delete it
     /// (position deletes; see [`upsert`]).
     Upsert,
+}
+
+fn default_format_version() -> u8 {
+    2
 }
 
 fn default_max_keys() -> usize {
@@ -145,6 +166,17 @@ impl SinkConfig {
                 ));
             }
         }
+        if !matches!(self.format_version, 2 | 3) {
+            out.push(("format_version".into(), "must be 2 or 3".into()));
+        }
+        out.extend(partition::parse_all(&self.partition_by).1);
+        if let Some(m) = &self.maintenance {
+            out.extend(
+                m.problems()
+                    .into_iter()
+                    .map(|(f, msg)| (format!("maintenance.{f}"), msg)),
+            );
+        }
         if self.namespace.split('.').any(|p| p.trim().is_empty()) {
             out.push((
                 "namespace".into(),
@@ -161,6 +193,9 @@ pub enum SinkError {
     /// The target table does not exist and `create_table` is off.
     #[error("table {0} does not exist; create it or set `create_table = true`")]
     MissingTable(String),
+    /// The table cannot be written as configured (partition spec, format version).
+    #[error("{0}")]
+    Unwritable(String),
     /// Another writer committed offsets of this pipeline; our commit was refused.
     #[error("commit fenced: {0}")]
     Fenced(String),
@@ -204,6 +239,7 @@ impl crate::error::Classify for SinkError {
             SinkError::Upsert(upsert::UpsertError::Parquet(_)) => Transient,
             SinkError::Fenced(_) => Transient,
             SinkError::MissingTable(_)
+            | SinkError::Unwritable(_)
             | SinkError::Offsets(_)
             | SinkError::Batch(_)
             | SinkError::Schema(_)

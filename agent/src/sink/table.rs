@@ -10,7 +10,7 @@ use iceberg::{NamespaceIdent, TableCreation, TableIdent};
 use uuid::Uuid;
 
 use super::upsert::{self, KeyHash, KeyIndex, KeySpec, OP_COLUMN, Plan};
-use super::{Mode, SinkConfig, SinkError, writer};
+use super::{Mode, SinkConfig, SinkError, partition, writer};
 use crate::batch::{self, Buffered};
 use crate::catalog::CatalogHandle;
 use crate::commit::{self, CommitFailure, CommitOptions, Fence, StagedSnapshot};
@@ -41,9 +41,11 @@ struct UpsertState {
 #[derive(Default)]
 pub struct Staged {
     data: Vec<DataFile>,
-    /// Upsert mode: keys touched and where the new rows are.
+    /// The partition spec the data files were written in.
+    spec_id: i32,
+    /// Upsert mode: keys touched and where the new rows are (index into `data`, position).
     touched: Vec<KeyHash>,
-    placed: Vec<(KeyHash, String, u64)>,
+    placed: Vec<(KeyHash, usize, u64)>,
 }
 
 impl Staged {
@@ -98,6 +100,10 @@ impl TableSink {
         sink.reload().await?;
         if sink.table.is_none() && !config.create_table {
             return Err(SinkError::MissingTable(sink.ident.to_string()));
+        }
+        if let Some(table) = &sink.table {
+            partition::check_table(table.metadata())
+                .map_err(|m| SinkError::Unwritable(format!("{}: {m}", sink.ident)))?;
         }
         if let (Some(table), Some(u)) = (&sink.table, &sink.upsert) {
             upsert::check_table(table.metadata(), &u.spec)?;
@@ -229,21 +235,58 @@ impl TableSink {
         if let Some(u) = &self.upsert {
             schema = upsert::upsert_schema(&schema, &u.spec)?;
         }
+        let (fields, _) = partition::parse_all(&self.config.partition_by);
+        let spec = partition::new_table_spec(&fields, &schema)
+            .map_err(|m| SinkError::Unwritable(format!("cannot create {}: {m}", self.ident)))?;
+        let version = match self.config.format_version {
+            3 => FormatVersion::V3,
+            _ => FormatVersion::V2,
+        };
         let creation = TableCreation::builder()
             .name(self.ident.name().to_string())
             .schema(schema)
-            .format_version(FormatVersion::V2)
-            .properties(HashMap::from([(
-                "write.parquet.compression-codec".to_string(),
-                "zstd".to_string(),
-            )]))
+            .partition_spec(spec)
+            .format_version(version)
+            .properties(HashMap::from([
+                (
+                    "write.parquet.compression-codec".to_string(),
+                    "zstd".to_string(),
+                ),
+                // REST catalogs take the format version from this property.
+                (
+                    "format-version".to_string(),
+                    self.config.format_version.to_string(),
+                ),
+            ]))
             .build();
-        let table = self
+        let mut table = self
             .catalog
             .catalog
             .create_table(&namespace, creation)
             .await
             .map_err(|e| self.err("create table", e))?;
+        if table.metadata().format_version() < version {
+            // A catalog that ignored the requested version: upgrade the empty table.
+            table = self
+                .catalog
+                .committer
+                .commit(
+                    &table,
+                    vec![iceberg::TableRequirement::UuidMatch {
+                        uuid: table.metadata().uuid(),
+                    }],
+                    vec![iceberg::TableUpdate::UpgradeFormatVersion {
+                        format_version: version,
+                    }],
+                )
+                .await
+                .map_err(|e| {
+                    SinkError::Unwritable(format!(
+                        "cannot set format version {version} on {}: {e}",
+                        self.ident
+                    ))
+                })?;
+        }
         tracing::info!(pipeline = %self.pipeline, table = %self.ident, "created table");
         self.table = Some(table);
         if let Some(u) = &mut self.upsert {
@@ -285,7 +328,7 @@ impl TableSink {
         let ident = self.ident.to_string();
         let handle = tokio::runtime::Handle::current();
         let sealed = buffered.batches.clone();
-        let (data, plan) = tokio::task::spawn_blocking(move || {
+        let (written, plan) = tokio::task::spawn_blocking(move || {
             let arrow = batch::table_arrow_schema(&schema)?;
             let mut batches = Vec::with_capacity(sealed.len());
             for b in &sealed {
@@ -294,7 +337,7 @@ impl TableSink {
             if let Some(plan) = &plan {
                 batches = apply_plan(batches, plan)?;
             }
-            let data = handle
+            let written = handle
                 .block_on(writer::write_data_files(
                     &table, schema, batches, &prefix, target,
                 ))
@@ -303,34 +346,42 @@ impl TableSink {
                     table: ident,
                     source: Box::new(e),
                 })?;
-            Ok::<_, SinkError>((data, plan))
+            Ok::<_, SinkError>((written, plan))
         })
         .await
         .map_err(|e| SinkError::Internal(format!("writer thread: {e}")))??;
+        let writer::Written {
+            files: data,
+            spec_id,
+            order,
+        } = written;
         let Some(plan) = plan else {
             return Ok(Staged {
                 data,
+                spec_id,
                 ..Staged::default()
             });
         };
-        // Row positions of the new rows: files hold the rows in order.
-        let mut placed = Vec::with_capacity(plan.row_keys.len());
-        let mut row_keys = plan.row_keys.iter();
-        for file in &data {
-            for pos in 0..file.record_count() {
-                let key = row_keys.next().ok_or_else(|| {
-                    SinkError::Internal("data files hold more rows than written".into())
-                })?;
-                placed.push((*key, file.file_path().to_string(), pos));
-            }
+        // Row positions of the new rows: files hold the rows in the writer's order.
+        let total: u64 = data.iter().map(|f| f.record_count()).sum();
+        if total != plan.row_keys.len() as u64 {
+            return Err(SinkError::Internal(format!(
+                "data files hold {total} rows, {} were written",
+                plan.row_keys.len()
+            )));
         }
-        if row_keys.next().is_some() {
-            return Err(SinkError::Internal(
-                "data files hold fewer rows than written".into(),
-            ));
+        let mut placed = Vec::with_capacity(plan.row_keys.len());
+        let mut at = 0usize;
+        for (i, file) in data.iter().enumerate() {
+            for pos in 0..file.record_count() {
+                let row = order.as_ref().map_or(at, |o| o[at] as usize);
+                placed.push((plan.row_keys[row], i, pos));
+                at += 1;
+            }
         }
         Ok(Staged {
             data,
+            spec_id,
             touched: plan.touched,
             placed,
         })
@@ -365,16 +416,22 @@ impl TableSink {
                 .table
                 .clone()
                 .ok_or_else(|| SinkError::MissingTable(self.ident.to_string()))?;
-            let deletes = self.position_deletes(&table, &staged).await?;
-            let delete_files = deletes.len();
+            let deletes = self.deletes(&table, &staged).await?;
+            let delete_files = deletes.files.len();
+            let data = staged
+                .data
+                .iter()
+                .map(|f| (staged.spec_id, f.clone()))
+                .collect();
             let mut snapshot = StagedSnapshot::write(
                 &table,
                 self.pending_schema.as_ref(),
-                staged.data.clone(),
-                deletes,
+                data,
+                deletes.files.clone(),
             )
             .await
             .map_err(|e| self.err("write manifests", e))?;
+            snapshot.remove(deletes.replaced.iter().cloned());
             let options = CommitOptions {
                 properties: &props,
                 offsets,
@@ -395,7 +452,7 @@ impl TableSink {
                     let snapshot_id = table.metadata().current_snapshot_id().unwrap_or_default();
                     self.table = Some(table);
                     self.pending_schema = None;
-                    self.apply_to_index(&staged)?;
+                    self.apply_to_index(&staged, &deletes)?;
                     return Ok(CommitOutcome {
                         snapshot_id,
                         files: staged.data.len(),
@@ -419,33 +476,41 @@ impl TableSink {
         }
     }
 
-    /// Upsert: one position-delete file for the older rows of every key the commit touches.
-    async fn position_deletes(
+    /// Upsert: the delete files removing the older rows of every key the commit touches
+    /// (position deletes per partition, or deletion vectors on a v3 table).
+    async fn deletes(
         &self,
         table: &Table,
         staged: &Staged,
-    ) -> Result<Vec<DataFile>, SinkError> {
+    ) -> Result<upsert::CommitDeletes, SinkError> {
         let Some(index) = self.upsert.as_ref().and_then(|u| u.index.as_ref()) else {
-            return Ok(Vec::new());
+            return Ok(upsert::CommitDeletes::default());
         };
         let rows = upsert::rows_to_delete(&staged.touched, index);
-        if rows.is_empty() {
-            return Ok(Vec::new());
-        }
-        Ok(vec![
-            upsert::write_position_deletes(table, &self.pipeline, rows).await?,
-        ])
+        Ok(upsert::write_deletes(table, &self.pipeline, index, rows).await?)
     }
 
-    fn apply_to_index(&mut self, staged: &Staged) -> Result<(), SinkError> {
+    fn apply_to_index(
+        &mut self,
+        staged: &Staged,
+        deletes: &upsert::CommitDeletes,
+    ) -> Result<(), SinkError> {
         let Some(index) = self.upsert.as_mut().and_then(|u| u.index.as_mut()) else {
             return Ok(());
         };
+        for (id, dv) in &deletes.vectors {
+            index.set_dv(*id, dv.clone());
+        }
         for k in &staged.touched {
             index.remove(k);
         }
+        let ids: Vec<u32> = staged
+            .data
+            .iter()
+            .map(|f| index.register_file(f.file_path(), staged.spec_id, f.partition()))
+            .collect();
         for (k, file, pos) in &staged.placed {
-            index.put(*k, file, *pos)?;
+            index.put(*k, ids[*file], *pos)?;
         }
         Ok(())
     }

@@ -133,3 +133,13 @@ pub fn offset_gap(pipeline: &str, records: u64) {
     metrics::counter!("floe_offset_gap_records_total", "pipeline" => pipeline.to_string())
         .increment(records);
 }
+
+/// One scheduled maintenance run of a table: `floe_maintenance_runs_total{result}`
+/// and `floe_maintenance_seconds`.
+pub fn maintenance(pipeline: &str, seconds: f64, failed: bool) {
+    let result = if failed { "failed" } else { "ok" };
+    metrics::counter!("floe_maintenance_runs_total", "pipeline" => pipeline.to_string(), "result" => result)
+        .increment(1);
+    metrics::histogram!("floe_maintenance_seconds", "pipeline" => pipeline.to_string())
+        .record(seconds);
+}

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
 use bytes::Bytes;
-use iceberg::spec::{DataContentType, DataFile, DataFileBuilder, DataFileFormat, Datum};
+use iceberg::spec::{DataContentType, DataFile, DataFileBuilder, DataFileFormat, Datum, Struct};
 use iceberg::table::Table;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
@@ -21,9 +21,13 @@ const FILE_PATH_ID: i32 = 2_147_483_546;
 const POS_ID: i32 = 2_147_483_545;
 
 /// Writes one position-delete file for `rows` (any order) into the table's data folder.
+/// The rows' data files all belong to partition `partition` of spec `spec_id`, which the
+/// delete file takes (readers match position deletes to data files by partition).
 pub async fn write_position_deletes(
     table: &Table,
     name_prefix: &str,
+    spec_id: i32,
+    partition: Struct,
     mut rows: Vec<(String, u64)>,
 ) -> Result<DataFile, UpsertError> {
     rows.sort_unstable();
@@ -67,7 +71,8 @@ pub async fn write_position_deletes(
         .file_format(DataFileFormat::Parquet)
         .record_count(rows.len() as u64)
         .file_size_in_bytes(size)
-        .partition_spec_id(table.metadata().default_partition_spec_id())
+        .partition(partition)
+        .partition_spec_id(spec_id)
         .lower_bounds(HashMap::from([(FILE_PATH_ID, Datum::string(first))]))
         .upper_bounds(HashMap::from([(FILE_PATH_ID, Datum::string(last))]));
     if first == last {

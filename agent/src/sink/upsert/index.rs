@@ -2,24 +2,26 @@
 //!
 //! Position deletes need the exact row an update replaces. The index is rebuilt from the
 //! table when a pipeline starts (or when another writer changed the table's data): read the
-//! key columns of every live data file, drop the rows named by position-delete files, keep
-//! the rest. After each commit it is updated with the rows the commit wrote and removed.
+//! key columns of every live data file, drop the rows named by position-delete files and
+//! deletion vectors, keep the rest. After each commit it is updated with the rows the
+//! commit wrote and removed.
 //!
 //! Memory: one hash-map entry of 16 + 8 bytes per live key (71 bytes resident measured at
-//! 1M keys, with the map's spare capacity), plus one path per data file. `max_keys`
-//! bounds it.
+//! 1M keys, with the map's spare capacity), plus per data file its path, partition tuple
+//! and (format v3) the entry of its deletion vector. `max_keys` bounds it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow_array::ArrayRef;
 use foldhash::fast::RandomState;
-use iceberg::spec::{DataContentType, ManifestStatus};
+use iceberg::spec::{DataContentType, DataFile, DataFileFormat, FormatVersion, Struct};
 use iceberg::table::Table;
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use super::UpsertError;
+use crate::commit::manifests;
 use crate::record::key::{KeyHash, KeySpec};
 
 /// A row of a data file.
@@ -29,10 +31,23 @@ pub struct RowRef {
     pos: u32,
 }
 
+/// A data file the index points into.
+#[derive(Debug, Clone)]
+pub struct FileInfo {
+    /// Its path.
+    pub path: Arc<str>,
+    /// The partition spec its partition tuple belongs to.
+    pub spec_id: i32,
+    /// Its partition tuple (a delete file for it must carry the same).
+    pub partition: Struct,
+    /// Format v3: its live deletion vector, which the next one for it replaces.
+    pub dv: Option<DataFile>,
+}
+
 /// The key index of one table (see the module docs).
 #[derive(Debug, Default)]
 pub struct KeyIndex {
-    files: Vec<Arc<str>>,
+    files: Vec<FileInfo>,
     file_ids: HashMap<Arc<str>, u32, RandomState>,
     rows: HashMap<KeyHash, RowRef, RandomState>,
     max_keys: usize,
@@ -43,7 +58,7 @@ pub struct KeyIndex {
 pub struct RebuildStats {
     /// Live data files read.
     pub data_files: usize,
-    /// Position-delete files read.
+    /// Position-delete files and deletion vectors read.
     pub delete_files: usize,
     /// Live keys.
     pub keys: usize,
@@ -71,16 +86,40 @@ impl KeyIndex {
         self.rows.is_empty()
     }
 
-    /// Where `key`'s live row is.
-    pub fn get(&self, key: &KeyHash) -> Option<(&str, u64)> {
-        self.rows
-            .get(key)
-            .map(|r| (&*self.files[r.file as usize], u64::from(r.pos)))
+    /// Where `key`'s live row is: (file id, row position).
+    pub fn get(&self, key: &KeyHash) -> Option<(u32, u64)> {
+        self.rows.get(key).map(|r| (r.file, u64::from(r.pos)))
     }
 
-    /// Records that `key` now lives at `pos` of `file`.
-    pub fn put(&mut self, key: KeyHash, file: &str, pos: u64) -> Result<(), UpsertError> {
-        let file = self.file_id(file);
+    /// The data file with id `id`.
+    pub fn file(&self, id: u32) -> &FileInfo {
+        &self.files[id as usize]
+    }
+
+    /// Records a data file (once; later calls return the same id).
+    pub fn register_file(&mut self, path: &str, spec_id: i32, partition: &Struct) -> u32 {
+        if let Some(&id) = self.file_ids.get(path) {
+            return id;
+        }
+        let path: Arc<str> = Arc::from(path);
+        let id = self.files.len() as u32;
+        self.files.push(FileInfo {
+            path: path.clone(),
+            spec_id,
+            partition: partition.clone(),
+            dv: None,
+        });
+        self.file_ids.insert(path, id);
+        id
+    }
+
+    /// Records the live deletion vector of data file `id`.
+    pub fn set_dv(&mut self, id: u32, dv: DataFile) {
+        self.files[id as usize].dv = Some(dv);
+    }
+
+    /// Records that `key` now lives at `pos` of data file `file` (a registered id).
+    pub fn put(&mut self, key: KeyHash, file: u32, pos: u64) -> Result<(), UpsertError> {
         let pos = u32::try_from(pos).map_err(|_| UpsertError::TooLarge("rows in one data file"))?;
         self.rows.insert(key, RowRef { file, pos });
         if self.rows.len() > self.max_keys {
@@ -94,17 +133,6 @@ impl KeyIndex {
         self.rows.remove(key);
     }
 
-    fn file_id(&mut self, file: &str) -> u32 {
-        if let Some(&id) = self.file_ids.get(file) {
-            return id;
-        }
-        let path: Arc<str> = Arc::from(file);
-        let id = self.files.len() as u32;
-        self.files.push(path.clone());
-        self.file_ids.insert(path, id);
-        id
-    }
-
     /// Reads the table's current snapshot into a new index.
     pub async fn rebuild(
         table: &Table,
@@ -116,38 +144,61 @@ impl KeyIndex {
         let Some(snapshot) = table.metadata().current_snapshot() else {
             return Ok((index, stats));
         };
-        let file_io = table.file_io();
-        let list = table.manifest_list_reader(snapshot).load().await?;
+        let v3 = table.metadata().format_version() >= FormatVersion::V3;
         // Data files in data-sequence order, so a key written twice ends at its later row.
-        let mut data_files: Vec<(i64, String)> = Vec::new();
+        let mut data_files: Vec<(i64, String, i32, Struct)> = Vec::new();
         let mut deleted: HashMap<String, Vec<u64>, RandomState> = HashMap::default();
-        for manifest_file in list.entries() {
-            let manifest = manifest_file.load_manifest(file_io).await?;
-            for entry in manifest.entries() {
-                if entry.status() == ManifestStatus::Deleted {
-                    continue;
+        let mut dvs: HashMap<String, DataFile, RandomState> = HashMap::default();
+        for live in manifests::live_files(table, snapshot).await? {
+            let file = live.entry.data_file();
+            match live.content() {
+                DataContentType::Data => data_files.push((
+                    live.sequence_number(),
+                    live.path().to_string(),
+                    live.manifest.partition_spec_id,
+                    file.partition().clone(),
+                )),
+                DataContentType::PositionDeletes
+                    if file.file_format() == DataFileFormat::Puffin =>
+                {
+                    stats.delete_files += 1;
+                    let target = file.referenced_data_file().ok_or_else(|| {
+                        UpsertError::Unsupported(format!(
+                            "deletion vector in {} names no data file",
+                            live.path()
+                        ))
+                    })?;
+                    let positions = super::dv::read(table, file).await?;
+                    deleted
+                        .entry(target.clone())
+                        .or_default()
+                        .extend(positions.iter());
+                    dvs.insert(target, file.clone());
                 }
-                match entry.content_type() {
-                    DataContentType::Data => data_files.push((
-                        entry.sequence_number().unwrap_or_default(),
-                        entry.file_path().to_string(),
-                    )),
-                    DataContentType::PositionDeletes => {
-                        stats.delete_files += 1;
-                        read_position_deletes(table, entry.file_path(), &mut deleted).await?;
-                    }
-                    other => {
+                DataContentType::PositionDeletes => {
+                    if v3 {
                         return Err(UpsertError::Unsupported(format!(
-                            "the table has {other:?} files (from another writer); Floe's upsert index needs position deletes only"
+                            "this format-v3 table has position-delete files (from another writer or an upgrade from v2); Floe's upsert writes deletion vectors, which must include them: compact the table first (`floe maintain`)"
                         )));
                     }
+                    stats.delete_files += 1;
+                    read_position_deletes(table, live.path(), &mut deleted).await?;
+                }
+                other => {
+                    return Err(UpsertError::Unsupported(format!(
+                        "the table has {other:?} files (from another writer); Floe's upsert index needs position deletes only"
+                    )));
                 }
             }
         }
-        data_files.sort();
+        data_files.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
         let key_ids = key_field_ids(table, spec)?;
-        for (_, path) in &data_files {
+        for (_, path, spec_id, partition) in &data_files {
             stats.data_files += 1;
+            let id = index.register_file(path, *spec_id, partition);
+            if let Some(dv) = dvs.remove(path) {
+                index.set_dv(id, dv);
+            }
             let mut gone = deleted.remove(path).unwrap_or_default();
             gone.sort_unstable();
             let keys = read_keys(table, path, &key_ids).await?;
@@ -160,7 +211,7 @@ impl KeyIndex {
                 if index.rows.contains_key(&key) {
                     stats.duplicates += 1;
                 }
-                index.put(key, path, pos)?;
+                index.put(key, id, pos)?;
             }
         }
         stats.keys = index.len();
@@ -223,7 +274,7 @@ async fn read_keys(
 }
 
 /// Adds the (file, position) pairs of a position-delete file to `deleted`.
-async fn read_position_deletes(
+pub async fn read_position_deletes(
     table: &Table,
     path: &str,
     deleted: &mut HashMap<String, Vec<u64>, RandomState>,

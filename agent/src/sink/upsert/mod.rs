@@ -5,7 +5,9 @@
 //!   key) removes the key;
 //! - the surviving rows are appended as new data files;
 //! - the rows they replace (or that a tombstone deletes) in older files are removed with
-//!   one **position-delete file** per commit, found through the [`KeyIndex`];
+//!   one **position-delete file** per partition per commit (format v2), or one
+//!   **deletion vector** per data file, all in one Puffin file per commit (format v3),
+//!   found through the [`KeyIndex`];
 //! - both go into one snapshot (operation `overwrite`) through [`super::commit`], which
 //!   requires the exact parent the deletes were computed against: if another writer
 //!   changed the table's data meanwhile, the index is rebuilt and the deletes recomputed.
@@ -14,6 +16,7 @@
 //! rewrites the data files; busy upsert tables need regular compaction (see docs/upsert.md).
 
 mod deletes;
+pub mod dv;
 mod index;
 
 use std::collections::HashMap;
@@ -24,7 +27,7 @@ use iceberg::spec::{FormatVersion, NestedField, PrimitiveType, Schema, TableMeta
 
 pub use crate::record::key::{KeyHash, KeySpec, MESSAGE_KEY};
 pub use deletes::write_position_deletes;
-pub use index::{KeyIndex, RebuildStats};
+pub use index::{FileInfo, KeyIndex, RebuildStats, read_position_deletes};
 
 /// Name of the operation column of upsert tables (`insert` or `update`).
 pub const OP_COLUMN: &str = "_op";
@@ -102,12 +105,83 @@ impl Plan {
     }
 }
 
-/// The rows in older files that a commit touching `touched` keys replaces or deletes.
-pub fn rows_to_delete(touched: &[KeyHash], index: &KeyIndex) -> Vec<(String, u64)> {
-    touched
-        .iter()
-        .filter_map(|k| index.get(k).map(|(f, p)| (f.to_string(), p)))
-        .collect()
+/// The rows in older files that a commit touching `touched` keys replaces or deletes:
+/// (file id in the index, row position).
+pub fn rows_to_delete(touched: &[KeyHash], index: &KeyIndex) -> Vec<(u32, u64)> {
+    touched.iter().filter_map(|k| index.get(k)).collect()
+}
+
+/// The delete files of one upsert commit.
+#[derive(Debug, Default)]
+pub struct CommitDeletes {
+    /// New delete files with their partition spec ids.
+    pub files: Vec<(i32, iceberg::spec::DataFile)>,
+    /// Format v3: the deletion vectors the new ones replace (removed by the commit).
+    pub replaced: Vec<crate::commit::manifests::FileKey>,
+    /// Format v3: per data file (index id), its new deletion vector.
+    pub vectors: Vec<(u32, iceberg::spec::DataFile)>,
+}
+
+/// Writes the delete files removing `rows` (from [`rows_to_delete`]): position-delete
+/// files, one per partition (format v2), or deletion vectors merged with each data
+/// file's current one (format v3).
+pub async fn write_deletes(
+    table: &iceberg::table::Table,
+    name_prefix: &str,
+    index: &KeyIndex,
+    rows: Vec<(u32, u64)>,
+) -> Result<CommitDeletes, UpsertError> {
+    let mut by_file: std::collections::BTreeMap<u32, Vec<u64>> = Default::default();
+    for (file, pos) in rows {
+        by_file.entry(file).or_default().push(pos);
+    }
+    let mut out = CommitDeletes::default();
+    if by_file.is_empty() {
+        return Ok(out);
+    }
+    if table.metadata().format_version() >= FormatVersion::V3 {
+        let mut targets = Vec::with_capacity(by_file.len());
+        let mut ids = Vec::with_capacity(by_file.len());
+        for (id, positions) in by_file {
+            let info = index.file(id);
+            let mut all: roaring::RoaringTreemap = positions.into_iter().collect();
+            if let Some(old) = &info.dv {
+                all |= dv::read(table, old).await?;
+                out.replaced
+                    .push(crate::commit::manifests::FileKey::of(old));
+            }
+            targets.push(dv::Target {
+                data_file: info.path.to_string(),
+                spec_id: info.spec_id,
+                partition: info.partition.clone(),
+                positions: all,
+            });
+            ids.push(id);
+        }
+        let written = dv::write(table, name_prefix, targets).await?;
+        // `write` keeps the targets' order (none is empty: each has a new position).
+        for (id, (spec, file)) in ids.into_iter().zip(written) {
+            out.vectors.push((id, file.clone()));
+            out.files.push((spec, file));
+        }
+        return Ok(out);
+    }
+    // One position-delete file per partition (spec id and partition tuple).
+    let mut by_partition: Vec<((i32, iceberg::spec::Struct), Vec<(String, u64)>)> = Vec::new();
+    for (id, positions) in by_file {
+        let info = index.file(id);
+        let key = (info.spec_id, info.partition.clone());
+        let rows = positions.into_iter().map(|p| (info.path.to_string(), p));
+        match by_partition.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, v)) => v.extend(rows),
+            None => by_partition.push((key, rows.collect())),
+        }
+    }
+    for ((spec, partition), rows) in by_partition {
+        let file = write_position_deletes(table, name_prefix, spec, partition, rows).await?;
+        out.files.push((spec, file));
+    }
+    Ok(out)
 }
 
 /// Turns a new table's schema into an upsert table's: key columns required and set as
@@ -148,13 +222,11 @@ pub fn upsert_schema(schema: &Schema, spec: &KeySpec) -> Result<Schema, UpsertEr
 
 /// Checks that an existing table can be upserted with `spec`.
 pub fn check_table(metadata: &TableMetadata, spec: &KeySpec) -> Result<(), UpsertError> {
-    // v3 replaces position-delete files by deletion vectors, which iceberg-rust 0.10
-    // cannot write yet; v1 has no delete files at all.
-    if metadata.format_version() != FormatVersion::V2 {
-        return Err(UpsertError::Unsupported(format!(
-            "upsert mode writes position deletes, which need a format-version 2 table (this one is {})",
-            metadata.format_version()
-        )));
+    // v2: position-delete files; v3: deletion vectors; v1 has no delete files at all.
+    if metadata.format_version() == FormatVersion::V1 {
+        return Err(UpsertError::Unsupported(
+            "upsert mode writes delete files, which need a format-version 2 or 3 table (this one is v1)".to_string(),
+        ));
     }
     let schema = metadata.current_schema();
     for k in spec.columns() {
@@ -184,8 +256,9 @@ mod tests {
     #[test]
     fn last_message_per_key_wins_and_tombstones_delete() {
         let mut index = KeyIndex::new(100);
-        index.put(2, "old.parquet", 5).unwrap();
-        index.put(3, "old.parquet", 6).unwrap();
+        let old = index.register_file("old.parquet", 0, &iceberg::spec::Struct::empty());
+        index.put(2, old, 5).unwrap();
+        index.put(3, old, 6).unwrap();
         // Rows 0..5 with keys 1, 2, 1, 3 (tombstone), 4.
         let keys = [(1, true), (2, true), (1, true), (3, false), (4, true)];
         let plan = Plan::new(&keys, &index);
@@ -198,13 +271,7 @@ mod tests {
         assert_eq!(plan.ops, ["update", "insert", "insert"]);
         let mut deletes = rows_to_delete(&plan.touched, &index);
         deletes.sort();
-        assert_eq!(
-            deletes,
-            [
-                ("old.parquet".to_string(), 5),
-                ("old.parquet".to_string(), 6)
-            ]
-        );
+        assert_eq!(deletes, [(old, 5), (old, 6)]);
     }
 
     #[test]

@@ -1,0 +1,408 @@
+//! Table maintenance: what keeps a table that Floe writes every minute cheap to read and
+//! commit to after months.
+//!
+//! Jobs, in the order one run does them (see `docs/maintenance.md`):
+//! - [`compact`]: per partition, bin-packs small data files into files of the target
+//!   size and applies position deletes and deletion vectors, so the delete files they
+//!   carry disappear; committed as a `replace` snapshot through [`crate::commit`], which
+//!   plans it again on every concurrent commit (carrying that commit's deletes over to
+//!   the new files) and carries every pipeline's offsets forward.
+//! - [`expire`]: removes old snapshots (beyond the newest `keep_snapshots` and older than
+//!   `max_snapshot_age`) and then the files only they referenced; first writes each
+//!   pipeline's offsets into the table property that survives expiry.
+//! - [`orphans`]: deletes files under the table's location that no snapshot references
+//!   and that are older than `orphan_age` (failed uploads, attempts that lost a race).
+//! - metadata: keeps `keep_metadata_files` entries in the metadata log and deletes older
+//!   metadata files (part of [`expire`]).
+//!
+//! Runs on a schedule inside `floe run` (`[pipelines.sink.maintenance]`) and on demand
+//! with `floe maintain`. Nothing here stops ingestion: a failed run is logged and retried
+//! at the next interval.
+
+pub mod compact;
+pub mod expire;
+pub mod orphans;
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use iceberg::table::Table;
+use iceberg::{NamespaceIdent, TableIdent};
+use serde::Deserialize;
+use tokio::sync::watch;
+
+use crate::catalog::CatalogHandle;
+use crate::config::{Config, PipelineConfig};
+
+/// `[pipelines.sink.maintenance]`: maintenance of the pipeline's tables.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct MaintenanceConfig {
+    /// How often `floe run` maintains each table of the pipeline (default 10m).
+    #[serde(
+        default = "default_interval",
+        deserialize_with = "crate::config::duration::deserialize"
+    )]
+    pub interval: Duration,
+    /// Compact small files and apply deletes (default true).
+    #[serde(default = "yes")]
+    pub compact: bool,
+    /// Size compaction aims for (default: the sink's `target_file_size`).
+    #[serde(default, deserialize_with = "optional_size")]
+    pub target_file_size: Option<u64>,
+    /// A partition is compacted once it has this many small files (smaller than 3/4 of
+    /// the target), or any file with deletes (default 5).
+    #[serde(default = "default_min_input_files")]
+    pub min_input_files: usize,
+    /// Snapshots of `main` always kept, newest first (default 10).
+    #[serde(default = "default_keep_snapshots")]
+    pub keep_snapshots: usize,
+    /// Snapshots newer than this are kept too (default 1h; "0s": only `keep_snapshots`).
+    #[serde(
+        default = "default_max_snapshot_age",
+        deserialize_with = "crate::config::duration::deserialize"
+    )]
+    pub max_snapshot_age: Duration,
+    /// Unreferenced files older than this are deleted (default 3d, at least 1h: a slow
+    /// commit's files must not look orphaned).
+    #[serde(
+        default = "default_orphan_age",
+        deserialize_with = "crate::config::duration::deserialize"
+    )]
+    pub orphan_age: Duration,
+    /// Entries kept in the metadata log; older metadata files are deleted (default 10).
+    #[serde(default = "default_keep_metadata_files")]
+    pub keep_metadata_files: usize,
+}
+
+impl Default for MaintenanceConfig {
+    fn default() -> Self {
+        MaintenanceConfig {
+            interval: default_interval(),
+            compact: true,
+            target_file_size: None,
+            min_input_files: default_min_input_files(),
+            keep_snapshots: default_keep_snapshots(),
+            max_snapshot_age: default_max_snapshot_age(),
+            orphan_age: default_orphan_age(),
+            keep_metadata_files: default_keep_metadata_files(),
+        }
+    }
+}
+
+/// The smallest `orphan_age`.
+pub const MIN_ORPHAN_AGE: Duration = Duration::from_secs(3600);
+
+fn default_interval() -> Duration {
+    Duration::from_secs(600)
+}
+fn yes() -> bool {
+    true
+}
+fn default_min_input_files() -> usize {
+    5
+}
+fn default_keep_snapshots() -> usize {
+    10
+}
+fn default_max_snapshot_age() -> Duration {
+    Duration::from_secs(3600)
+}
+fn default_orphan_age() -> Duration {
+    Duration::from_secs(3 * 86_400)
+}
+fn default_keep_metadata_files() -> usize {
+    10
+}
+
+fn optional_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    crate::config::size::deserialize(d).map(Some)
+}
+
+impl MaintenanceConfig {
+    /// Problems serde cannot see, as `(field, message)` pairs.
+    pub fn problems(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        if self.interval < Duration::from_secs(1) {
+            out.push(("interval".into(), "must be at least 1s".into()));
+        }
+        if self.keep_snapshots == 0 {
+            out.push(("keep_snapshots".into(), "must be at least 1".into()));
+        }
+        if self.orphan_age < MIN_ORPHAN_AGE {
+            out.push((
+                "orphan_age".into(),
+                "must be at least 1h: files of a commit still in progress must not look orphaned"
+                    .into(),
+            ));
+        }
+        if self.keep_metadata_files == 0 {
+            out.push(("keep_metadata_files".into(), "must be at least 1".into()));
+        }
+        if self.min_input_files < 2 {
+            out.push(("min_input_files".into(), "must be at least 2".into()));
+        }
+        if self.target_file_size == Some(0) {
+            out.push(("target_file_size".into(), "must be positive".into()));
+        }
+        out
+    }
+}
+
+/// One table to maintain, with its settings.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// The table.
+    pub ident: TableIdent,
+    /// The settings.
+    pub config: MaintenanceConfig,
+    /// Compaction's target size.
+    pub target_file_size: u64,
+    /// Name prefix of files maintenance writes.
+    pub prefix: String,
+}
+
+/// The tables of `pipeline` (default table and stream tables), with its maintenance
+/// settings or the defaults.
+pub fn targets(pipeline: &PipelineConfig) -> Vec<Target> {
+    let config = pipeline.sink.maintenance.clone().unwrap_or_default();
+    let namespace = NamespaceIdent::from_vec(
+        pipeline
+            .sink
+            .namespace
+            .split('.')
+            .map(str::to_string)
+            .collect(),
+    )
+    .unwrap_or_else(|_| NamespaceIdent::new(pipeline.sink.namespace.clone()));
+    std::iter::once(&pipeline.sink.table)
+        .chain(pipeline.sink.streams.values())
+        .map(|table| Target {
+            ident: TableIdent::new(namespace.clone(), table.clone()),
+            target_file_size: config
+                .target_file_size
+                .unwrap_or(pipeline.sink.target_file_size),
+            config: config.clone(),
+            prefix: format!("{}-maintenance", pipeline.name),
+        })
+        .collect()
+}
+
+/// What one job did (or, in a dry run, would do).
+#[derive(Debug, Clone)]
+pub struct JobReport {
+    /// `compact`, `expire`, `orphans`, `metadata`.
+    pub job: &'static str,
+    /// One line.
+    pub detail: String,
+    /// Whether it failed.
+    pub failed: bool,
+}
+
+/// What a maintenance run did to one table.
+#[derive(Debug, Clone)]
+pub struct TableReport {
+    /// The table.
+    pub table: String,
+    /// The jobs, in order.
+    pub jobs: Vec<JobReport>,
+}
+
+/// Errors of maintenance jobs.
+#[derive(Debug, thiserror::Error)]
+pub enum MaintainError {
+    /// Reading or writing the table failed.
+    #[error(transparent)]
+    Iceberg(#[from] iceberg::Error),
+    /// A commit failed.
+    #[error(transparent)]
+    Commit(#[from] Box<crate::commit::CommitFailure>),
+    /// Reading delete files or writing new ones failed.
+    #[error(transparent)]
+    Upsert(#[from] crate::sink::upsert::UpsertError),
+    /// Anything else.
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Runs every job on one table once. A job that fails is reported and the next runs.
+pub async fn run_table(catalog: &CatalogHandle, target: &Target, dry_run: bool) -> TableReport {
+    let mut report = TableReport {
+        table: target.ident.to_string(),
+        jobs: Vec::new(),
+    };
+    let load = || async { catalog.catalog.load_table(&target.ident).await };
+    let mut table: Table = match load().await {
+        Ok(t) => t,
+        Err(e) if crate::catalog::is_not_found(&e) => {
+            report.jobs.push(JobReport {
+                job: "load",
+                detail: "the table does not exist yet: nothing to do".into(),
+                failed: false,
+            });
+            return report;
+        }
+        Err(e) => {
+            report.jobs.push(JobReport {
+                job: "load",
+                detail: e.to_string(),
+                failed: true,
+            });
+            return report;
+        }
+    };
+    if target.config.compact {
+        let r = compact::compact(catalog, table.clone(), target, dry_run).await;
+        report.jobs.push(job("compact", r));
+        if let Ok(t) = load().await {
+            table = t;
+        }
+    }
+    let r = expire::expire(catalog, table.clone(), &target.config, dry_run).await;
+    report.jobs.push(job("expire", r));
+    if let Ok(t) = load().await {
+        table = t;
+    }
+    let r = expire::trim_metadata(catalog, table.clone(), &target.config, dry_run).await;
+    report.jobs.push(job("metadata", r));
+    if let Ok(t) = load().await {
+        table = t;
+    }
+    let r = orphans::remove_orphans(&table, target.config.orphan_age, dry_run).await;
+    report.jobs.push(job("orphans", r));
+    report
+}
+
+fn job(name: &'static str, result: Result<String, MaintainError>) -> JobReport {
+    match result {
+        Ok(detail) => JobReport {
+            job: name,
+            detail,
+            failed: false,
+        },
+        Err(e) => JobReport {
+            job: name,
+            detail: e.to_string(),
+            failed: true,
+        },
+    }
+}
+
+/// `floe maintain`: every table of every pipeline (or the ones named `table`, as
+/// `name` or `namespace.name`), once.
+pub async fn maintain(
+    config: &Config,
+    table: Option<&str>,
+    dry_run: bool,
+) -> Result<Vec<TableReport>, crate::catalog::CatalogError> {
+    let mut catalogs = std::collections::HashMap::new();
+    let mut reports = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for p in &config.pipelines {
+        for target in targets(p) {
+            let full = target.ident.to_string();
+            if let Some(want) = table
+                && want != full
+                && want != target.ident.name()
+            {
+                continue;
+            }
+            if !seen.insert((p.sink.catalog.clone(), full)) {
+                continue;
+            }
+            if !catalogs.contains_key(&p.sink.catalog) {
+                let c = crate::catalog::open_catalog(
+                    &p.sink.catalog,
+                    &config.catalogs[&p.sink.catalog],
+                )
+                .await?;
+                catalogs.insert(p.sink.catalog.clone(), c);
+            }
+            reports.push(run_table(&catalogs[&p.sink.catalog], &target, dry_run).await);
+        }
+    }
+    Ok(reports)
+}
+
+/// The reports as a table, one line per job.
+pub fn render(reports: &[TableReport], dry_run: bool) -> String {
+    let mut out = String::new();
+    let width = reports
+        .iter()
+        .map(|r| r.table.len())
+        .max()
+        .unwrap_or(5)
+        .max(5);
+    let _ = writeln!(
+        out,
+        "{:width$}  {:8}  {:6}  DETAIL",
+        "TABLE", "JOB", "RESULT"
+    );
+    for r in reports {
+        for j in &r.jobs {
+            let result = if j.failed { "failed" } else { "ok" };
+            let _ = writeln!(
+                out,
+                "{:width$}  {:8}  {:6}  {}",
+                r.table, j.job, result, j.detail
+            );
+        }
+    }
+    if dry_run {
+        out.push_str("dry run: nothing was changed\n");
+    }
+    out
+}
+
+/// Whether every job of every report succeeded.
+pub fn all_ok(reports: &[TableReport]) -> bool {
+    reports.iter().all(|r| r.jobs.iter().all(|j| !j.failed))
+}
+
+/// Runs maintenance on `pipeline`'s tables every `interval` until `shutdown` turns true
+/// (inside `floe run`). The first run starts one interval after the start.
+pub async fn schedule(
+    pipeline: PipelineConfig,
+    catalog: CatalogHandle,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let Some(config) = pipeline.sink.maintenance.clone() else {
+        return;
+    };
+    let targets = targets(&pipeline);
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(config.interval) => {}
+            changed = shutdown.changed() => {
+                if changed.is_err() || *shutdown.borrow() {
+                    return;
+                }
+                continue;
+            }
+        }
+        if *shutdown.borrow() {
+            return;
+        }
+        for target in &targets {
+            let started = std::time::Instant::now();
+            let report = run_table(&catalog, target, false).await;
+            for j in &report.jobs {
+                if j.failed {
+                    tracing::warn!(pipeline = %pipeline.name, table = %report.table, job = j.job, detail = %j.detail, "maintenance job failed; retried at the next interval");
+                } else {
+                    tracing::info!(pipeline = %pipeline.name, table = %report.table, job = j.job, detail = %j.detail, "maintenance");
+                }
+            }
+            crate::telemetry::maintenance(
+                &pipeline.name,
+                started.elapsed().as_secs_f64(),
+                report.jobs.iter().any(|j| j.failed),
+            );
+        }
+    }
+}
+
+/// `n` bytes in binary units, for reports.
+pub(crate) fn size(n: u64) -> String {
+    bytesize::ByteSize::b(n).display().iec().to_string()
+}

@@ -1,0 +1,144 @@
+//! Orphan-file cleanup: files under the table's location that nothing references.
+//!
+//! Referenced: the current metadata file and every file in the metadata log, the
+//! manifest list of every snapshot, every manifest those list and every file any of
+//! those manifests names (whatever the entry's status). A file that is none of these
+//! and was last modified more than `orphan_age` ago is deleted: a data file whose
+//! commit failed, a manifest of an attempt that lost a race, an upload cut short. The
+//! age keeps files of commits still in progress (a commit retries for up to about an
+//! hour) out of reach; the config refuses less than an hour.
+//!
+//! Listing needs the file system: this job runs on local (`file://`) warehouses. On
+//! object stores it reports that it skipped (iceberg-rust's FileIO cannot list).
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use iceberg::table::Table;
+
+use super::MaintainError;
+use crate::commit::manifests;
+
+/// The local directory of a `file://` (or plain path) location, `None` for object stores.
+pub fn local_dir(location: &str) -> Option<PathBuf> {
+    let path = location
+        .strip_prefix("file://")
+        .or_else(|| location.strip_prefix("file:"))
+        .unwrap_or(location);
+    path.starts_with('/').then(|| PathBuf::from(path))
+}
+
+fn normalize(path: &str) -> String {
+    local_dir(path)
+        .map(|p| p.to_string_lossy().to_string())
+        .unwrap_or_else(|| path.to_string())
+}
+
+/// Deletes unreferenced files older than `age` under `table`'s location.
+pub async fn remove_orphans(
+    table: &Table,
+    age: Duration,
+    dry_run: bool,
+) -> Result<String, MaintainError> {
+    let Some(root) = local_dir(table.metadata().location()) else {
+        return Ok("skipped: listing files is only supported on local (file://) warehouses".into());
+    };
+    let referenced = referenced(table).await?;
+    let cutoff = SystemTime::now()
+        .checked_sub(age)
+        .unwrap_or(SystemTime::UNIX_EPOCH);
+    let (found, deleted, bytes) = tokio::task::spawn_blocking(move || {
+        let mut found = 0usize;
+        let mut orphans = Vec::new();
+        walk(&root, &mut |path: &Path, meta: &std::fs::Metadata| {
+            found += 1;
+            let key = path.to_string_lossy().to_string();
+            let old = meta.modified().map(|m| m < cutoff).unwrap_or(false);
+            if old && !referenced.contains(&key) {
+                orphans.push((path.to_path_buf(), meta.len()));
+            }
+        })?;
+        let mut bytes = 0;
+        for (p, len) in &orphans {
+            if !dry_run {
+                std::fs::remove_file(p)?;
+            }
+            bytes += len;
+        }
+        Ok::<_, std::io::Error>((found, orphans.len(), bytes))
+    })
+    .await
+    .map_err(|e| MaintainError::Other(e.to_string()))?
+    .map_err(|e| MaintainError::Other(format!("listing the table's files: {e}")))?;
+    Ok(format!(
+        "{} {deleted} unreferenced files older than {} ({}) of {found}",
+        if dry_run { "would delete" } else { "deleted" },
+        humantime::format_duration(age),
+        super::size(bytes)
+    ))
+}
+
+/// Every file the table's metadata references, as local paths.
+async fn referenced(table: &Table) -> Result<HashSet<String>, MaintainError> {
+    let metadata = table.metadata();
+    let mut out = HashSet::new();
+    if let Some(current) = table.metadata_location() {
+        out.insert(normalize(current));
+    }
+    for log in metadata.metadata_log() {
+        out.insert(normalize(&log.metadata_file));
+    }
+    for stats in metadata.statistics_iter() {
+        out.insert(normalize(&stats.statistics_path));
+    }
+    for stats in metadata.partition_statistics_iter() {
+        out.insert(normalize(&stats.statistics_path));
+    }
+    let mut seen = HashSet::new();
+    for s in metadata.snapshots() {
+        out.insert(normalize(s.manifest_list()));
+        for file in manifests::manifest_files(table, s).await? {
+            out.insert(normalize(&file.manifest_path));
+            if !seen.insert(file.manifest_path.clone()) {
+                continue;
+            }
+            let manifest = manifests::load(table, &file).await?;
+            for e in manifest.entries() {
+                out.insert(normalize(e.file_path()));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn walk(dir: &Path, visit: &mut dyn FnMut(&Path, &std::fs::Metadata)) -> std::io::Result<()> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for e in entries {
+        let e = e?;
+        let meta = e.metadata()?;
+        if meta.is_dir() {
+            walk(&e.path(), visit)?;
+        } else if meta.is_file() {
+            visit(&e.path(), &meta);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locations_map_to_local_paths() {
+        assert_eq!(local_dir("file:///w/t"), Some(PathBuf::from("/w/t")));
+        assert_eq!(local_dir("file:/w/t"), Some(PathBuf::from("/w/t")));
+        assert_eq!(local_dir("/w/t"), Some(PathBuf::from("/w/t")));
+        assert_eq!(local_dir("s3://bucket/w/t"), None);
+    }
+}
