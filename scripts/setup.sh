@@ -92,6 +92,45 @@ build_venv() {
     fi
 )
 
+# Spark 3.5 (the third table reader, local warehouses only): its own cached venv, a Java
+# runtime, and Iceberg's Spark runtime jar completed with the Jackson classes it expects
+# in shaded form (tests/readers/shade_jackson.py builds them from pyspark's own jars).
+spark_req="$script_dir/requirements-spark.txt"
+spark_hash="$(sha256sum "$spark_req" | cut -c1-12)"
+spark_venv="$cache/spark-$spark_hash"
+if ! command -v java >/dev/null 2>&1; then
+    if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+    else
+        die "Spark needs a Java 17 runtime: install openjdk-17-jre-headless"
+    fi
+fi
+(
+    if command -v flock >/dev/null; then
+        exec 7>"$cache/.spark.lock"
+        flock 7
+    fi
+    if [[ ! -f "$spark_venv/.floe-setup-ok" ]]; then
+        log="$cache/setup-spark-$spark_hash.log"
+        rm -rf -- "$spark_venv"
+        if ! {
+            python3 -m venv "$spark_venv" &&
+            PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 \
+                "$spark_venv/bin/python" -m pip install --quiet --no-warn-script-location -r "$spark_req" &&
+            "$spark_venv/bin/python" "$repo_root/tests/readers/shade_jackson.py" \
+                --pyspark-jars "$(compgen -G "$spark_venv/lib/python3*/site-packages/pyspark/jars" | head -n1)" \
+                --out "$spark_venv/floe-jackson-shaded.jar"
+        } >"$log" 2>&1; then
+            echo "setup.sh: installing Spark into $spark_venv failed; log follows ($log):" >&2
+            tail -n 40 "$log" >&2
+            rm -rf -- "$spark_venv"
+            exit 1
+        fi
+        printf '%s\n' "$spark_hash" >"$spark_venv/.floe-setup-ok"
+        rm -f -- "$log"
+    fi
+)
+
 # Iceberg REST catalog server for the REST catalog tests: rustberg, built once into the
 # cache (outside every build tree) and reused.
 rustberg_version="0.3.0"

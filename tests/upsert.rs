@@ -2,18 +2,14 @@
 //! readers (PyIceberg and DuckDB) compared with a reference computed from what was produced.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
-
-use std::sync::Arc;
+use std::time::Instant;
 
 use anyhow::{Result, ensure};
-use floe_tests::rest::{RestStack, TokenPolicy, WRITER};
-use floe_tests::{AgentProcess, Broker, TableDump, Workspace, spawn_agent, wait_for_messages};
-use iceberg::Catalog;
+use floe_tests::lake::{Lake, WAIT};
+use floe_tests::{AgentProcess, Broker, spawn_agent};
 use serde_json::{Value, json};
 
 const READERS: [&str; 2] = ["pyiceberg", "duckdb"];
-const WAIT: Duration = Duration::from_secs(120);
 
 /// One `[[pipelines]]` entry of a test config.
 struct Pipe<'a> {
@@ -24,62 +20,6 @@ struct Pipe<'a> {
     key: &'a str,
     /// Extra `[pipelines.sink]` lines.
     sink_extra: &'a str,
-}
-
-/// Where the tables live: the embedded catalog of a workspace, or a REST catalog on S3.
-struct Lake {
-    ws: Workspace,
-    rest: Option<RestStack>,
-}
-
-impl Lake {
-    fn embedded() -> Result<Lake> {
-        Ok(Lake {
-            ws: Workspace::new()?,
-            rest: None,
-        })
-    }
-
-    fn rest() -> Result<Lake> {
-        Ok(Lake {
-            ws: Workspace::new()?,
-            rest: Some(RestStack::start(TokenPolicy::default())?),
-        })
-    }
-
-    /// The `[catalogs.local]` section.
-    fn catalog_toml(&self) -> String {
-        match &self.rest {
-            Some(stack) => stack.catalog_toml("local", WRITER),
-            None => {
-                let d = self.ws.dir.path().display();
-                format!(
-                    "[catalogs.local]\ntype = \"embedded\"\npath = \"{d}/catalog.db\"\nwarehouse = \"{d}/warehouse\"\n"
-                )
-            }
-        }
-    }
-
-    async fn catalog(&self) -> Result<Arc<dyn Catalog>> {
-        match &self.rest {
-            Some(stack) => stack.open_catalog(WRITER).await,
-            None => self.ws.catalog().await,
-        }
-    }
-
-    fn read(&self, reader: &str, table: &str, order_by: &str) -> Result<TableDump> {
-        match &self.rest {
-            Some(stack) => stack.read(reader, "shop", table, order_by),
-            None => self.ws.read(reader, "shop", table, order_by),
-        }
-    }
-
-    /// Waits until `shop.table` covers `messages` messages of `pipeline`.
-    async fn wait_for_messages(&self, table: &str, pipeline: &str, messages: i64) -> Result<()> {
-        let catalog = self.catalog().await?;
-        wait_for_messages(catalog.as_ref(), "shop", table, pipeline, messages, WAIT).await?;
-        Ok(())
-    }
 }
 
 /// A config with the lake's catalog (named `local`) and the given pipelines.
@@ -365,16 +305,23 @@ impl Rng {
 /// restart, against the reference "last message per key": on the embedded catalog.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn randomised_updates_and_deletes_match_the_reference() -> Result<()> {
-    randomised(Lake::embedded()?).await
+    randomised(Lake::embedded()?, 2).await
+}
+
+/// The same on a format-v3 table: deletion vectors (Puffin) instead of position-delete
+/// files, merged per data file; read by PyIceberg, DuckDB and Spark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn randomised_updates_and_deletes_on_a_v3_table_with_deletion_vectors() -> Result<()> {
+    randomised(Lake::embedded()?, 3).await
 }
 
 /// The same on the REST catalog (rustberg) over S3 (moto), with vended credentials.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn randomised_updates_and_deletes_match_the_reference_on_rest_and_s3() -> Result<()> {
-    randomised(Lake::rest()?).await
+    randomised(Lake::rest()?, 2).await
 }
 
-async fn randomised(lake: Lake) -> Result<()> {
+async fn randomised(lake: Lake, format_version: u8) -> Result<()> {
     const N: usize = 100_000;
     const KEYS: u64 = 1_000;
     let broker = Broker::start()?;
@@ -387,7 +334,7 @@ async fn randomised(lake: Lake) -> Result<()> {
             topic: "state",
             table: "state",
             key: r#"["_kafka_key"]"#,
-            sink_extra: "flush_records = 4000",
+            sink_extra: &format!("flush_records = 4000\nformat_version = {format_version}"),
         }],
         "floe.toml",
     )?;
@@ -424,7 +371,9 @@ async fn randomised(lake: Lake) -> Result<()> {
         .map(|(k, v)| (*k, project(v, &fields)))
         .collect();
     let mut report = Vec::new();
-    for reader in READERS {
+    // Spark reads local warehouses only.
+    let spark = lake.rest.is_none().then_some("spark");
+    for reader in READERS.into_iter().chain(spark) {
         let t = Instant::now();
         let (rows, _) = rows_by_id(&lake, reader, "state", &fields)?;
         report.push(format!(
@@ -442,10 +391,43 @@ async fn randomised(lake: Lake) -> Result<()> {
     }
     // Files per commit, from the snapshot summaries, in commit order. (Each commit holds
     // about one partition's worth of messages, i.e. about 250 of the keys.)
-    let catalog = lake.catalog().await?;
-    let table = catalog
-        .load_table(&iceberg::TableIdent::from_strs(["shop", "state"])?)
-        .await?;
+    let table = lake.table("state").await?;
+    let live = floe::commit::manifests::live_files(
+        &table,
+        table.metadata().current_snapshot().expect("snapshot"),
+    )
+    .await?;
+    let deletes: Vec<_> = live
+        .iter()
+        .filter(|f| f.content() != iceberg::spec::DataContentType::Data)
+        .collect();
+    ensure!(
+        !deletes.is_empty(),
+        "no delete files: the test did not update"
+    );
+    if format_version == 3 {
+        ensure!(
+            table.metadata().format_version() == iceberg::spec::FormatVersion::V3,
+            "the table is not v3"
+        );
+        let mut targets = std::collections::HashSet::new();
+        for d in &deletes {
+            let f = d.entry.data_file();
+            ensure!(
+                f.file_format() == iceberg::spec::DataFileFormat::Puffin
+                    && f.content_offset().is_some(),
+                "{} is not a deletion vector",
+                f.file_path()
+            );
+            let target = f
+                .referenced_data_file()
+                .expect("deletion vector names its file");
+            ensure!(
+                targets.insert(target.clone()),
+                "two live deletion vectors for {target}"
+            );
+        }
+    }
     let mut per_commit = Vec::new();
     let mut snapshots: Vec<_> = table.metadata().snapshots().collect();
     snapshots.sort_by_key(|s| s.sequence_number());
@@ -462,7 +444,7 @@ async fn randomised(lake: Lake) -> Result<()> {
     let commits = per_commit.iter().filter(|c| c.0 + c.1 > 0).count();
     ensure!(commits >= 10, "expected many commits, got {commits}");
     println!(
-        "randomised upsert ({}): {N} messages, {} live keys, ingest {ingest:?}, {} snapshots ({commits} with files), (data files, delete files, rows, position deletes) per snapshot: {per_commit:?}; {}",
+        "randomised upsert ({}, v{format_version}): {N} messages, {} live keys, ingest {ingest:?}, {} snapshots ({commits} with files), (data files, delete files, rows, position deletes) per snapshot: {per_commit:?}; {}",
         if lake.rest.is_some() {
             "REST + S3"
         } else {

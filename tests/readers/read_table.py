@@ -2,8 +2,17 @@
 """Read an Iceberg table from a SQL (sqlite) catalog with an independent reader
 and print it as one JSON document (test oracle for Floe).
 
-  read_table.py --reader pyiceberg|duckdb --catalog-db CATALOG.sqlite --catalog-name NAME \\
+  read_table.py --reader pyiceberg|duckdb|spark --catalog-db CATALOG.sqlite --catalog-name NAME \\
                 --warehouse DIR --table NAMESPACE.TABLE [--order-by col1,col2] [--keep-order]
+
+Spark (3.5 with Iceberg's runtime 1.10, local tables only) runs tests/readers/read_spark.py
+with $FLOE_SPARK_PYTHON and $FLOE_SPARK_JARS (scripts/env.sh), which writes the rows it
+reads as Parquet; those are converted here like the other readers' rows.
+
+  read_table.py --reader pyiceberg --plan-filter "day >= '2024-01-02'" ...
+
+prints instead the data files a PyIceberg scan with that row filter plans, and every
+live data file: {"planned": [...], "all": [...]} (partition pruning checks).
 
 or, from an Iceberg REST catalog with tables on S3 (PyIceberg's RestCatalog; DuckDB
 ATTACHes the REST catalog with an S3 secret):
@@ -332,9 +341,8 @@ def duckdb_extension_file(name):
     raise ReadError(f"DuckDB extension {name!r} not found (is duckdb-extension-{name} installed?)")
 
 
-def read_duckdb(args):
-    import duckdb
-
+def local_metadata(args):
+    """(path, parsed JSON) of a table's current metadata file, from the SQL catalog."""
     ns, name = split_table(args.table)
     try:
         con = sqlite3.connect(f"file:{args.catalog_db}?mode=ro", uri=True)
@@ -352,7 +360,56 @@ def read_duckdb(args):
     if not found[0][0]:
         raise ReadError(f"table {args.table!r} has no metadata_location")
     meta_path = local_path(found[0][0])
-    meta = load_metadata_json(meta_path)
+    return meta_path, load_metadata_json(meta_path)
+
+
+def read_spark(args):
+    import pyarrow.parquet as pq
+    import subprocess
+
+    meta_path, meta = local_metadata(args)
+    schema = current_schema(meta)
+    snapshot_count, summary = snapshot_info(meta)
+    if summary is None:
+        return schema, pa.table({f["name"]: pa.array([], pa.null()) for f in schema["fields"]}), snapshot_count, summary
+    python = os.environ.get("FLOE_SPARK_PYTHON")
+    jars = os.environ.get("FLOE_SPARK_JARS")
+    if not python or not jars:
+        raise ReadError("FLOE_SPARK_PYTHON / FLOE_SPARK_JARS are not set: run scripts/setup.sh, then source scripts/env.sh")
+    out = tempfile.mkdtemp(prefix="floe-spark-out-")
+    try:
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "read_spark.py")
+        done = subprocess.run([python, script, "--metadata", meta_path, "--out", os.path.join(out, "rows"),
+                               "--jars", jars], capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            raise ReadError(f"spark failed: {done.stderr.strip()[-3000:]}")
+        arrow = pq.read_table(os.path.join(out, "rows"))
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    names = [f["name"] for f in schema["fields"]]
+    arrow = arrow.select(names)
+    return schema, arrow, snapshot_count, summary
+
+
+def plan_filter(args):
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    catalog = SqlCatalog(
+        args.catalog_name,
+        uri=f"sqlite:///{args.catalog_db}",
+        warehouse=f"file://{args.warehouse}",
+        init_catalog_tables="false",
+    )
+    table = catalog.load_table(args.table)
+    planned = sorted(t.file.file_path for t in table.scan(row_filter=args.plan_filter).plan_files())
+    every = sorted(t.file.file_path for t in table.scan().plan_files())
+    return {"planned": planned, "all": every}
+
+
+def read_duckdb(args):
+    import duckdb
+
+    meta_path, meta = local_metadata(args)
     schema = current_schema(meta)
     snapshot_count, summary = snapshot_info(meta)
 
@@ -478,7 +535,8 @@ def read_duckdb_rest(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--reader", required=True, choices=["pyiceberg", "duckdb"])
+    ap.add_argument("--reader", required=True, choices=["pyiceberg", "duckdb", "spark"])
+    ap.add_argument("--plan-filter", default="", help="print the files a PyIceberg scan with this row filter plans")
     ap.add_argument("--catalog-db", help="sqlite file of the SQL catalog")
     ap.add_argument("--catalog-name", default="local")
     ap.add_argument("--warehouse", help="warehouse directory")
@@ -501,7 +559,14 @@ def main():
         if not args.rest_uri and not os.path.isfile(args.catalog_db):
             raise ReadError(f"catalog db {args.catalog_db} does not exist")
         split_table(args.table)
-        if args.rest_uri and args.reader == "pyiceberg":
+        if args.plan_filter:
+            sys.stdout.write(json.dumps(plan_filter(args)) + "\n")
+            return
+        if args.reader == "spark":
+            if args.rest_uri:
+                raise ReadError("the spark reader reads local (file://) tables only")
+            schema, arrow, snapshot_count, summary = read_spark(args)
+        elif args.rest_uri and args.reader == "pyiceberg":
             schema, arrow, snapshot_count, summary = read_pyiceberg_rest(args)
         elif args.rest_uri:
             schema, arrow, snapshot_count, summary = read_duckdb_rest(args)

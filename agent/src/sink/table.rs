@@ -247,17 +247,10 @@ impl TableSink {
             .schema(schema)
             .partition_spec(spec)
             .format_version(version)
-            .properties(HashMap::from([
-                (
-                    "write.parquet.compression-codec".to_string(),
-                    "zstd".to_string(),
-                ),
-                // REST catalogs take the format version from this property.
-                (
-                    "format-version".to_string(),
-                    self.config.format_version.to_string(),
-                ),
-            ]))
+            .properties(HashMap::from([(
+                "write.parquet.compression-codec".to_string(),
+                "zstd".to_string(),
+            )]))
             .build();
         let mut table = self
             .catalog

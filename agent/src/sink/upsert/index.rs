@@ -177,9 +177,9 @@ impl KeyIndex {
                 }
                 DataContentType::PositionDeletes => {
                     if v3 {
-                        return Err(UpsertError::Unsupported(format!(
-                            "this format-v3 table has position-delete files (from another writer or an upgrade from v2); Floe's upsert writes deletion vectors, which must include them: compact the table first (`floe maintain`)"
-                        )));
+                        return Err(UpsertError::Unsupported(
+                            "this format-v3 table has position-delete files (from another writer or an upgrade from v2); Floe's upsert writes deletion vectors, which must include them: compact the table first (`floe maintain`)".to_string(),
+                        ));
                     }
                     stats.delete_files += 1;
                     read_position_deletes(table, live.path(), &mut deleted).await?;

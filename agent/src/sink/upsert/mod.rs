@@ -167,7 +167,8 @@ pub async fn write_deletes(
         return Ok(out);
     }
     // One position-delete file per partition (spec id and partition tuple).
-    let mut by_partition: Vec<((i32, iceberg::spec::Struct), Vec<(String, u64)>)> = Vec::new();
+    type Rows = Vec<(String, u64)>;
+    let mut by_partition: Vec<((i32, iceberg::spec::Struct), Rows)> = Vec::new();
     for (id, positions) in by_file {
         let info = index.file(id);
         let key = (info.spec_id, info.partition.clone());

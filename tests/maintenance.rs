@@ -1,0 +1,312 @@
+//! Table maintenance end to end: compaction, snapshot expiry, orphan and metadata cleanup
+//! running while pipelines commit every second, and offsets that survive another
+//! engine's commits plus expiry.
+//!
+//! `maintenance_runs_while_pipelines_commit` produces for `FLOE_SOAK_SECONDS` (default
+//! 20 in CI; `scripts/soak-maintenance.sh` runs it for 60 and more).
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context, Result, bail, ensure};
+use floe::commit::manifests;
+use floe::commit::{OffsetMap, OffsetsSource};
+use floe_tests::lake::{Lake, WAIT};
+use floe_tests::{AgentProcess, Broker, floe_bin};
+use iceberg::spec::DataContentType;
+use serde_json::{Value, json};
+
+/// xorshift64*: a small deterministic generator.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
+const MAINTENANCE: &str = r#"
+[pipelines.sink.maintenance]
+interval = "2s"
+min_input_files = 2
+keep_snapshots = 3
+max_snapshot_age = "0s"
+orphan_age = "1h"
+keep_metadata_files = 5
+"#;
+
+/// `floe maintain --config CONFIG`; returns its output, failing on a failed job.
+fn maintain(config: &std::path::Path) -> Result<String> {
+    let out = std::process::Command::new(floe_bin())
+        .args(["maintain", "--config"])
+        .arg(config)
+        .output()?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if !out.status.success() {
+        bail!("floe maintain failed:\n{text}");
+    }
+    Ok(text)
+}
+
+/// Live data and delete files of a table.
+async fn file_counts(lake: &Lake, table: &str) -> Result<(usize, usize)> {
+    let t = lake.table(table).await?;
+    let Some(s) = t.metadata().current_snapshot() else {
+        return Ok((0, 0));
+    };
+    let live = manifests::live_files(&t, s).await?;
+    let data = live
+        .iter()
+        .filter(|f| f.content() == DataContentType::Data)
+        .count();
+    Ok((data, live.len() - data))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintenance_runs_while_pipelines_commit() -> Result<()> {
+    concurrent(Lake::embedded()?).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintenance_runs_while_pipelines_commit_on_the_rest_catalog() -> Result<()> {
+    concurrent(Lake::rest()?).await
+}
+
+/// An append pipeline and an upsert pipeline commit every second while the agent's own
+/// scheduled maintenance and `floe maintain` processes compact and expire their tables.
+async fn concurrent(lake: Lake) -> Result<()> {
+    let seconds: u64 = std::env::var("FLOE_SOAK_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    let broker = Broker::start()?;
+    broker.create_topic("events", 2).await?;
+    broker.create_topic("state", 2).await?;
+    let events =
+        lake.pipeline_toml("events", &broker.bootstrap, "events", "events", "") + MAINTENANCE;
+    let state = lake.pipeline_toml(
+        "state",
+        &broker.bootstrap,
+        "state",
+        "state",
+        "mode = \"upsert\"\nkey = [\"_kafka_key\"]",
+    ) + MAINTENANCE;
+    let config = lake.write_config("floe.toml", &[events, state])?;
+
+    let mut agent = AgentProcess::start(&config, &[])?;
+    let mut rng = Rng(0x5EED_CAFE_F00D_D00D);
+    let mut reference: BTreeMap<String, Value> = BTreeMap::new();
+    let (mut n_events, mut n_state) = (0i64, 0i64);
+    let started = Instant::now();
+    let mut last_cli = Instant::now();
+    let mut cli_runs = Vec::new();
+    while started.elapsed() < Duration::from_secs(seconds) {
+        let e: Vec<_> = (0..20)
+            .map(|i| {
+                let kind = ["a", "b", "c"][(i % 3) as usize];
+                let v = json!({"n": n_events + i, "kind": kind});
+                (None, Some(v.to_string().into_bytes()))
+            })
+            .collect();
+        n_events += e.len() as i64;
+        let mut s = Vec::new();
+        for _ in 0..20 {
+            let key = format!("k{}", rng.next() % 200);
+            if rng.next().is_multiple_of(10) {
+                s.push((Some(key.clone().into_bytes()), None));
+                reference.remove(&key);
+            } else {
+                let v = json!({"v": rng.next() % 1000, "at": n_state});
+                s.push((
+                    Some(key.clone().into_bytes()),
+                    Some(v.to_string().into_bytes()),
+                ));
+                reference.insert(key, v);
+            }
+            n_state += 1;
+        }
+        broker.produce("events", &e).await?;
+        broker.produce("state", &s).await?;
+        // Another maintainer next to the agent's own: `floe maintain` every few seconds.
+        if last_cli.elapsed() > Duration::from_secs(5) {
+            let c = config.clone();
+            cli_runs.push(tokio::task::spawn_blocking(move || maintain(&c)));
+            last_cli = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    lake.wait_for_messages("events", "events", n_events).await?;
+    lake.wait_for_messages("state", "state", n_state).await?;
+    for run in cli_runs {
+        run.await??;
+    }
+    agent.wait_for_line("job=\"compact\"", WAIT)?;
+    let log = agent.terminate()?;
+    let compactions = log
+        .lines()
+        .filter(|l| l.contains("job=\"compact\"") && l.contains("rewrote"))
+        .count();
+    ensure!(
+        compactions > 0,
+        "the agent's scheduled maintenance never compacted:\n{log}"
+    );
+    ensure!(
+        !log.contains("maintenance job failed"),
+        "a maintenance job failed:\n{log}"
+    );
+
+    // Orphans: one old and one fresh unreferenced file in the data folder.
+    let orphans = if lake.rest.is_none() {
+        let table = lake.table("events").await?;
+        let dir = floe::maintain::orphans::local_dir(table.metadata().location())
+            .context("local table")?
+            .join("data");
+        let old = dir.join("crashed-upload.parquet");
+        let fresh = dir.join("in-flight.parquet");
+        std::fs::write(&old, b"not referenced")?;
+        std::fs::write(&fresh, b"not referenced yet")?;
+        std::fs::File::options()
+            .write(true)
+            .open(&old)?
+            .set_modified(SystemTime::now() - Duration::from_secs(7200))?;
+        Some((old, fresh))
+    } else {
+        None
+    };
+
+    // A last run with nothing committing: every table ends compacted and expired.
+    let report = maintain(&config)?;
+    println!(
+        "maintenance ({}, {seconds}s): {compactions} scheduled compactions; last run:\n{report}",
+        lake.kind()
+    );
+    for table in ["events", "state"] {
+        let (data, deletes) = file_counts(&lake, table).await?;
+        ensure!(
+            data == 1 && deletes == 0,
+            "{table}: {data} data files and {deletes} delete files after compaction\n{report}"
+        );
+        let t = lake.table(table).await?;
+        let snapshots = t.metadata().snapshots().count();
+        ensure!(snapshots <= 3, "{table}: {snapshots} snapshots kept");
+        let current = t.metadata().current_snapshot().context("snapshot")?;
+        let summary = &current.summary().additional_properties;
+        ensure!(
+            summary.get("floe.maintenance").map(String::as_str) == Some("compaction")
+                && summary.contains_key(&format!("floe.offsets.{table}")),
+            "{table}: the compaction snapshot does not carry the offsets: {summary:?}"
+        );
+        if lake.rest.is_none() {
+            let metadata_dir = floe::maintain::orphans::local_dir(t.metadata().location())
+                .context("local")?
+                .join("metadata");
+            let json_files = std::fs::read_dir(&metadata_dir)?
+                .filter_map(|e| e.ok())
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".metadata.json"))
+                .count();
+            ensure!(
+                json_files <= 6,
+                "{table}: {json_files} metadata files left (5 in the log + the current one)"
+            );
+        }
+    }
+    if let Some((old, fresh)) = orphans {
+        ensure!(!old.exists(), "the old orphan was not deleted");
+        ensure!(fresh.exists(), "a fresh unreferenced file was deleted");
+    }
+
+    // Nothing lost or duplicated.
+    for reader in ["pyiceberg", "duckdb"] {
+        let dump = lake.read(reader, "events", "n")?;
+        let mut seen = HashSet::new();
+        for r in dump.rows() {
+            ensure!(
+                seen.insert(r["n"].as_i64().context("n")?),
+                "{reader}: event {} twice",
+                r["n"]
+            );
+        }
+        ensure!(
+            seen.len() as i64 == n_events && seen.iter().all(|n| *n < n_events),
+            "{reader}: {} events, {n_events} produced",
+            seen.len()
+        );
+        let dump = lake.read(reader, "state", "_kafka_key")?;
+        let rows: BTreeMap<String, Value> = dump
+            .rows()
+            .iter()
+            .map(|r| {
+                (
+                    r["_kafka_key"].as_str().unwrap_or_default().to_string(),
+                    json!({"v": r["v"], "at": r["at"]}),
+                )
+            })
+            .collect();
+        ensure!(
+            dump.rows().len() == reference.len() && rows == reference,
+            "{reader}: state differs from the reference ({} rows, want {})",
+            dump.rows().len(),
+            reference.len()
+        );
+    }
+    Ok(())
+}
+
+/// The pipeline's snapshots are expired after another engine committed on top: the
+/// restarted agent resumes from the table property and loses or repeats nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offsets_survive_foreign_commits_and_expiry() -> Result<()> {
+    let lake = Lake::embedded()?;
+    let broker = Broker::start()?;
+    broker.create_topic("events", 2).await?;
+    let pipeline = lake.pipeline_toml("events", &broker.bootstrap, "events", "events", "");
+    let config = lake.write_config("floe.toml", &[pipeline])?;
+    let batch = |from: i64| -> Vec<floe_tests::Message> {
+        (from..from + 100)
+            .map(|n| (None, Some(json!({"n": n}).to_string().into_bytes())))
+            .collect()
+    };
+    broker.produce("events", &batch(0)).await?;
+    let agent = AgentProcess::start(&config, &[])?;
+    lake.wait_for_messages("events", "events", 100).await?;
+    agent.terminate()?;
+
+    // Another engine appends twice, then expires every snapshot but its last one.
+    let row = |n: i64| json!({"n": n, "_kafka_partition": -1, "_kafka_offset": n}).to_string();
+    lake.foreign("events", &["--append-json", &row(-1)])?;
+    lake.foreign("events", &["--append-json", &row(-2)])?;
+    let after = lake.foreign("events", &["--expire-all-but-current"])?;
+    ensure!(after["snapshots"] == 1, "expiry left {after}");
+    let table = lake.table("events").await?;
+    let (offsets, source) = OffsetMap::located(table.metadata(), "events")?;
+    ensure!(
+        matches!(source, OffsetsSource::Property(_)) && offsets.0.values().sum::<i64>() == 100,
+        "offsets after expiry: {offsets:?} from {source:?}"
+    );
+
+    broker.produce("events", &batch(100)).await?;
+    let agent = AgentProcess::start(&config, &[])?;
+    lake.wait_for_messages("events", "events", 200).await?;
+    let log = agent.terminate()?;
+    for reader in ["pyiceberg", "duckdb"] {
+        let dump = lake.read(reader, "events", "n")?;
+        let ns: Vec<i64> = dump
+            .rows()
+            .iter()
+            .map(|r| r["n"].as_i64().unwrap_or(i64::MIN))
+            .collect();
+        let want: Vec<i64> = (-2..200).collect();
+        ensure!(
+            ns == want,
+            "{reader}: {} rows; lost or repeated messages after the restart\n{log}",
+            ns.len()
+        );
+    }
+    Ok(())
+}
