@@ -182,8 +182,13 @@ async fn concurrent(lake: Lake) -> Result<()> {
 
     // A last run with nothing committing: every table ends compacted and expired.
     let report = maintain(&config)?;
+    let carried = log
+        .lines()
+        .filter(|l| l.contains("concurrent deletes over"))
+        .count();
+    let gave_up = log.lines().filter(|l| l.contains("gave up")).count();
     println!(
-        "maintenance ({}, {seconds}s): {compactions} scheduled compactions; last run:\n{report}",
+        "maintenance ({}, {seconds}s): {compactions} scheduled compactions ({carried} carried concurrent deletes over, {gave_up} gave up); last run:\n{report}",
         lake.kind()
     );
     for table in ["events", "state"] {
@@ -195,24 +200,42 @@ async fn concurrent(lake: Lake) -> Result<()> {
         let t = lake.table(table).await?;
         let snapshots = t.metadata().snapshots().count();
         ensure!(snapshots <= 3, "{table}: {snapshots} snapshots kept");
-        let current = t.metadata().current_snapshot().context("snapshot")?;
-        let summary = &current.summary().additional_properties;
-        ensure!(
-            summary.get("floe.maintenance").map(String::as_str) == Some("compaction")
-                && summary.contains_key(&format!("floe.offsets.{table}")),
-            "{table}: the compaction snapshot does not carry the offsets: {summary:?}"
-        );
+        // Every snapshot carries the pipeline's offsets: its own commits in
+        // `floe.offsets`, compactions in `floe.offsets.<pipeline>`.
+        for s in t.metadata().snapshots() {
+            let summary = &s.summary().additional_properties;
+            let carried = match summary.get("floe.maintenance").map(String::as_str) {
+                Some("compaction") => summary.contains_key(&format!("floe.offsets.{table}")),
+                _ => summary.contains_key("floe.offsets"),
+            };
+            ensure!(carried, "{table}: a snapshot without offsets: {summary:?}");
+        }
+        // The metadata log is trimmed to 5 entries, and no metadata file older than its
+        // oldest entry is left (newer unreferenced ones, from attempts that lost a race,
+        // wait for orphan cleanup).
+        let log = t.metadata().metadata_log();
+        ensure!(log.len() <= 5, "{table}: metadata log of {}", log.len());
         if lake.rest.is_none() {
+            let version = |name: &str| -> Option<u64> {
+                let name = name.rsplit('/').next()?;
+                name.split_once('-')?.0.parse().ok()
+            };
+            let oldest = log
+                .iter()
+                .filter_map(|l| version(&l.metadata_file))
+                .min()
+                .context("metadata log versions")?;
             let metadata_dir = floe::maintain::orphans::local_dir(t.metadata().location())
                 .context("local")?
                 .join("metadata");
-            let json_files = std::fs::read_dir(&metadata_dir)?
+            let stale: Vec<String> = std::fs::read_dir(&metadata_dir)?
                 .filter_map(|e| e.ok())
-                .filter(|e| e.file_name().to_string_lossy().ends_with(".metadata.json"))
-                .count();
+                .map(|e| e.file_name().to_string_lossy().to_string())
+                .filter(|n| n.ends_with(".metadata.json") && version(n).is_some_and(|v| v < oldest))
+                .collect();
             ensure!(
-                json_files <= 6,
-                "{table}: {json_files} metadata files left (5 in the log + the current one)"
+                stale.is_empty(),
+                "{table}: metadata files older than the log's oldest entry: {stale:?}"
             );
         }
     }
@@ -309,4 +332,127 @@ async fn offsets_survive_foreign_commits_and_expiry() -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_carries_over_deletes_committed_while_it_ran() -> Result<()> {
+    carry_over(2).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_carries_over_deletion_vectors_committed_while_it_ran() -> Result<()> {
+    carry_over(3).await
+}
+
+/// An upsert pipeline updates and deletes rows of the files a compaction is rewriting,
+/// after the compaction read them and before it commits: the compaction's commit
+/// carries those deletes over to the new files, and the pipeline goes on after it.
+async fn carry_over(format_version: u8) -> Result<()> {
+    let lake = Lake::embedded()?;
+    let broker = Broker::start()?;
+    broker.create_topic("state", 1).await?;
+    let pipeline = lake.pipeline_toml(
+        "state",
+        &broker.bootstrap,
+        "state",
+        "state",
+        &format!("mode = \"upsert\"\nkey = [\"_kafka_key\"]\nformat_version = {format_version}"),
+    ) + "[pipelines.sink.maintenance]\nmin_input_files = 2\n";
+    let config = lake.write_config("floe.toml", &[pipeline])?;
+    let mut reference: BTreeMap<String, Value> = BTreeMap::new();
+    let mut produced = 0i64;
+    let agent = AgentProcess::start(&config, &[])?;
+    // Five commits: five data files, and delete files from the updates among them.
+    for round in 0..5 {
+        let batch = (0..40)
+            .map(|i| {
+                let id = (round * 13 + i) % 60;
+                (format!("k{id}"), Some(json!({"id": id, "round": round})))
+            })
+            .collect();
+        send(&lake, &broker, &mut produced, batch, &mut reference).await?;
+    }
+    // Compaction stops after writing its files; the pipeline updates and deletes rows
+    // of those files meanwhile.
+    let resume = lake.ws.path("resume-compaction");
+    let config_arg = config.to_str().context("utf-8 path")?;
+    let mut compaction = AgentProcess::command(
+        &["maintain", "--config", config_arg],
+        &[
+            ("FLOE_FAILPOINT", floe::failpoint::COMPACT_BEFORE_COMMIT),
+            (
+                "FLOE_FAILPOINT_RESUME",
+                resume.to_str().context("utf-8 path")?,
+            ),
+        ],
+    )?;
+    compaction.wait_for_line("FLOE_FAILPOINT compact_before_commit reached", WAIT)?;
+    let batch = (0..60)
+        .filter(|id| id % 4 == 0)
+        .map(|id| {
+            let v = (id % 8 != 0).then(|| json!({"id": id, "round": 100}));
+            (format!("k{id}"), v)
+        })
+        .collect();
+    send(&lake, &broker, &mut produced, batch, &mut reference).await?;
+    std::fs::write(&resume, b"")?;
+    let (status, out) = compaction.wait_exit(WAIT)?;
+    ensure!(status.success(), "floe maintain failed:\n{out}");
+    ensure!(
+        out.contains("concurrent deletes over"),
+        "the compaction did not carry the concurrent deletes over:\n{out}"
+    );
+    // The pipeline goes on after the compaction (its index is rebuilt from the table).
+    let batch = (0..60)
+        .filter(|id| id % 3 == 0)
+        .map(|id| (format!("k{id}"), Some(json!({"id": id, "round": 200}))))
+        .collect();
+    send(&lake, &broker, &mut produced, batch, &mut reference).await?;
+    let log = agent.terminate()?;
+    for reader in ["pyiceberg", "duckdb"] {
+        let dump = lake.read(reader, "state", "_kafka_key")?;
+        let rows: BTreeMap<String, Value> = dump
+            .rows()
+            .iter()
+            .map(|r| {
+                (
+                    r["_kafka_key"].as_str().unwrap_or_default().to_string(),
+                    json!({"id": r["id"], "round": r["round"]}),
+                )
+            })
+            .collect();
+        ensure!(
+            dump.rows().len() == reference.len() && rows == reference,
+            "{reader} (v{format_version}): rows differ from the reference\n got {rows:?}\nwant {reference:?}\n{log}"
+        );
+    }
+    Ok(())
+}
+
+/// Produces upserts (`None`: a tombstone) and waits until the table covers them.
+async fn send(
+    lake: &Lake,
+    broker: &Broker,
+    produced: &mut i64,
+    batch: Vec<(String, Option<Value>)>,
+    reference: &mut BTreeMap<String, Value>,
+) -> Result<()> {
+    let messages: Vec<floe_tests::Message> = batch
+        .iter()
+        .map(|(k, v)| {
+            (
+                Some(k.clone().into_bytes()),
+                v.as_ref().map(|v| v.to_string().into_bytes()),
+            )
+        })
+        .collect();
+    for (k, v) in batch {
+        match v {
+            Some(v) => reference.insert(k, v),
+            None => reference.remove(&k),
+        };
+    }
+    *produced += messages.len() as i64;
+    broker.produce("state", &messages).await?;
+    lake.wait_for_messages("state", "state", *produced).await
 }

@@ -12,6 +12,8 @@ pub const BEFORE_WRITE: &str = "before_write";
 pub const AFTER_WRITE: &str = "after_write";
 /// After the Iceberg commit, before the consumer-group offset commit.
 pub const AFTER_COMMIT: &str = "after_commit";
+/// Compaction: after the new files are written, before the replace commit.
+pub const COMPACT_BEFORE_COMMIT: &str = "compact_before_commit";
 
 /// Parks the process forever if `name` is the configured failpoint.
 pub fn hit(name: &str) {

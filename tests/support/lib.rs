@@ -368,23 +368,45 @@ pub struct AgentProcess {
 impl AgentProcess {
     /// Starts `floe run --config CONFIG` with extra environment variables.
     pub fn start(config: &Path, env: &[(&str, &str)]) -> Result<AgentProcess> {
+        let config = config.to_str().context("config path is not UTF-8")?;
+        AgentProcess::spawn(&["run", "--config", config], env, false)
+    }
+
+    /// Starts `floe ARGS...` with extra environment variables; stdout and stderr are both
+    /// captured (for commands that print their results, like `floe maintain`).
+    pub fn command(args: &[&str], env: &[(&str, &str)]) -> Result<AgentProcess> {
+        AgentProcess::spawn(args, env, true)
+    }
+
+    fn spawn(args: &[&str], env: &[(&str, &str)], stdout: bool) -> Result<AgentProcess> {
         let mut cmd = Command::new(floe_bin());
-        cmd.args(["run", "--config"])
-            .arg(config)
-            .stdout(Stdio::null())
+        cmd.args(args)
+            .stdout(if stdout {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stderr(Stdio::piped());
         for (k, v) in env {
             cmd.env(k, v);
         }
         let mut child = cmd.spawn().context("start floe")?;
-        let stderr = child.stderr.take().expect("stderr");
         let lines = Arc::new(Mutex::new(Vec::new()));
+        let stderr = child.stderr.take().expect("stderr");
         let sink = lines.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 sink.lock().expect("lines").push(line);
             }
         });
+        if let Some(stdout) = child.stdout.take() {
+            let sink = lines.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                    sink.lock().expect("lines").push(line);
+                }
+            });
+        }
         Ok(AgentProcess { child, lines })
     }
 

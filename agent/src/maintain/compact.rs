@@ -262,6 +262,7 @@ pub async fn compact(
         prefix: target.prefix.clone(),
         carried: 0,
     };
+    crate::failpoint::hit(crate::failpoint::COMPACT_BEFORE_COMMIT);
     let properties = HashMap::from([
         (MAINTENANCE_KEY.to_string(), "compaction".to_string()),
         (COMMIT_KEY.to_string(), uuid::Uuid::now_v7().to_string()),
