@@ -7,7 +7,9 @@
 //! (b) JSON -> Arrow -> Parquet -> Iceberg commit on the same records without Kafka;
 //! (c) Floe, no plugin; (d) Floe with 1 and 3 passthrough plugins (the `floe` binary,
 //! measured from outside: CPU from /proc, peak RSS from VmHWM);
-//! (e) a Python consumer (confluent-kafka) batching into pyarrow and appending with PyIceberg.
+//! (e) a Python consumer (confluent-kafka) batching into pyarrow and appending with PyIceberg;
+//! (f) a long-lived upsert table (1,000 commits over 10k keys), maintenance off vs on
+//! (`maintenance.rs`; alone with `--only-maintenance`).
 //!
 //! Run with `scripts/bench.sh` (builds in release, installs tools, prints a table and
 //! writes JSON).
@@ -27,6 +29,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde_json::{Value, json};
 
+mod maintenance;
+
 #[derive(Parser)]
 struct Args {
     /// Records to produce and ingest.
@@ -41,6 +45,18 @@ struct Args {
     /// Skip the Python peer.
     #[arg(long)]
     skip_peer: bool,
+    /// Commits of the long-table scenario (f).
+    #[arg(long, default_value_t = 1000)]
+    maintenance_commits: usize,
+    /// Keys of the long-table scenario (f).
+    #[arg(long, default_value_t = 10_000)]
+    maintenance_keys: u64,
+    /// Run only scenario (f).
+    #[arg(long)]
+    only_maintenance: bool,
+    /// Skip scenario (f).
+    #[arg(long)]
+    skip_maintenance: bool,
 }
 
 /// One scenario's figures.
@@ -550,7 +566,23 @@ fn index_memory(keys: usize) -> Result<()> {
     Ok(())
 }
 
+/// Scenario (f) off and on; the figures go to `out` as JSON.
+async fn long_table(args: &Args) -> Result<Value> {
+    let off =
+        maintenance::long_table(args.maintenance_commits, args.maintenance_keys, false).await?;
+    let on = maintenance::long_table(args.maintenance_commits, args.maintenance_keys, true).await?;
+    maintenance::print(&off, &on);
+    Ok(json!({"off": off, "on": on}))
+}
+
 async fn bench(args: Args) -> Result<()> {
+    maintenance::install_capture();
+    if args.only_maintenance {
+        let figures = long_table(&args).await?;
+        std::fs::write(&args.out, serde_json::to_string_pretty(&figures)?)?;
+        println!("wrote {}", Path::new(&args.out).display());
+        return Ok(());
+    }
     let n = args.records;
     index_memory(n.max(1_000_000))?;
     let values: Vec<Vec<u8>> = (0..n).map(|i| record(i).to_string().into_bytes()).collect();
@@ -629,7 +661,13 @@ async fn bench(args: Args) -> Result<()> {
         .output()
         .ok()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let long = if args.skip_maintenance {
+        Value::Null
+    } else {
+        long_table(&args).await?
+    };
     let report = json!({
+        "long_table": long,
         "commit": commit,
         "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         "records": n,
