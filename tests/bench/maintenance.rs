@@ -143,12 +143,20 @@ keep_metadata_files = 10
 
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // Held by a maintenance run, and by a scan measurement (scans are timed alone).
+    let quiet = Arc::new(tokio::sync::Mutex::new(()));
     let maintainer = maintenance.then(|| {
-        let (handle, target, stop, runs) =
-            (handle.clone(), target.clone(), stop.clone(), runs.clone());
+        let (handle, target, stop, runs, quiet) = (
+            handle.clone(),
+            target.clone(),
+            stop.clone(),
+            runs.clone(),
+            quiet.clone(),
+        );
         tokio::spawn(async move {
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                 tokio::time::sleep(Duration::from_secs(5)).await;
+                let _alone = quiet.lock().await;
                 let report = floe::maintain::run_table(&handle, &target, false).await;
                 if let Some(j) = report.jobs.iter().find(|j| j.failed) {
                     eprintln!("maintenance job {} failed: {}", j.job, j.detail);
@@ -194,6 +202,7 @@ keep_metadata_files = 10
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         if c + 1 == 100.min(commits) {
+            let _alone = quiet.lock().await;
             scan_after_100 = scan_seconds(&ws)?;
         }
     }
