@@ -6,8 +6,8 @@
 //!
 //! The pipeline runs in-process on a scripted source (no Kafka: the figures are about
 //! the table), one seal of 100 records per commit. With maintenance on, a task runs
-//! every maintenance job on the table every 5 seconds while the commits go on, as
-//! `floe run` does with `[pipelines.sink.maintenance]`.
+//! every maintenance job on the table every 50 commits while the commits go on, as
+//! `floe run` does with `[pipelines.sink.maintenance]` (there every `interval`).
 
 use std::path::Path;
 use std::process::Command;
@@ -145,6 +145,10 @@ keep_metadata_files = 10
     let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     // Held by a maintenance run, and by a scan measurement (scans are timed alone).
     let quiet = Arc::new(tokio::sync::Mutex::new(()));
+    // Maintenance runs every EVERY commits, next to the commits that go on: about what
+    // a 10-minute interval is to a pipeline committing every 10 to 15 seconds.
+    const EVERY: usize = 50;
+    let (trigger, mut trigger_rx) = tokio::sync::mpsc::channel::<()>(1);
     let maintainer = maintenance.then(|| {
         let (handle, target, stop, runs, quiet) = (
             handle.clone(),
@@ -155,7 +159,10 @@ keep_metadata_files = 10
         );
         tokio::spawn(async move {
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                tokio::time::sleep(Duration::from_secs(5)).await;
+                // Woken every EVERY commits (or at the end).
+                if trigger_rx.recv().await.is_none() {
+                    return;
+                }
                 let _alone = quiet.lock().await;
                 let report = floe::maintain::run_table(&handle, &target, false).await;
                 if let Some(j) = report.jobs.iter().find(|j| j.failed) {
@@ -201,18 +208,27 @@ keep_metadata_files = 10
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
+        // Scans are timed when the last maintenance run is EVERY commits old, at both
+        // points, before the run due then.
         if c + 1 == 100.min(commits) {
             let _alone = quiet.lock().await;
             scan_after_100 = scan_seconds(&ws)?;
         }
+        if (c + 1) % EVERY == 0 && c + 1 < commits {
+            let _ = trigger.try_send(());
+        }
     }
     let seconds = started.elapsed().as_secs_f64();
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    drop(trigger);
     if let Some(m) = maintainer {
         m.await?;
     }
     pipeline.stop().await??;
-    let scan_after_last = scan_seconds(&ws)?;
+    let scan_after_last = {
+        let _alone = quiet.lock().await;
+        scan_seconds(&ws)?
+    };
 
     let latencies = COMMITS.lock().expect("commits").clone();
     let mean = |s: &[u64]| s.iter().sum::<u64>() as f64 / s.len().max(1) as f64;
