@@ -51,6 +51,9 @@ struct Args {
     /// Keys of the long-table scenario (f).
     #[arg(long, default_value_t = 10_000)]
     maintenance_keys: u64,
+    /// Scenario (f): a commit starts at most every this many milliseconds.
+    #[arg(long, default_value_t = 50)]
+    maintenance_pace_ms: u64,
     /// Run only scenario (f).
     #[arg(long)]
     only_maintenance: bool,
@@ -568,9 +571,11 @@ fn index_memory(keys: usize) -> Result<()> {
 
 /// Scenario (f) off and on; the figures go to `out` as JSON.
 async fn long_table(args: &Args) -> Result<Value> {
-    let off =
-        maintenance::long_table(args.maintenance_commits, args.maintenance_keys, false).await?;
-    let on = maintenance::long_table(args.maintenance_commits, args.maintenance_keys, true).await?;
+    let pace = Duration::from_millis(args.maintenance_pace_ms);
+    let off = maintenance::long_table(args.maintenance_commits, args.maintenance_keys, false, pace)
+        .await?;
+    let on = maintenance::long_table(args.maintenance_commits, args.maintenance_keys, true, pace)
+        .await?;
     maintenance::print(&off, &on);
     Ok(json!({"off": off, "on": on}))
 }

@@ -5,7 +5,8 @@
 //! full-scan time after the first 100 and after the last commit.
 //!
 //! The pipeline runs in-process on a scripted source (no Kafka: the figures are about
-//! the table), one seal of 100 records per commit. With maintenance on, a task runs
+//! the table), one seal of 100 records per commit, one commit started every 50 ms at
+//! most (`--maintenance-pace-ms`). With maintenance on, a task runs
 //! every maintenance job on the table every 50 commits while the commits go on, as
 //! `floe run` does with `[pipelines.sink.maintenance]` (there every `interval`).
 
@@ -82,6 +83,8 @@ pub struct LongTable {
     pub metadata_bytes: u64,
     pub commit_ms_first_100: f64,
     pub commit_ms_last_100: f64,
+    pub commit_p50_ms_first_100: f64,
+    pub commit_p50_ms_last_100: f64,
     pub scan_s_after_100: f64,
     pub scan_s_after_last: f64,
     pub maintenance_runs: usize,
@@ -98,7 +101,14 @@ impl LongTable {
 }
 
 /// Runs the scenario once.
-pub async fn long_table(commits: usize, keys: u64, maintenance: bool) -> Result<LongTable> {
+/// Commits are paced: one starts at most every `pace` (a pipeline commits at most once
+/// a second; the pace compresses that, keeping maintenance and commits in proportion).
+pub async fn long_table(
+    commits: usize,
+    keys: u64,
+    maintenance: bool,
+    pace: Duration,
+) -> Result<LongTable> {
     const PER_COMMIT: usize = 100;
     let ws = Workspace::new()?;
     let d = ws.dir.path().display();
@@ -164,7 +174,15 @@ keep_metadata_files = 10
                     return;
                 }
                 let _alone = quiet.lock().await;
+                let t = Instant::now();
                 let report = floe::maintain::run_table(&handle, &target, false).await;
+                if std::env::var_os("FLOE_BENCH_VERBOSE").is_some() {
+                    eprintln!(
+                        "maintenance run in {:.2}s:\n{}",
+                        t.elapsed().as_secs_f64(),
+                        floe::maintain::render(std::slice::from_ref(&report), false)
+                    );
+                }
                 if let Some(j) = report.jobs.iter().find(|j| j.failed) {
                     eprintln!("maintenance job {} failed: {}", j.job, j.detail);
                 }
@@ -181,13 +199,23 @@ keep_metadata_files = 10
         state ^= state >> 27;
         state.wrapping_mul(0x2545_F491_4F6C_DD1D)
     };
+    // First the keys are loaded (keys / 100 commits of new keys, not timed), then the
+    // timed commits update (and add) random keys: every timed commit does the same work.
+    let warm = (keys as usize).div_ceil(PER_COMMIT);
+    let total = warm + commits;
     let started = Instant::now();
     let mut scan_after_100 = 0.0;
     let mut offset = 0i64;
-    for c in 0..commits {
+    for c in 0..total {
+        let due = started + pace * c as u32;
+        tokio::time::sleep_until(due.into()).await;
         let batch: Vec<floe::record::Message> = (0..PER_COMMIT)
-            .map(|_| {
-                let id = next() % keys;
+            .map(|i| {
+                let id = if c < warm {
+                    ((c * PER_COMMIT + i) as u64) % keys
+                } else {
+                    next() % keys
+                };
                 let v = json!({"id": id, "v": next() % 1_000_000, "note": format!("commit {c}")});
                 offset += 1;
                 floe::record::Message {
@@ -210,11 +238,11 @@ keep_metadata_files = 10
         }
         // Scans are timed when the last maintenance run is EVERY commits old, at both
         // points, before the run due then.
-        if c + 1 == 100.min(commits) {
+        if c + 1 == warm + 100.min(commits) {
             let _alone = quiet.lock().await;
             scan_after_100 = scan_seconds(&ws)?;
         }
-        if (c + 1) % EVERY == 0 && c + 1 < commits {
+        if (c + 1) % EVERY == 0 && c + 1 < total {
             let _ = trigger.try_send(());
         }
     }
@@ -230,11 +258,18 @@ keep_metadata_files = 10
         scan_seconds(&ws)?
     };
 
-    let latencies = COMMITS.lock().expect("commits").clone();
+    let all = COMMITS.lock().expect("commits").clone();
+    let timed = &all[warm.min(all.len())..all.len().min(total)];
     let mean = |s: &[u64]| s.iter().sum::<u64>() as f64 / s.len().max(1) as f64;
-    let n = latencies.len().min(commits);
-    let first = mean(&latencies[..100.min(n)]);
-    let last = mean(&latencies[n.saturating_sub(100)..n]);
+    let median = |s: &[u64]| {
+        let mut v = s.to_vec();
+        v.sort_unstable();
+        v.get(v.len() / 2).copied().unwrap_or_default() as f64
+    };
+    let n = timed.len();
+    let (head, tail) = (&timed[..100.min(n)], &timed[n.saturating_sub(100)..]);
+    let (first, last) = (mean(head), mean(tail));
+    let (first_p50, last_p50) = (median(head), median(tail));
 
     let table = handle
         .catalog
@@ -262,6 +297,8 @@ keep_metadata_files = 10
         metadata_bytes: dir_bytes(&metadata_dir)?,
         commit_ms_first_100: first,
         commit_ms_last_100: last,
+        commit_p50_ms_first_100: first_p50,
+        commit_p50_ms_last_100: last_p50,
         scan_s_after_100: scan_after_100,
         scan_s_after_last: scan_after_last,
         maintenance_runs: runs.load(std::sync::atomic::Ordering::SeqCst),
@@ -299,7 +336,7 @@ fn scan_seconds(ws: &Workspace) -> Result<f64> {
 /// Prints the off/on table and the ratios.
 pub fn print(off: &LongTable, on: &LongTable) {
     println!(
-        "\n(f) {} upsert commits over {} keys, maintenance off vs on",
+        "\n(f) {} upsert commits of 100 records over {} keys (after loading them), maintenance off vs on",
         off.commits, off.keys
     );
     println!(
@@ -338,7 +375,17 @@ pub fn print(off: &LongTable, on: &LongTable) {
         format!("{:.1}", on.commit_ms_last_100),
     );
     row(
-        "commit latency last/first",
+        "commit ms, first 100 (median)",
+        format!("{:.1}", off.commit_p50_ms_first_100),
+        format!("{:.1}", on.commit_p50_ms_first_100),
+    );
+    row(
+        "commit ms, last 100 (median)",
+        format!("{:.1}", off.commit_p50_ms_last_100),
+        format!("{:.1}", on.commit_p50_ms_last_100),
+    );
+    row(
+        "commit latency last/first (mean)",
         format!("{:.2}x", off.commit_ratio()),
         format!("{:.2}x", on.commit_ratio()),
     );

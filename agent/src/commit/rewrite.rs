@@ -5,16 +5,22 @@
 //! ([`Rewrite::plan`]), so it rebases over concurrent commits instead of failing on them:
 //! the planner sees every live file of the new parent and either adapts (for example
 //! carries a concurrent commit's deletes over to the files it wrote) or gives up with a
-//! reason. The snapshot it commits lists every live file of the parent in merged
-//! manifests (one per content type and partition spec): files it removes are marked
-//! deleted, every other one is kept as it is, its new files are added. Its summary
-//! carries every pipeline's offsets forward (`floe.offsets.<pipeline>`), so the lineage
-//! still names them after the pipelines' own snapshots expire.
+//! reason. Its summary carries every pipeline's offsets forward
+//! (`floe.offsets.<pipeline>`), so the lineage still names them after the pipelines' own
+//! snapshots expire.
+//!
+//! The parent's manifests that hold none of the removed files are kept as they are;
+//! the ones that do are rewritten without them (dropped when nothing stays), and the new
+//! files get one manifest per content type and partition spec. Since compaction removes
+//! every small file and delete file, this also bounds the number of manifests.
 
 use std::collections::{HashMap, HashSet};
+use std::time::Duration;
 
 use async_trait::async_trait;
-use iceberg::spec::{DataContentType, ManifestContentType, Operation, Summary};
+use iceberg::spec::{
+    DataContentType, DataFile, ManifestContentType, ManifestFile, Operation, SnapshotRef, Summary,
+};
 use iceberg::table::Table;
 use iceberg::{Catalog, TableRequirement, TableUpdate};
 
@@ -54,8 +60,13 @@ pub enum RewriteOutcome {
     GaveUp(String),
 }
 
+/// Attempts of a rewrite before it gives up (it re-plans cheaply: next to a pipeline
+/// committing every second it usually lands at the first or second attempt).
+const REWRITE_ATTEMPTS: u32 = 60;
+
 /// Commits a rewrite as a `replace` snapshot with `properties` (plus the carried
-/// offsets) in its summary; see the module docs.
+/// offsets) in its summary; see the module docs. Manifests that do not change between
+/// attempts (the new files', the rewritten ones of the parent) are written once.
 pub async fn commit_rewrite(
     catalog: &dyn Catalog,
     backend: &dyn CommitBackend,
@@ -66,7 +77,13 @@ pub async fn commit_rewrite(
     let ident = base.identifier().clone();
     let commit_id = properties.get(COMMIT_KEY).cloned();
     let snapshot_id = snapshot::unique_snapshot_id(&base);
-    let commit_uuid = uuid::Uuid::now_v7();
+    let mut writer = ManifestCache {
+        snapshot_id,
+        prefix: format!("{}", uuid::Uuid::now_v7()),
+        written: 0,
+        added: HashMap::new(),
+        rewritten: HashMap::new(),
+    };
     let mut attempt = 0;
     loop {
         attempt += 1;
@@ -80,16 +97,10 @@ pub async fn commit_rewrite(
             Ok(plan) => plan,
             Err(reason) => return Ok(RewriteOutcome::GaveUp(reason)),
         };
-        let parts = rewrite_parts(
-            &base,
-            &live,
-            &plan,
-            snapshot_id,
-            &format!("{commit_uuid}-{attempt}"),
-            properties,
-        )
-        .await
-        .map_err(|e| iceberg_failure(&ident, e))?;
+        let parts = writer
+            .parts(&base, &current, &live, &plan, attempt, properties)
+            .await
+            .map_err(|e| iceberg_failure(&ident, e))?;
         let (requirements, updates) = snapshot::finish(&base, parts)
             .await
             .map_err(|e| iceberg_failure(&ident, e))?;
@@ -98,14 +109,21 @@ pub async fn commit_rewrite(
             Err(e) => e,
         };
         let unknown = matches!(error, CommitError::Unknown(_));
-        if matches!(error, CommitError::Failed(_)) || attempt >= MAX_ATTEMPTS {
+        if matches!(error, CommitError::Failed(_)) || attempt >= REWRITE_ATTEMPTS {
             return Err(CommitFailure::Catalog {
                 table: ident.to_string(),
                 source: error,
             });
         }
-        tracing::info!(table = %ident, attempt, %error, "maintenance commit did not land; planning again on the new table");
-        tokio::time::sleep(backoff(attempt)).await;
+        tracing::debug!(table = %ident, attempt, %error, "maintenance commit did not land; planning again on the new table");
+        // Short waits: a lost race is expected next to a busy pipeline, and re-planning
+        // is cheap; a catalog that fails is not retried for long.
+        let wait = if unknown {
+            backoff(attempt)
+        } else {
+            Duration::from_millis(10 + u64::from(uuid::Uuid::new_v4().as_u128() as u8) / 4)
+        };
+        tokio::time::sleep(wait).await;
         base = catalog
             .load_table(&ident)
             .await
@@ -119,115 +137,186 @@ pub async fn commit_rewrite(
     }
 }
 
-/// Merged manifests and summary of a rewrite on `base`.
-async fn rewrite_parts<'a>(
-    base: &Table,
-    live: &[LiveFile],
-    plan: &RewritePlan,
+/// The manifests of a rewrite, kept across attempts.
+struct ManifestCache {
     snapshot_id: i64,
-    name: &str,
-    properties: &HashMap<String, String>,
-) -> iceberg::Result<SnapshotParts<'a>> {
-    let metadata = base.metadata();
-    let mut missing: HashSet<&FileKey> = plan.removed.iter().collect();
-    let mut removed = FileStats::default();
-    let mut added = FileStats::default();
-    // (content, spec id) -> entries kept or removed, and files added.
-    type Group<'g> = (Vec<(&'g LiveFile, bool)>, Vec<iceberg::spec::DataFile>);
-    let mut groups: Vec<((ManifestContentType, i32), Group<'_>)> = Vec::new();
-    fn group<'g, 'v>(
-        groups: &'v mut Vec<((ManifestContentType, i32), Group<'g>)>,
-        key: (ManifestContentType, i32),
-    ) -> &'v mut Group<'g> {
-        let i = match groups.iter().position(|(k, _)| *k == key) {
-            Some(i) => i,
-            None => {
-                groups.push((key, (Vec::new(), Vec::new())));
-                groups.len() - 1
-            }
-        };
-        &mut groups[i].1
-    }
-    for f in live {
-        let key = f.key();
-        let gone = plan.removed.contains(&key);
-        if gone {
-            missing.remove(&key);
-            removed.add(f.entry.data_file());
-        }
-        group(
-            &mut groups,
-            (f.manifest.content, f.manifest.partition_spec_id),
+    prefix: String,
+    written: usize,
+    /// (content, spec id) -> the added files' keys and their manifest.
+    added: HashMap<(ManifestContentType, i32), (Vec<FileKey>, ManifestFile)>,
+    /// Parent manifest path -> the keys it loses and its rewritten form (`None`: nothing
+    /// left in it).
+    rewritten: HashMap<String, (Vec<FileKey>, Option<ManifestFile>)>,
+}
+
+impl ManifestCache {
+    fn path(&mut self, base: &Table) -> String {
+        self.written += 1;
+        format!(
+            "{}/metadata/{}-r{}.avro",
+            base.metadata().location(),
+            self.prefix,
+            self.written
         )
-        .0
-        .push((f, gone));
     }
-    if !missing.is_empty() {
-        return Err(iceberg::Error::new(
-            iceberg::ErrorKind::DataInvalid,
-            format!(
-                "{} files a rewrite removes are not live in the table",
-                missing.len()
-            ),
-        ));
-    }
-    for (spec, file) in &plan.added {
-        added.add(file);
-        let content = match file.content_type() {
-            DataContentType::Data => ManifestContentType::Data,
-            _ => ManifestContentType::Deletes,
-        };
-        group(&mut groups, (content, *spec)).1.push(file.clone());
-    }
-    let mut manifests = Vec::with_capacity(groups.len());
-    for (n, ((content, spec_id), (entries, new))) in groups.into_iter().enumerate() {
-        if new.is_empty() && entries.iter().all(|(_, gone)| *gone) {
-            // Only removals: a manifest of deleted entries helps no reader.
-            continue;
+
+    /// The manifest list entries and summary of `plan` on `base` (current snapshot
+    /// `current`, live files `live`).
+    async fn parts<'a>(
+        &mut self,
+        base: &Table,
+        current: &SnapshotRef,
+        live: &[LiveFile],
+        plan: &RewritePlan,
+        attempt: u32,
+        properties: &HashMap<String, String>,
+    ) -> iceberg::Result<SnapshotParts<'a>> {
+        let metadata = base.metadata();
+        let mut removed = FileStats::default();
+        let mut added = FileStats::default();
+        // Which removed keys each parent manifest holds.
+        let mut hits: HashMap<&str, Vec<FileKey>> = HashMap::new();
+        let mut found = 0;
+        for f in live {
+            let key = f.key();
+            if plan.removed.contains(&key) {
+                found += 1;
+                removed.add(f.entry.data_file());
+                hits.entry(f.manifest.manifest_path.as_str())
+                    .or_default()
+                    .push(key);
+            }
         }
-        let spec = snapshot::spec_of(metadata, spec_id)?;
-        let path = format!("{}/metadata/{name}-c{n}.avro", metadata.location());
+        if found != plan.removed.len() {
+            return Err(iceberg::Error::new(
+                iceberg::ErrorKind::DataInvalid,
+                format!(
+                    "{} files a rewrite removes are not live in the table",
+                    plan.removed.len() - found
+                ),
+            ));
+        }
+        let mut list = Vec::new();
+        for file in manifests::manifest_files(base, current).await? {
+            if !(file.has_added_files() || file.has_existing_files()) {
+                continue;
+            }
+            let Some(keys) = hits.get_mut(file.manifest_path.as_str()) else {
+                list.push(file);
+                continue;
+            };
+            keys.sort();
+            let cached = self
+                .rewritten
+                .get(&file.manifest_path)
+                .filter(|(k, _)| k == keys)
+                .map(|(_, m)| m.clone());
+            let manifest = match cached {
+                Some(m) => m,
+                None => {
+                    let m = self.rewrite(base, &file, keys).await?;
+                    self.rewritten
+                        .insert(file.manifest_path.clone(), (keys.clone(), m.clone()));
+                    m
+                }
+            };
+            list.extend(manifest);
+        }
+        // The new files, one manifest per content type and spec.
+        let mut groups: Vec<((ManifestContentType, i32), Vec<DataFile>)> = Vec::new();
+        for (spec, file) in &plan.added {
+            added.add(file);
+            let content = match file.content_type() {
+                DataContentType::Data => ManifestContentType::Data,
+                _ => ManifestContentType::Deletes,
+            };
+            match groups.iter_mut().find(|(k, _)| *k == (content, *spec)) {
+                Some((_, v)) => v.push(file.clone()),
+                None => groups.push(((content, *spec), vec![file.clone()])),
+            }
+        }
+        for ((content, spec_id), files) in groups {
+            let keys: Vec<FileKey> = files.iter().map(FileKey::of).collect();
+            if let Some((k, m)) = self.added.get(&(content, spec_id))
+                && *k == keys
+            {
+                list.push(m.clone());
+                continue;
+            }
+            let spec = snapshot::spec_of(metadata, spec_id)?;
+            let path = self.path(base);
+            let mut writer = snapshot::manifest_writer(
+                base,
+                &path,
+                self.snapshot_id,
+                metadata.current_schema().clone(),
+                spec,
+                content,
+            )?;
+            for file in files {
+                writer.add_file(file, -1)?;
+            }
+            let m = writer.write_manifest_file().await?;
+            self.added.insert((content, spec_id), (keys, m.clone()));
+            list.push(m);
+        }
+        let mut props = properties.clone();
+        props
+            .extend(OffsetMap::carried_forward(metadata).map_err(|e| {
+                iceberg::Error::new(iceberg::ErrorKind::DataInvalid, e.to_string())
+            })?);
+        let summary = Summary {
+            operation: Operation::Replace,
+            additional_properties: snapshot::summary_properties(
+                added,
+                removed,
+                Some(current.summary()),
+                &props,
+            ),
+        };
+        Ok(SnapshotParts {
+            snapshot_id: self.snapshot_id,
+            list_name: format!("{}-{attempt}", self.prefix),
+            manifests: list,
+            summary,
+            new_schema: None,
+        })
+    }
+
+    /// `file` without the entries `gone` (marked deleted), or `None` if nothing stays.
+    async fn rewrite(
+        &mut self,
+        base: &Table,
+        file: &ManifestFile,
+        gone: &[FileKey],
+    ) -> iceberg::Result<Option<ManifestFile>> {
+        let manifest = manifests::load(base, file).await?;
+        let live = manifest.entries().iter().filter(|e| e.is_alive());
+        if live
+            .clone()
+            .all(|e| gone.contains(&FileKey::of(e.data_file())))
+        {
+            // Only removals: a manifest of deleted entries helps no reader.
+            return Ok(None);
+        }
+        let path = self.path(base);
         let mut writer = snapshot::manifest_writer(
             base,
             &path,
-            snapshot_id,
-            metadata.current_schema().clone(),
-            spec,
-            content,
+            self.snapshot_id,
+            manifest.metadata().schema().clone(),
+            manifest.metadata().partition_spec().clone(),
+            file.content,
         )?;
-        for (f, gone) in entries {
-            if gone {
-                snapshot::add_deleted(&mut writer, &f.entry)?;
+        for entry in live {
+            if gone.contains(&FileKey::of(entry.data_file())) {
+                snapshot::add_deleted(&mut writer, entry)?;
             } else {
-                snapshot::add_existing(&mut writer, &f.entry)?;
+                snapshot::add_existing(&mut writer, entry)?;
             }
         }
-        for file in new {
-            writer.add_file(file, -1)?;
-        }
-        manifests.push(writer.write_manifest_file().await?);
+        Ok(Some(writer.write_manifest_file().await?))
     }
-    let mut props = properties.clone();
-    props.extend(
-        OffsetMap::carried_forward(metadata)
-            .map_err(|e| iceberg::Error::new(iceberg::ErrorKind::DataInvalid, e.to_string()))?,
-    );
-    let summary = Summary {
-        operation: Operation::Replace,
-        additional_properties: snapshot::summary_properties(
-            added,
-            removed,
-            metadata.current_snapshot().map(|s| s.summary()),
-            &props,
-        ),
-    };
-    Ok(SnapshotParts {
-        snapshot_id,
-        list_name: name.to_string(),
-        manifests,
-        summary,
-        new_schema: None,
-    })
 }
 
 /// Commits metadata-only updates computed from the table by `updates` (`None`: nothing

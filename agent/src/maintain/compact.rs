@@ -261,6 +261,8 @@ pub async fn compact(
         placements,
         prefix: target.prefix.clone(),
         carried: 0,
+        seen: HashMap::new(),
+        last_carried: None,
     };
     crate::failpoint::hit(crate::failpoint::COMPACT_BEFORE_COMMIT);
     let properties = HashMap::from([
@@ -397,7 +399,17 @@ struct Compaction {
     prefix: String,
     /// Concurrent deletes carried over by the last plan.
     carried: u64,
+    /// Concurrent delete files already read.
+    seen: HashMap<FileKey, Translated>,
+    /// The carried rows of the last plan and the delete files written for them.
+    last_carried: Option<(Carried, Vec<SpecFile>)>,
 }
+
+/// Carried-over rows per (group, output file).
+type Carried = BTreeMap<(usize, usize), RoaringTreemap>;
+
+/// A concurrent delete file's rows in the new files, and whether it names other files.
+type Translated = (Vec<(usize, usize, u64)>, bool);
 
 impl Compaction {
     /// The output file and position of row `pos` of input `path`, if it was live.
@@ -429,8 +441,9 @@ impl Rewrite for Compaction {
         }
         let mut removed: HashSet<FileKey> = self.removed_data.clone();
         removed.extend(self.removed_deletes.intersection(&keys).cloned());
-        // Deletes committed since the start that name rewritten rows: carried over.
-        let mut carried: BTreeMap<(usize, usize), RoaringTreemap> = BTreeMap::new();
+        // Deletes committed since the start that name rewritten rows: carried over. A
+        // delete file is read once, however many attempts it takes to commit.
+        let mut carried = Carried::new();
         for f in live.iter().filter(|f| !self.start.contains(&f.key())) {
             match f.content() {
                 DataContentType::Data => {}
@@ -438,23 +451,20 @@ impl Rewrite for Compaction {
                     return Err("another writer added equality deletes meanwhile".into());
                 }
                 DataContentType::PositionDeletes => {
-                    let rows = read_delete_file(table, f.entry.data_file())
-                        .await
-                        .map_err(|e| format!("reading a concurrent delete file: {e}"))?;
-                    let mut names_other = false;
-                    for (path, positions) in rows {
-                        if !self.placements.contains_key(&path) {
-                            names_other = true;
-                            continue;
-                        }
-                        for pos in positions {
-                            if let Some((g, i, new)) = self.new_position(&path, pos) {
-                                carried.entry((g, i)).or_default().insert(new);
-                            }
-                        }
+                    let key = f.key();
+                    if !self.seen.contains_key(&key) {
+                        let translated = self
+                            .translate(table, f.entry.data_file())
+                            .await
+                            .map_err(|e| format!("reading a concurrent delete file: {e}"))?;
+                        self.seen.insert(key.clone(), translated);
+                    }
+                    let (rows, names_other) = &self.seen[&key];
+                    for (g, i, new) in rows {
+                        carried.entry((*g, *i)).or_default().insert(*new);
                     }
                     if !names_other {
-                        removed.insert(f.key());
+                        removed.insert(key);
                     }
                 }
             }
@@ -466,23 +476,45 @@ impl Rewrite for Compaction {
         }
         self.carried = carried.values().map(|p| p.len()).sum();
         if !carried.is_empty() {
-            added.extend(
-                self.write_carried(table, carried)
-                    .await
-                    .map_err(|e| format!("writing carried-over deletes: {e}"))?,
-            );
+            let files = match &self.last_carried {
+                Some((same, files)) if *same == carried => files.clone(),
+                _ => {
+                    let files = self
+                        .write_carried(table, carried.clone())
+                        .await
+                        .map_err(|e| format!("writing carried-over deletes: {e}"))?;
+                    self.last_carried = Some((carried, files.clone()));
+                    files
+                }
+            };
+            added.extend(files);
         }
         Ok(RewritePlan { removed, added })
     }
 }
 
 impl Compaction {
+    /// The rows of the new files a concurrent delete file deletes: (group, output file,
+    /// position) each, and whether it also names files this compaction does not rewrite.
+    async fn translate(&self, table: &Table, file: &DataFile) -> Result<Translated, MaintainError> {
+        let mut out = Vec::new();
+        let mut names_other = false;
+        for (path, positions) in read_delete_file(table, file).await? {
+            if !self.placements.contains_key(&path) {
+                names_other = true;
+                continue;
+            }
+            out.extend(positions.iter().filter_map(|p| self.new_position(&path, p)));
+        }
+        Ok((out, names_other))
+    }
+
     /// Delete files for the carried-over rows of the new files: deletion vectors on a v3
     /// table, else one position-delete file per partition.
     async fn write_carried(
         &self,
         table: &Table,
-        carried: BTreeMap<(usize, usize), RoaringTreemap>,
+        carried: Carried,
     ) -> Result<Vec<SpecFile>, MaintainError> {
         if table.metadata().format_version() >= FormatVersion::V3 {
             let targets = carried
