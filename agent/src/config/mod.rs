@@ -326,6 +326,13 @@ fn pipeline(
         Some(v) => section::<DeadLetterConfig>(v, &format!("{path}.dead_letter"), errors),
         None => name.as_deref().map(DeadLetterConfig::default_for),
     };
+    for (field, message) in dead_letter
+        .as_ref()
+        .map(DeadLetterConfig::problems)
+        .unwrap_or_default()
+    {
+        errors.push(err(&format!("{path}.dead_letter.{field}"), &message));
+    }
     // Sections that parsed are kept even with problems, so cross-section checks still run.
     Some(PipelineConfig {
         name: name?,
