@@ -11,6 +11,9 @@ use std::path::Path;
 
 use serde::de::DeserializeOwned;
 
+mod redact;
+pub use redact::{Redact, Redacted, Secret, redact_url};
+
 use crate::catalog::CatalogConfig;
 use crate::dead_letter::DeadLetterConfig;
 use crate::decode::DecodeConfig;

@@ -13,9 +13,10 @@ use serde::Deserialize;
 
 use super::DecodeError;
 use super::avro::WriterSchema;
+use crate::config::{Secret, redact_url};
 
-/// `[pipelines.decode.registry]`.
-#[derive(Debug, Clone, Deserialize)]
+/// `[pipelines.decode.registry]`. `Debug` hides the password and any credentials in the URL.
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RegistryConfig {
     /// Base URL, e.g. `http://127.0.0.1:8081`.
@@ -25,13 +26,24 @@ pub struct RegistryConfig {
     pub username: Option<String>,
     /// Basic-auth password.
     #[serde(default)]
-    pub password: Option<String>,
+    pub password: Option<Secret>,
     /// Per-request timeout (default 10s).
     #[serde(
         default = "default_timeout",
         deserialize_with = "crate::config::duration::deserialize"
     )]
     pub timeout: Duration,
+}
+
+impl std::fmt::Debug for RegistryConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryConfig")
+            .field("url", &redact_url(&self.url))
+            .field("username", &self.username)
+            .field("password", &self.password)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
 }
 
 fn default_timeout() -> Duration {
@@ -50,6 +62,8 @@ enum Entry {
 #[derive(Debug)]
 pub struct RegistryClient {
     config: RegistryConfig,
+    /// The URL as shown in messages, logs and dead-letter reasons (no credentials).
+    shown: String,
     http: reqwest::Client,
     cache: Mutex<HashMap<u32, Entry>>,
 }
@@ -68,10 +82,11 @@ impl RegistryClient {
             .timeout(config.timeout)
             .build()
             .map_err(|e| DecodeError::RegistryUnreachable {
-                url: config.url.clone(),
-                reason: e.to_string(),
+                url: redact_url(&config.url),
+                reason: e.without_url().to_string(),
             })?;
         Ok(RegistryClient {
+            shown: redact_url(&config.url),
             config,
             http,
             cache: Mutex::new(HashMap::new()),
@@ -94,8 +109,9 @@ impl RegistryClient {
             return Ok(());
         }
         let url = format!("{}/schemas/ids/{id}", self.config.url.trim_end_matches('/'));
+        let shown = format!("{}/schemas/ids/{id}", self.shown.trim_end_matches('/'));
         let unreachable = |reason: String| DecodeError::RegistryUnreachable {
-            url: self.config.url.clone(),
+            url: self.shown.clone(),
             reason,
         };
         let mut request = self
@@ -103,29 +119,31 @@ impl RegistryClient {
             .get(&url)
             .header("Accept", "application/vnd.schemaregistry.v1+json");
         if let Some(user) = &self.config.username {
-            request = request.basic_auth(user, self.config.password.as_deref());
+            request = request.basic_auth(user, self.config.password.as_ref().map(Secret::expose));
         }
         let response = request
             .send()
             .await
-            .map_err(|e| unreachable(e.to_string()))?;
+            .map_err(|e| unreachable(e.without_url().to_string()))?;
         let status = response.status();
         let entry = if status == reqwest::StatusCode::NOT_FOUND {
             Entry::Rejected(DecodeError::UnknownSchemaId {
                 id,
-                url: self.config.url.clone(),
+                url: self.shown.clone(),
             })
         } else if !status.is_success() {
             let body = response.text().await.unwrap_or_default();
             return Err(unreachable(format!(
-                "GET {url}: HTTP {status}: {}",
+                "GET {shown}: HTTP {status}: {}",
                 body.chars().take(200).collect::<String>()
             )));
         } else {
-            let body: SchemaResponse = response
-                .json()
-                .await
-                .map_err(|e| unreachable(format!("GET {url}: unreadable answer: {e}")))?;
+            let body: SchemaResponse = response.json().await.map_err(|e| {
+                unreachable(format!(
+                    "GET {shown}: unreadable answer: {}",
+                    e.without_url()
+                ))
+            })?;
             match body.schema_type.as_deref() {
                 None | Some("AVRO") => match WriterSchema::parse(Some(id), &body.schema) {
                     Ok(s) => Entry::Found(Arc::new(s)),
@@ -138,12 +156,32 @@ impl RegistryClient {
             }
         };
         if let Entry::Found(_) = &entry {
-            tracing::info!(url = %self.config.url, id, "fetched Avro schema from the registry");
+            tracing::info!(url = %self.shown, id, "fetched Avro schema from the registry");
         }
         self.cache
             .lock()
             .expect("registry cache lock")
             .insert(id, entry);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn credentials_in_the_url_stay_out_of_errors() {
+        // Port 1 on loopback refuses: the error names the registry without its password.
+        let client = RegistryClient::new(RegistryConfig {
+            url: "http://reg-user:URL-SECRET@127.0.0.1:1".into(),
+            username: None,
+            password: None,
+            timeout: Duration::from_secs(2),
+        })
+        .unwrap();
+        let e = client.fetch(7).await.unwrap_err().to_string();
+        assert!(!e.contains("URL-SECRET"), "{e}");
+        assert!(e.contains("http://***@127.0.0.1:1"), "{e}");
     }
 }

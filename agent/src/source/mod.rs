@@ -45,7 +45,9 @@ pub struct SourceConfig {
     pub sasl: Option<SaslConfig>,
     /// Extra librdkafka properties, passed through as they are (e.g. `ssl.ca.location`).
     #[serde(default)]
-    pub properties: BTreeMap<String, String>,
+    /// Values may hold secrets (`sasl.jaas.config`, `ssl.key.password`): `Debug`
+    /// shows the property names only.
+    pub properties: crate::config::Redacted<BTreeMap<String, String>>,
 }
 
 /// Start position for partitions the table has no offsets for.

@@ -36,7 +36,8 @@ pub struct TransformConfig {
     pub name: Option<String>,
     /// The plugin's own settings, passed to its `init` as JSON.
     #[serde(default = "empty_table", rename = "with")]
-    pub with: toml::Value,
+    /// May hold credentials: `Debug` shows its keys only.
+    pub with: crate::config::Redacted<toml::Value>,
     /// Resource limits.
     #[serde(default)]
     pub limits: Limits,
@@ -48,8 +49,8 @@ pub struct TransformConfig {
     pub allow_clock: bool,
 }
 
-fn empty_table() -> toml::Value {
-    toml::Value::Table(toml::Table::new())
+fn empty_table() -> crate::config::Redacted<toml::Value> {
+    crate::config::Redacted(toml::Value::Table(toml::Table::new()))
 }
 
 impl TransformConfig {

@@ -143,7 +143,7 @@ pub fn test_plugin(
     let config = TransformConfig {
         uses: uses.to_string(),
         name: None,
-        with,
+        with: with.into(),
         limits,
         on_error: OnError::DeadLetter,
         allow_clock: false,

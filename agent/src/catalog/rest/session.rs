@@ -77,6 +77,11 @@ impl RestSession {
             })?;
             headers.insert(name, value);
         }
+        if config.allow_insecure_http {
+            for (field, url) in config.cleartext_secrets() {
+                tracing::warn!(catalog = %name, %field, %url, "INSECURE: catalog credentials are sent over plain http:// to a host that is not loopback (allow_insecure_http = true); anyone on the network path can read them");
+            }
+        }
         let uri = config.uri.trim_end_matches('/').to_string();
         Ok(RestSession {
             inner: Arc::new(Inner {
