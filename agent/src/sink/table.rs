@@ -219,11 +219,19 @@ impl TableSink {
             .await
             .map_err(|e| self.err("check namespace", e))?;
         if !exists {
-            self.catalog
+            match self
+                .catalog
                 .catalog
                 .create_namespace(&namespace, HashMap::new())
                 .await
-                .map_err(|e| self.err("create namespace", e))?;
+            {
+                Ok(_) => {}
+                // Another agent created it at the same moment: use it.
+                Err(e) if e.kind() == iceberg::ErrorKind::NamespaceAlreadyExists => {
+                    tracing::info!(pipeline = %self.pipeline, namespace = ?namespace, "namespace created by another writer meanwhile");
+                }
+                Err(e) => return Err(self.err("create namespace", e)),
+            }
         }
         let mut schema = tracker.new_table_schema()?;
         if let Some(u) = &self.upsert {
@@ -238,12 +246,25 @@ impl TableSink {
                 "zstd".to_string(),
             )]))
             .build();
-        let table = self
+        let table = match self
             .catalog
             .catalog
             .create_table(&namespace, creation)
             .await
-            .map_err(|e| self.err("create table", e))?;
+        {
+            Ok(table) => table,
+            Err(e) if crate::catalog::is_already_exists(&e) => {
+                // Another agent created it at the same moment. Its schema (field ids) may
+                // differ from the one our buffered rows were built for: load it and have
+                // the pipeline re-read from the offsets it stores.
+                self.reload().await?;
+                return Err(SinkError::Fenced(format!(
+                    "table {} was created by another writer at the same moment; re-reading against its schema",
+                    self.ident
+                )));
+            }
+            Err(e) => return Err(self.err("create table", e)),
+        };
         tracing::info!(pipeline = %self.pipeline, table = %self.ident, "created table");
         self.table = Some(table);
         if let Some(u) = &mut self.upsert {
