@@ -21,6 +21,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::Value;
 
+pub mod faults;
 pub mod rest;
 pub mod scripted;
 
