@@ -22,6 +22,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::Value;
 
 pub mod faults;
+pub mod fuzzing;
 pub mod rest;
 pub mod scripted;
 
