@@ -21,7 +21,7 @@ export FLOE_CACHE="${FLOE_CACHE:-/var/cache/floe}"
 # every normal build start over.
 export CARGO_TARGET_DIR="$FLOE_CACHE/fuzz-target"
 if ! command -v cargo-fuzz >/dev/null 2>&1; then
-    cargo install cargo-fuzz --locked --version 0.13.1
+    cargo install cargo-fuzz --locked --version 0.13.2
 fi
 mkdir -p .floe
 report="$root/.floe/fuzz-report.txt"

@@ -220,7 +220,7 @@ async fn sigkill_at_random_moments() -> Result<()> {
     for _ in 0..kills {
         let agent = AgentProcess::start(&config, &[])?;
         // A moment anywhere in start-up, reading, writing or committing.
-        let ms = 300 + u64::from(uuid_u16()) % 4_000;
+        let ms = 300 + u64::from(random_u16()) % 4_000;
         moments.push(ms);
         tokio::time::sleep(Duration::from_millis(ms)).await;
         agent.kill9()?;
@@ -237,7 +237,7 @@ async fn sigkill_at_random_moments() -> Result<()> {
     )
 }
 
-fn uuid_u16() -> u16 {
+fn random_u16() -> u16 {
     let mut b = [0u8; 2];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))

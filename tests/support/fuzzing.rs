@@ -12,8 +12,11 @@ use floe::record::TopicPartition;
 use floe::record::json::Tape;
 use floe::schema::{Admission, OnIncompatible, SchemaTracker, TableSchema};
 
+/// A fuzz target: any bytes in, no panic out.
+pub type Target = fn(&[u8]);
+
 /// The targets, by name (the names of `fuzz/fuzz_targets/*.rs` and `fuzz/corpus/*`).
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Target)] = &[
     ("json_admission", json_admission),
     ("avro_decode", avro_decode),
     ("registry_response", registry_response),
@@ -79,7 +82,7 @@ const AVRO_SCHEMAS: &[&str] = &[
     r#"{"type":"record","name":"r","fields":[{"name":"id","type":"long"},{"name":"xs","type":{"type":"array","items":"long"}}]}"#,
     r#"{"type":"record","name":"r","fields":[{"name":"m","type":{"type":"map","values":"string"}},{"name":"u","type":["null","string","double"]}]}"#,
     r#"{"type":"record","name":"r","fields":[{"name":"d","type":{"type":"bytes","logicalType":"decimal","precision":10,"scale":2}},{"name":"f","type":{"type":"fixed","name":"f16","size":16}},{"name":"t","type":{"type":"long","logicalType":"timestamp-millis"}},{"name":"day","type":{"type":"int","logicalType":"date"}}]}"#,
-    r#"{"type":"record","name":"node","fields":[{"name":"v","type":"int"},{"name":"next","type":["null","node"]}]}"#,
+    r#"{"type":"record","name":"r","fields":[{"name":"inner","type":{"type":"record","name":"i","fields":[{"name":"v","type":"int"},{"name":"ys","type":{"type":"array","items":{"type":"map","values":["null","long"]}}}]}}]}"#,
     r#"{"type":"record","name":"r","fields":[{"name":"e","type":{"type":"enum","name":"e","symbols":["A","B"]}},{"name":"s","type":"string"},{"name":"b","type":"boolean"},{"name":"fl","type":"float"}]}"#,
 ];
 
