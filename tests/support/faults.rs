@@ -41,6 +41,10 @@ pub struct HttpFault {
     pub times: Option<u32>,
     /// Until when it applies (`None`: until `times` runs out or removed).
     pub until: Option<Instant>,
+    /// Instead of answering, hold the request until [`FaultProxy::clear`], then forward it.
+    pub hold: bool,
+    /// Only paths (without the query) ending with this.
+    pub ending: Option<String>,
 }
 
 impl HttpFault {
@@ -56,7 +60,23 @@ impl HttpFault {
             headers: Vec::new(),
             times: None,
             until: None,
+            hold: false,
+            ending: None,
         }
+    }
+
+    /// Holds matching requests until [`FaultProxy::clear`], then forwards them.
+    pub fn hold(path_contains: &str) -> HttpFault {
+        HttpFault {
+            hold: true,
+            ..HttpFault::status(path_contains, 0)
+        }
+    }
+
+    /// Only paths ending with `suffix` (the query left out).
+    pub fn ending(mut self, suffix: &str) -> HttpFault {
+        self.ending = Some(suffix.to_string());
+        self
     }
 
     /// Only for requests with this method.
@@ -92,6 +112,10 @@ impl HttpFault {
     fn matches(&self, method: &str, path: &str) -> bool {
         self.method.as_deref().is_none_or(|m| m == method)
             && path.contains(&self.path_contains)
+            && self
+                .ending
+                .as_deref()
+                .is_none_or(|e| path.split('?').next().unwrap_or("").ends_with(e))
             && self.until.is_none_or(|u| Instant::now() < u)
             && self.times.is_none_or(|n| n > 0)
     }
@@ -112,8 +136,12 @@ struct State {
     /// Requests answered by a fault, and requests forwarded (HTTP mode).
     injected: AtomicU64,
     forwarded: AtomicU64,
-    /// `METHOD path` of every request seen (HTTP mode).
-    log: Mutex<Vec<String>>,
+    /// `METHOD path` of every request seen, with when (HTTP mode).
+    log: Mutex<Vec<(Instant, String)>>,
+    /// Requests being held (HTTP mode).
+    held: AtomicU64,
+    /// Bumped by `clear`: held requests go on.
+    generation: AtomicU64,
 }
 
 /// A fault proxy on `127.0.0.1:PORT` in front of `upstream`, stopped on drop.
@@ -265,11 +293,22 @@ impl FaultProxy {
             .push(fault);
     }
 
-    /// HTTP mode: removes every fault.
+    /// HTTP mode: removes every fault; held requests are forwarded.
     pub fn clear(&self) {
         if let Some(f) = &self.state.http {
             f.lock().expect("faults").clear();
         }
+        self.state.generation.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// HTTP mode: lets the requests held now go on (the faults stay).
+    pub fn release(&self) {
+        self.state.generation.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// HTTP mode: requests held so far (see [`HttpFault::hold`]).
+    pub fn held(&self) -> u64 {
+        self.state.held.load(Ordering::SeqCst)
     }
 
     /// HTTP mode: requests answered by a fault so far.
@@ -284,7 +323,26 @@ impl FaultProxy {
 
     /// HTTP mode: `METHOD path` of every request seen so far.
     pub fn requests(&self) -> Vec<String> {
-        self.state.log.lock().expect("log").clone()
+        self.state
+            .log
+            .lock()
+            .expect("log")
+            .iter()
+            .map(|(_, r)| r.clone())
+            .collect()
+    }
+
+    /// HTTP mode: requests containing `needle` with when they arrived (an injected
+    /// answer is noted as ` -> injected STATUS`).
+    pub fn timed_requests(&self, needle: &str) -> Vec<(Instant, String)> {
+        self.state
+            .log
+            .lock()
+            .expect("log")
+            .iter()
+            .filter(|(_, r)| r.contains(needle))
+            .cloned()
+            .collect()
     }
 }
 
@@ -432,7 +490,7 @@ fn serve_http(mut client: TcpStream, upstream: &str, state: &Arc<State>) {
             .log
             .lock()
             .expect("log")
-            .push(format!("{method} {path}"));
+            .push((Instant::now(), format!("{method} {path}")));
         if !hold(state, Direction::Upstream) {
             return;
         }
@@ -449,8 +507,20 @@ fn serve_http(mut client: TcpStream, upstream: &str, state: &Arc<State>) {
                     f.clone()
                 })
         };
-        if let Some(f) = fault {
+        if fault.as_ref().is_some_and(|f| f.hold) {
+            let generation = state.generation.load(Ordering::SeqCst);
+            state.held.fetch_add(1, Ordering::SeqCst);
+            while state.generation.load(Ordering::SeqCst) == generation {
+                if state.stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        } else if let Some(f) = fault {
             state.injected.fetch_add(1, Ordering::SeqCst);
+            if let Some(last) = state.log.lock().expect("log").last_mut() {
+                last.1.push_str(&format!(" -> injected {}", f.status));
+            }
             let mut out = format!(
                 "HTTP/1.1 {} Injected\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
                 f.status,
