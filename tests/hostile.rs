@@ -151,9 +151,10 @@ async fn timestamps_chrono_used_to_accept_are_rejected_at_admission() -> Result<
     let broker = Broker::start()?;
     broker.create_topic("times", 1).await?;
     let bad = [
-        "24-01-01T00:00:00Z",    // %Y with 2 digits
-        " 2024-01-01T00:00:00Z", // leading space
-        "2024-01-01T23:59:60Z",  // leap second
+        "24-01-01T00:00:00Z",        // %Y with 2 digits
+        " 2024-01-01T00:00:00Z",     // leading space
+        "2024-01-01T23:59:60Z",      // leap second
+        "2024-01-01T23:59:6\u{41d}", // a multi-byte character at byte 19 (found by fuzzing)
     ];
     // The first value makes `at` a timestamptz column, committed (its type is locked).
     let first = vec![json!({"id": 0, "at": "2024-01-01T00:00:00Z"}).to_string()];
@@ -184,7 +185,7 @@ async fn timestamps_chrono_used_to_accept_are_rejected_at_admission() -> Result<
     let letters = DeadLetterWriter::read_all(&ws.path("dead-letter.ndjson"))?;
     assert_eq!(
         letters.iter().map(|l| l.offset).collect::<Vec<_>>(),
-        [1, 2, 3],
+        [1, 2, 3, 4],
         "{letters:?}"
     );
     read_ids(&ws, "times", &[0, 9])
