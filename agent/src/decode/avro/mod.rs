@@ -45,7 +45,21 @@ impl WriterSchema {
     /// Parses an Avro schema (JSON text) and maps it to columns. A schema that is not a
     /// record parses (keys may be primitives) but declares no columns.
     pub fn parse(id: Option<u32>, text: &str) -> Result<WriterSchema, DecodeError> {
-        let schema = AvroSchema::parse_str(text).map_err(|e| DecodeError::BadSchema {
+        // apache-avro 0.21 panics on some invalid schemas (an invalid record name such as
+        // "a-b" is unwrapped; found by fuzzing): a schema from a registry must not take
+        // the pipeline down, so a panic is a bad schema like any other.
+        let parsed = std::panic::catch_unwind(|| AvroSchema::parse_str(text)).map_err(|panic| {
+            let what = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("unknown");
+            DecodeError::BadSchema {
+                id,
+                reason: format!("the Avro library cannot parse it ({what})"),
+            }
+        })?;
+        let schema = parsed.map_err(|e| DecodeError::BadSchema {
             id,
             reason: e.to_string(),
         })?;
