@@ -241,3 +241,56 @@ async fn a_ten_byte_avro_message_with_a_huge_array_count_is_dead_lettered() -> R
     );
     read_ids(&ws, "avro", &[0, 2])
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_schema_the_avro_library_panics_on_is_dead_lettered() -> Result<()> {
+    let broker = Broker::start()?;
+    broker.create_topic("badname", 1).await?;
+    let registry = Registry::start(None)?;
+    let good = r#"{"type":"record","name":"r","fields":[{"name":"id","type":"long"}]}"#;
+    registry.produce_avro(&broker.bootstrap, "badname", good, &[json!({"id": 0})])?;
+    // Schema id 2: a record name apache-avro 0.21 panics on (found by fuzzing).
+    let bad = r#"{"type":"record","name":"nod-e","fields":[{"name":"id","type":"long"}]}"#;
+    let addr = registry.url.trim_start_matches("http://");
+    let (status, body) = floe_tests::rest::http(
+        "POST",
+        addr,
+        "/subjects/badname-value/versions",
+        &json!({ "schema": bad }).to_string(),
+    )?;
+    assert_eq!(status, 200, "{body}");
+    let id: u32 = serde_json::from_str::<serde_json::Value>(&body)?["id"]
+        .as_u64()
+        .expect("id") as u32;
+    let mut message = vec![0u8];
+    message.extend_from_slice(&id.to_be_bytes());
+    message.push(2); // id = 1
+    broker.produce("badname", &[(None, Some(message))]).await?;
+    registry.produce_avro(&broker.bootstrap, "badname", good, &[json!({"id": 2})])?;
+    let ws = Workspace::new()?;
+    let config = ws.write_config(&spec("badname", &broker.bootstrap))?;
+    let text = std::fs::read_to_string(&config)?.replace(
+        "[pipelines.sink]",
+        &format!(
+            "[pipelines.decode]\nformat = \"avro\"\nregistry = {{ url = \"{}\" }}\n[pipelines.sink]",
+            registry.url
+        ),
+    );
+    std::fs::write(&config, text)?;
+    let agent = AgentProcess::start(&config, &[])?;
+    ws.wait_for_rows("hostile", "badname", 2, Duration::from_secs(60))
+        .await?;
+    agent.terminate()?;
+    let letters = DeadLetterWriter::read_all(&ws.path("dead-letter.ndjson"))?;
+    assert_eq!(
+        letters.iter().map(|l| l.offset).collect::<Vec<_>>(),
+        [1],
+        "{letters:?}"
+    );
+    assert!(
+        letters[0].reason.contains("cannot parse"),
+        "{}",
+        letters[0].reason
+    );
+    read_ids(&ws, "badname", &[0, 2])
+}
