@@ -294,3 +294,41 @@ async fn a_registry_schema_the_avro_library_panics_on_is_dead_lettered() -> Resu
     );
     read_ids(&ws, "badname", &[0, 2])
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_new_name_in_two_committed_structs_commits() -> Result<()> {
+    // Found by fuzzing (json_admission): `j` added to two structs after they were
+    // committed.
+    let broker = Broker::start()?;
+    broker.create_topic("twins", 1).await?;
+    broker
+        .produce(
+            "twins",
+            &values(&[
+                json!({"id": 0, "b": {"x": 1}}).to_string(),
+                json!({"id": 1, "c": {"y": 1}}).to_string(),
+            ]),
+        )
+        .await?;
+    let ws = Workspace::new()?;
+    let config = ws.write_config(&spec("twins", &broker.bootstrap))?;
+    let agent = AgentProcess::start(&config, &[])?;
+    ws.wait_for_rows("hostile", "twins", 2, Duration::from_secs(60))
+        .await?;
+    broker
+        .produce(
+            "twins",
+            &values(&[
+                json!({"id": 2, "c": {"j": 1}}).to_string(),
+                json!({"id": 3, "b": {"j": 1}}).to_string(),
+            ]),
+        )
+        .await?;
+    let waited = ws
+        .wait_for_rows("hostile", "twins", 4, Duration::from_secs(60))
+        .await;
+    let out = agent.terminate();
+    waited?;
+    out?;
+    read_ids(&ws, "twins", &[0, 1, 2, 3])
+}

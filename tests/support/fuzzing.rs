@@ -24,18 +24,24 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("config_load", config_load),
 ];
 
-/// Sets the process-wide Avro allocation bound, as every pipeline's decoder does.
-fn avro_limits() {
+/// Sets the process-wide Avro allocation bound, as every pipeline's decoder does, and
+/// the default panic hook: libFuzzer's aborts at any panic, even one the agent catches
+/// on purpose (apache-avro's, see `WriterSchema::parse`); a panic that escapes a target
+/// still aborts (libfuzzer-sys checks every call).
+fn init() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
+        let _ = std::panic::take_hook();
         Decoder::new(&DecodeConfig::default()).expect("default decoder");
     });
 }
 
 /// JSON decode and schema admission: each line is a message value. Whatever is admitted
-/// must encode into Arrow, seal after seal, and a table schema must build from what
-/// was learned.
+/// must encode into Arrow, seal after seal, and the table schema must build as the
+/// committer builds it: created at the first seal with rows, evolved at the next ones.
 pub fn json_admission(data: &[u8]) {
+    init();
+    let mut table: Option<iceberg::spec::Schema> = None;
     let mut schema = TableSchema::new(SchemaTracker::new(), OnIncompatible::DeadLetter, None);
     let mut buffer = RowBuffer::new();
     let mut tape = Tape::new();
@@ -62,19 +68,40 @@ pub fn json_admission(data: &[u8]) {
             .expect("an admitted row appends");
         admitted += 1;
         if i % 5 == 4 {
-            buffer.take().expect("admitted rows encode");
-            if admitted > 0 {
-                schema.tracker.lock_all();
-            }
+            seal(&mut schema, &mut buffer, &mut table, admitted);
+            admitted = 0;
         }
     }
+    seal(&mut schema, &mut buffer, &mut table, admitted);
+}
+
+/// What a seal does to the buffer and the table schema.
+fn seal(
+    schema: &mut TableSchema,
+    buffer: &mut RowBuffer,
+    table: &mut Option<iceberg::spec::Schema>,
+    rows: usize,
+) {
     buffer.take().expect("admitted rows encode");
-    if admitted > 0 {
-        schema
-            .tracker
-            .new_table_schema()
-            .expect("a table schema builds from admitted rows");
+    if rows == 0 {
+        return;
     }
+    let next = match table {
+        None => Some(
+            schema
+                .tracker
+                .new_table_schema()
+                .expect("a new table's schema builds from admitted rows"),
+        ),
+        Some(current) => schema
+            .tracker
+            .evolved_schema(current, current.highest_field_id())
+            .expect("the table's schema evolves to admitted rows"),
+    };
+    if next.is_some() {
+        *table = next;
+    }
+    schema.tracker.lock_all();
 }
 
 /// Writer schemas the Avro target decodes with, chosen by the first input byte.
@@ -90,7 +117,7 @@ const AVRO_SCHEMAS: &[&str] = &[
 /// Confluent-framed message (or a bare datum if the frame is not there). A decoded
 /// record must parse as JSON and go through admission.
 pub fn avro_decode(data: &[u8]) {
-    avro_limits();
+    init();
     let Some((&pick, rest)) = data.split_first() else {
         return;
     };
@@ -109,7 +136,7 @@ pub fn avro_decode(data: &[u8]) {
 /// A registry answer to `GET /schemas/ids/{id}`: `{"schema": "...", "schemaType"}`,
 /// or the bare schema text; a schema that parses must also map to columns and decode.
 pub fn registry_response(data: &[u8]) {
-    avro_limits();
+    init();
     #[derive(serde::Deserialize)]
     struct Answer {
         schema: String,
