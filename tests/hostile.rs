@@ -332,3 +332,43 @@ async fn the_same_new_name_in_two_committed_structs_commits() -> Result<()> {
     out?;
     read_ids(&ws, "twins", &[0, 1, 2, 3])
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_colliding_under_an_empty_parent_name_is_dead_lettered() -> Result<()> {
+    // Found by fuzzing (json_admission): `{"": {"k": 1}}` has the Iceberg full name `.k`,
+    // as does a top-level `.k`; the collision used to fail the batch after admission.
+    let broker = Broker::start()?;
+    broker.create_topic("empty", 1).await?;
+    broker
+        .produce(
+            "empty",
+            &values(&[
+                r#"{"id":0,"":{"k":2}}"#.to_string(),
+                r#"{"id":1,".k":1}"#.to_string(),
+                json!({"id": 2}).to_string(),
+            ]),
+        )
+        .await?;
+    let ws = Workspace::new()?;
+    let config = ws.write_config(&spec("empty", &broker.bootstrap))?;
+    let agent = AgentProcess::start(&config, &[])?;
+    ws.wait_for_rows("hostile", "empty", 2, Duration::from_secs(60))
+        .await?;
+    agent.terminate()?;
+    let letters = DeadLetterWriter::read_all(&ws.path("dead-letter.ndjson"))?;
+    assert_eq!(
+        letters.iter().map(|l| l.offset).collect::<Vec<_>>(),
+        [1],
+        "{letters:?}"
+    );
+    // DuckDB renames a column with an empty name (to `C5`) and its reader refuses the
+    // table; PyIceberg reads it as it is.
+    let dump = ws.read("pyiceberg", "hostile", "empty", "id")?;
+    let ids: Vec<i64> = dump
+        .rows()
+        .iter()
+        .map(|r| r["id"].as_i64().expect("id"))
+        .collect();
+    assert_eq!(ids, [0, 2]);
+    Ok(())
+}

@@ -10,7 +10,7 @@ use super::evolve::{widening, widest};
 use super::layout::{NameCache, node_names};
 use super::{
     Conflict, Ctx, Kind, Node, RESERVED_COLUMNS, Rejection, SchemaOptions, accepts, describe,
-    list_hint, merge_value, prim, push_path, struct_hint, type_name, value_desc,
+    list_hint, merge_value, prim, push_full, push_path, struct_hint, type_name, value_desc,
 };
 use crate::record::json::{Arr, Obj, Value};
 use crate::record::values::timestamp_shape;
@@ -122,7 +122,7 @@ fn check_object(
             .and_then(|h| h.field_by_name(&name))
             .map(|f| &*f.field_type);
         let len = push_path(&mut walk.path, &name);
-        let full_len = push_path(&mut walk.full, &name);
+        let full_len = push_full(&mut walk.full, &name, top);
         match fields.get(name.as_ref()) {
             Some(node) => check_value(node, value, hint, walk)?,
             None => fresh(value, hint, walk)?,
@@ -195,7 +195,7 @@ fn check_items(
     hint: Option<&Type>,
     walk: &mut Walk<'_>,
 ) -> Result<(), Rejection> {
-    let full_len = push_path(&mut walk.full, "element");
+    let full_len = push_full(&mut walk.full, "element", false);
     // A committed primitive element cannot learn: no copy needed.
     let settled = element.locked
         && !matches!(

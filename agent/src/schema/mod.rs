@@ -549,6 +549,18 @@ fn push_path(path: &mut String, name: &str) -> usize {
     len
 }
 
+/// Appends `name` to an Iceberg full name: names are joined with '.' below the root,
+/// also after a parent whose name is empty (`{"": {"k": 1}}` is `.k`, which collides
+/// with a top-level `.k`; found by fuzzing).
+fn push_full(full: &mut String, name: &str, root: bool) -> usize {
+    let len = full.len();
+    if !root {
+        full.push('.');
+    }
+    full.push_str(name);
+    len
+}
+
 fn prim(p: PrimitiveType) -> Type {
     Type::Primitive(p)
 }
