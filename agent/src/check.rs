@@ -1,5 +1,6 @@
 //! `floe check`: tries every pipeline's catalog, table, storage and broker with the
-//! configured credentials, and reports one pass/fail line per step with the reason.
+//! configured credentials, loads and initialises its plugins, and reports one
+//! pass/fail line per step with the reason.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -31,7 +32,8 @@ pub enum Outcome {
 pub struct CheckLine {
     /// Pipeline name.
     pub pipeline: String,
-    /// Step: `catalog`, `token`, `namespaces`, `table`, `storage`, `broker`, `topics`.
+    /// Step: `catalog`, `token`, `namespaces`, `table`, `storage`, `broker`, `topics`,
+    /// `plugin` (one line per configured plugin).
     pub step: &'static str,
     /// Result.
     pub outcome: Outcome,
@@ -56,8 +58,38 @@ pub async fn check(config: &Config) -> Vec<CheckLine> {
             embedded => check_embedded(p, embedded, &mut report).await,
         }
         check_broker(p, &mut report).await;
+        check_plugins(config, p, &mut report);
     }
     lines
+}
+
+/// Loads every plugin of the pipeline and runs its `init` with its `with` table.
+fn check_plugins(config: &Config, p: &PipelineConfig, report: &mut Report<'_>) {
+    use crate::transform::{TransformChain, TransformEngine};
+    if p.transforms.is_empty() {
+        return;
+    }
+    let max_memory = p.transforms.iter().map(|t| t.limits.memory).max().unwrap_or(0);
+    let engine = match TransformEngine::new(&config.plugins, p.transforms.len() as u32, max_memory)
+    {
+        Ok(e) => e,
+        Err(e) => return report("plugin", Outcome::Fail, e.to_string()),
+    };
+    for t in &p.transforms {
+        let started = std::time::Instant::now();
+        match TransformChain::new(&p.name, &engine, std::slice::from_ref(t)) {
+            Ok(_) => report(
+                "plugin",
+                Outcome::Pass,
+                format!(
+                    "{}: loaded and initialised with its `with` table ({} ms)",
+                    t.display_name(),
+                    started.elapsed().as_millis()
+                ),
+            ),
+            Err(e) => report("plugin", Outcome::Fail, e.to_string()),
+        }
+    }
 }
 
 type Report<'a> = dyn FnMut(&'static str, Outcome, String) + 'a;

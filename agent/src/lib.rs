@@ -113,6 +113,10 @@ pub async fn run(
             _ = &mut shutdown, if !stopping => {
                 stopping = true;
                 let _ = stop_tx.send(true);
+                // A plugin call in progress is interrupted instead of delaying shutdown.
+                if let Some(engine) = &engine {
+                    engine.stop();
+                }
             }
             Some(done) = tasks.join_next() => {
                 let result = done.unwrap_or_else(|e| panic!("pipeline task panicked: {e}"));

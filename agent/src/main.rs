@@ -42,18 +42,21 @@ enum Command {
 
 #[derive(Subcommand)]
 enum PluginCommand {
-    /// Create a plugin crate that builds and passes its tests as it is.
+    /// Create a plugin crate that builds and passes its tests as it is (it depends on
+    /// floe-sdk by version).
     New {
         /// Crate name (lowercase letters, digits, '-' and '_').
         name: String,
         /// Directory to create it in.
         #[arg(long, default_value = ".")]
         dir: PathBuf,
-        /// Path of the floe-sdk crate the plugin depends on.
+        /// Use the floe-sdk crate at this path instead of the published one (for
+        /// working on Floe itself).
         #[arg(long, env = "FLOE_SDK_PATH")]
-        sdk_path: PathBuf,
+        sdk_path: Option<PathBuf>,
     },
-    /// Run a built plugin (.wasm) on records from an NDJSON file and print what it emits.
+    /// Run a built plugin (.wasm) on records from an NDJSON file, in the agent's
+    /// sandbox and through the same chain as `floe run`, and print what it emits.
     Test {
         /// Path of the .wasm component (or a plugin name found in FLOE_PLUGIN_PATH).
         plugin: String,
@@ -94,7 +97,7 @@ fn main() -> ExitCode {
             name,
             dir,
             sdk_path,
-        }) => match floe::transform::tools::scaffold(&dir, &name, &sdk_path) {
+        }) => match floe::transform::tools::scaffold(&dir, &name, sdk_path.as_deref()) {
             Ok(root) => {
                 println!(
                     "created {}: `cargo test` runs its tests, `cargo build --release --target wasm32-wasip2` builds it",

@@ -220,6 +220,7 @@ pub async fn run_pipeline(
     let chain = match (&engine, config.transforms.is_empty()) {
         (_, true) => TransformChain::empty(),
         (Some(engine), false) => TransformChain::new(&config.name, engine, &config.transforms)
+            .map(|c| c.with_max_consecutive_faults(config.max_consecutive_faults))
             .map_err(|source| PipelineError::Transform {
                 pipeline: name.clone(),
                 source: Box::new(source),
@@ -499,8 +500,13 @@ impl Pipeline {
     ) -> Result<(), PipelineError> {
         let (records, origins): (Vec<KafkaRecord>, Vec<Origin>) = records.into_iter().unzip();
         let refs: Vec<&KafkaRecord> = records.iter().collect();
-        let result = match self.chain.run(&refs) {
+        let result = match self.chain.run_records(&refs) {
             Ok(r) => r,
+            Err(TransformError::Interrupted { .. }) => {
+                // Shutting down: nothing of this batch is kept; it is read again on restart.
+                self.rewind(source);
+                return Ok(());
+            }
             Err(TransformError::Fault(fault)) => {
                 self.consecutive_faults += 1;
                 telemetry::records_failed(&self.config.name, "transform_fault");

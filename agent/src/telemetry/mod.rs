@@ -82,12 +82,15 @@ pub fn consumer_lag(pipeline: &str, topic: &str, partition: i32, lag: i64) {
 }
 
 /// One batch through one plugin: records in and out, and time spent.
+/// `floe_plugin_seconds_total` is a counter of whole seconds: the caller carries the
+/// fractions over to the next batch and passes the `whole_seconds` they add up to.
 pub fn plugin_batch(
     pipeline: &str,
     plugin: &str,
     records_in: usize,
     records_out: usize,
     spent: std::time::Duration,
+    whole_seconds: u64,
 ) {
     let labels = [
         ("pipeline", pipeline.to_string()),
@@ -95,8 +98,7 @@ pub fn plugin_batch(
     ];
     metrics::counter!("floe_plugin_records_in_total", &labels).increment(records_in as u64);
     metrics::counter!("floe_plugin_records_out_total", &labels).increment(records_out as u64);
-    metrics::counter!("floe_plugin_seconds_total", &labels)
-        .increment(spent.as_micros() as u64 / 1_000_000);
+    metrics::counter!("floe_plugin_seconds_total", &labels).increment(whole_seconds);
     metrics::histogram!("floe_plugin_batch_seconds", &labels).record(spent.as_secs_f64());
 }
 

@@ -11,7 +11,7 @@ mod guest {
         path: "wit/transform-0.1.0.wit",
     });
 
-    use floe_plugin::transform::types::{Input, Outcome, Output};
+    use floe_plugin::transform::types::Output;
 
     struct Legacy;
 
