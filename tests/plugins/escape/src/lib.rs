@@ -20,7 +20,10 @@
 //! - `"clock"`: `outcome` is `"wall <seconds since the epoch> monotonic <nanoseconds elapsed across a busy loop>"`.
 //! - `"random"`: `outcome` is a random `u64` from the secure source, as text.
 //! - `"print"`: prints `escape stdout <offset>` to stdout and `escape stderr <offset>`
-//!   followed by a forged line `\nERROR forged` to stderr; `outcome` is `"printed"`.
+//!   followed by a forged line `\nERROR forged` to stderr, and logs
+//!   `escape log <offset>` followed by `\nINFO forged by log`; `outcome` is `"printed"`.
+//! - `"spoof"`: on the record whose offset is `at_offset` (required), logs
+//!   `panic: spoofed` and then aborts (a trap that is not a panic); others pass.
 //! - `"sleep"`: sleeps `seconds` (required); `outcome` is `"slept"`.
 //! - `"flood"`: on the record whose offset is `at_offset` (required), emits `copies`
 //!   copies (required) of the record; others pass unchanged.
@@ -68,6 +71,7 @@ impl Transform for Escape {
             "socket" => need(config.port.is_some(), "port")?,
             "sleep" => need(config.seconds.is_some(), "seconds")?,
             "flood" => need(config.at_offset.is_some() && config.copies.is_some(), "at_offset and copies")?,
+            "spoof" => need(config.at_offset.is_some(), "at_offset")?,
             "env" | "clock" | "random" | "print" => {}
             other => return Err(error!("escape: unknown attempt `{other}`")),
         }
@@ -119,11 +123,19 @@ impl Transform for Escape {
                 println!("escape stdout {}", record.offset());
                 let _ = std::io::stdout().flush();
                 eprintln!("escape stderr {}\nERROR forged", record.offset());
+                floe_sdk::log::warn(&format!("escape log {}\nINFO forged by log", record.offset()));
                 "printed".to_string()
             }
             "sleep" => {
                 std::thread::sleep(Duration::from_secs(c.seconds.unwrap_or(0)));
                 "slept".to_string()
+            }
+            "spoof" => {
+                if Some(record.offset()) == c.at_offset {
+                    floe_sdk::log::error("panic: spoofed");
+                    std::process::abort();
+                }
+                return Ok(Answer::UNCHANGED);
             }
             "flood" => {
                 if Some(record.offset()) == c.at_offset {
