@@ -17,7 +17,9 @@ use floe::transform::json::JsonObject;
 use floe::transform::{
     ChainInput, Limits, OnError, PluginsConfig, TransformChain, TransformConfig, TransformEngine,
 };
-use floe_tests::{AgentProcess, Broker, PipelineSpec, Workspace, append_config, floe_cmd, plugin_path};
+use floe_tests::{
+    AgentProcess, Broker, PipelineSpec, Workspace, append_config, floe_cmd, plugin_path,
+};
 use serde_json::{Value, json};
 
 const NS: &str = "sandbox";
@@ -45,7 +47,9 @@ async fn setup(topic: &str, values: &[Value]) -> Result<(Broker, Workspace, Path
 }
 
 fn records(n: i64) -> Vec<Value> {
-    (0..n).map(|i| json!({"id": i, "v": format!("x{i}")})).collect()
+    (0..n)
+        .map(|i| json!({"id": i, "v": format!("x{i}")}))
+        .collect()
 }
 
 /// Adds one plugin to the pipeline.
@@ -137,21 +141,35 @@ async fn isolates(
     for reader in ["pyiceberg", "duckdb"] {
         let rows = ws.read(reader, NS, topic, "id")?;
         let expected: BTreeSet<i64> = (0..N).filter(|i| *i != bad).collect();
-        assert_eq!(ids(rows.rows()), expected, "{reader}: every other record committed");
+        assert_eq!(
+            ids(rows.rows()),
+            expected,
+            "{reader}: every other record committed"
+        );
         assert_eq!(rows.rows().len() as i64, N - 1, "{reader}: no duplicates");
     }
     let letters = dead_letters(&ws)?;
     assert_eq!(letters.len(), 1, "one dead letter: {letters:?}\n{log}");
     let letter = &letters[0];
-    assert_eq!(original(letter), json!({"id": bad, "v": format!("x{bad}")}), "original bytes");
-    assert_eq!((letter.topic.as_str(), letter.partition, letter.offset), (topic, 0, bad));
+    assert_eq!(
+        original(letter),
+        json!({"id": bad, "v": format!("x{bad}")}),
+        "original bytes"
+    );
+    assert_eq!(
+        (letter.topic.as_str(), letter.partition, letter.offset),
+        (topic, 0, bad)
+    );
     assert_eq!(letter.stage, "transform");
     assert!(
         letter.reason.starts_with(&format!("plugin {name}: ")) && letter.reason.contains(reason),
         "{}",
         letter.reason
     );
-    assert!(!log.contains("panicked at"), "the agent did not panic:\n{log}");
+    assert!(
+        !log.contains("panicked at"),
+        "the agent did not panic:\n{log}"
+    );
     Ok(letters.into_iter().next().expect("one letter"))
 }
 
@@ -236,7 +254,11 @@ async fn attempt(topic: &str, with: &str, extra: &str) -> Result<(Vec<String>, S
     plugin(&config, "escape", with, extra)?;
     let log = run_until(&config, &ws, topic, N).await?;
     let pyiceberg = outcomes(&ws, "pyiceberg", topic)?;
-    assert_eq!(pyiceberg, outcomes(&ws, "duckdb", topic)?, "both readers agree");
+    assert_eq!(
+        pyiceberg,
+        outcomes(&ws, "duckdb", topic)?,
+        "both readers agree"
+    );
     assert_eq!(pyiceberg.len() as i64, N);
     Ok((pyiceberg, log))
 }
@@ -256,7 +278,10 @@ async fn a_plugin_cannot_open_files() -> Result<()> {
         assert!(read.starts_with("denied: "), "{o}");
         assert!(write.starts_with("denied: "), "{o}");
     }
-    assert!(!Path::new(&format!("{}.escape", secret.display())).exists(), "nothing written");
+    assert!(
+        !Path::new(&format!("{}.escape", secret.display())).exists(),
+        "nothing written"
+    );
     std::fs::remove_file(secret)?;
     Ok(())
 }
@@ -266,7 +291,12 @@ async fn a_plugin_cannot_open_sockets() -> Result<()> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     listener.set_nonblocking(true)?;
     let port = listener.local_addr()?.port();
-    let (outcomes, _) = attempt("sockets", &format!("{{ attempt = \"socket\", port = {port} }}"), "").await?;
+    let (outcomes, _) = attempt(
+        "sockets",
+        &format!("{{ attempt = \"socket\", port = {port} }}"),
+        "",
+    )
+    .await?;
     for o in &outcomes {
         assert!(o.starts_with("denied: "), "{o}");
     }
@@ -323,16 +353,28 @@ async fn printing_goes_to_the_log_with_the_plugin_name() -> Result<()> {
             .unwrap_or_else(|| panic!("no log line with {needle:?}:\n{log}"))
     };
     let stdout = line("escape stdout 3");
-    assert!(stdout.contains("plugin=\"escape\"") || stdout.contains("plugin=escape"), "{stdout}");
-    assert!(stdout.contains("stream=\"stdout\"") || stdout.contains("stream=stdout"), "{stdout}");
+    assert!(
+        stdout.contains("plugin=\"escape\"") || stdout.contains("plugin=escape"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("stream=\"stdout\"") || stdout.contains("stream=stdout"),
+        "{stdout}"
+    );
     assert!(line("escape stderr 3").contains("stderr"));
     // A newline in a log message is escaped; a newline on stderr starts a new line that
     // still carries the plugin's name. No line starts like one of the agent's own.
     assert!(line("escape log 3").contains("escape log 3\\nINFO forged by log"));
     for l in log.lines() {
         if l.contains("forged") {
-            assert!(l.contains("escape"), "a forged line without the plugin's name: {l}");
-            assert!(!l.starts_with("ERROR forged") && !l.starts_with("INFO forged"), "{l}");
+            assert!(
+                l.contains("escape"),
+                "a forged line without the plugin's name: {l}"
+            );
+            assert!(
+                !l.starts_with("ERROR forged") && !l.starts_with("INFO forged"),
+                "{l}"
+            );
         }
     }
     Ok(())
@@ -368,9 +410,16 @@ async fn a_5_mb_record_goes_through_on_its_own() -> Result<()> {
     run_until(&config, &ws, topic, 11).await?;
     for reader in ["pyiceberg", "duckdb"] {
         let dump = ws.read(reader, NS, topic, "v")?;
-        let lengths: Vec<usize> = dump.rows().iter().map(|r| r["v"].as_str().unwrap().len()).collect();
+        let lengths: Vec<usize> = dump
+            .rows()
+            .iter()
+            .map(|r| r["v"].as_str().unwrap().len())
+            .collect();
         assert_eq!(lengths.len(), 11, "{reader}");
-        assert!(lengths.contains(&(5 << 20)), "{reader}: the big value is whole");
+        assert!(
+            lengths.contains(&(5 << 20)),
+            "{reader}: the big value is whole"
+        );
     }
     assert!(dead_letters(&ws)?.is_empty());
 
@@ -397,8 +446,17 @@ async fn a_5_mb_record_goes_through_on_its_own() -> Result<()> {
     run_until(&config, &ws, topic, 10).await?;
     let letters = dead_letters(&ws)?;
     assert_eq!(letters.len(), 1);
-    assert_eq!(original(&letters[0])["v"].as_str().map(str::len), Some(5 << 20));
-    assert!(letters[0].reason.contains("exceeded its memory limit (4 MiB"), "{}", letters[0].reason);
+    assert_eq!(
+        original(&letters[0])["v"].as_str().map(str::len),
+        Some(5 << 20)
+    );
+    assert!(
+        letters[0]
+            .reason
+            .contains("exceeded its memory limit (4 MiB"),
+        "{}",
+        letters[0].reason
+    );
     assert_eq!(ws.committed_rows(NS, topic).await?, 10);
     Ok(())
 }
@@ -414,7 +472,10 @@ async fn produce_large(bootstrap: &str, topic: &str, values: &[Value]) -> Result
     for v in values {
         let payload = v.to_string();
         producer
-            .send(FutureRecord::<(), _>::to(topic).payload(&payload), Duration::from_secs(30))
+            .send(
+                FutureRecord::<(), _>::to(topic).payload(&payload),
+                Duration::from_secs(30),
+            )
             .await
             .map_err(|(e, _)| anyhow::anyhow!("produce: {e}"))?;
     }
@@ -462,16 +523,30 @@ async fn a_plugin_built_for_the_old_contract_is_refused_with_how_to_rebuild() ->
     // `floe check` says so too, and passes a good plugin with its `with` table.
     let (code, stdout, _) = floe_cmd(&["check", "--config", config.to_str().unwrap()])?;
     assert_eq!(code, 1, "{stdout}");
-    let line = stdout.lines().find(|l| l.contains(" plugin ")).expect("a plugin line");
-    assert!(line.contains("FAIL") && line.contains("transform@0.1.0"), "{line}");
+    let line = stdout
+        .lines()
+        .find(|l| l.contains(" plugin "))
+        .expect("a plugin line");
+    assert!(
+        line.contains("FAIL") && line.contains("transform@0.1.0"),
+        "{line}"
+    );
     std::fs::write(&config, &text)?;
     plugin(&config, "faulty", "{ mode = \"ok\" }", "")?;
     plugin(&config, "escape", "{ attempt = \"nope\" }", "")?;
     let (_, stdout, _) = floe_cmd(&["check", "--config", config.to_str().unwrap()])?;
     let lines: Vec<&str> = stdout.lines().filter(|l| l.contains(" plugin ")).collect();
     assert_eq!(lines.len(), 2, "{stdout}");
-    assert!(lines[0].contains(" ok ") && lines[0].contains("faulty: loaded and initialised"), "{}", lines[0]);
-    assert!(lines[1].contains("FAIL") && lines[1].contains("unknown attempt `nope`"), "{}", lines[1]);
+    assert!(
+        lines[0].contains(" ok ") && lines[0].contains("faulty: loaded and initialised"),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[1].contains("FAIL") && lines[1].contains("unknown attempt `nope`"),
+        "{}",
+        lines[1]
+    );
     Ok(())
 }
 
@@ -528,10 +603,26 @@ fn random_numbers(allow_random: bool, offsets: std::ops::Range<i64>) -> Result<V
 #[test]
 fn random_is_seeded_per_batch_unless_granted() -> Result<()> {
     let first = random_numbers(false, 0..8)?;
-    assert_eq!(first, random_numbers(false, 0..8)?, "a replay gets the same numbers");
-    assert_eq!(first.iter().collect::<BTreeSet<_>>().len(), 8, "numbers differ within a batch");
-    assert_ne!(first, random_numbers(false, 100..108)?, "another batch gets others");
+    assert_eq!(
+        first,
+        random_numbers(false, 0..8)?,
+        "a replay gets the same numbers"
+    );
+    assert_eq!(
+        first.iter().collect::<BTreeSet<_>>().len(),
+        8,
+        "numbers differ within a batch"
+    );
+    assert_ne!(
+        first,
+        random_numbers(false, 100..108)?,
+        "another batch gets others"
+    );
     let granted = random_numbers(true, 0..8)?;
-    assert_ne!(granted, random_numbers(true, 0..8)?, "granted: the host's random numbers");
+    assert_ne!(
+        granted,
+        random_numbers(true, 0..8)?,
+        "granted: the host's random numbers"
+    );
     Ok(())
 }

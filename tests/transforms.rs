@@ -368,11 +368,25 @@ with = {{ separator = "__" }}
         let dump = ws.read(reader, "wasm", "nested", "id")?;
         assert_eq!(ids(dump.rows()), (0..N).collect(), "{reader}");
         let columns = dump.columns();
-        for c in ["id", "evt__type", "evt__at", "user__full_name", "user__geo__country", "user__geo__city", "user_id"] {
-            assert!(columns.contains(&c.to_string()), "{reader}: {c} in {columns:?}");
+        for c in [
+            "id",
+            "evt__type",
+            "evt__at",
+            "user__full_name",
+            "user__geo__country",
+            "user__geo__city",
+            "user_id",
+        ] {
+            assert!(
+                columns.contains(&c.to_string()),
+                "{reader}: {c} in {columns:?}"
+            );
         }
         for c in ["usr_id", "evt", "user", "user__name"] {
-            assert!(!columns.contains(&c.to_string()), "{reader}: {c} in {columns:?}");
+            assert!(
+                !columns.contains(&c.to_string()),
+                "{reader}: {c} in {columns:?}"
+            );
         }
         for row in dump.rows() {
             let i = row["id"].as_i64().unwrap();
@@ -416,15 +430,26 @@ async fn flat_map_explodes_orders_into_items() -> Result<()> {
     agent.stop().await?;
     for reader in ["pyiceberg", "duckdb"] {
         let dump = ws.read(reader, "wasm", "orders", "order")?;
-        assert_eq!(dump.rows().len() as i64, expected, "{reader}: one row per item, none twice");
+        assert_eq!(
+            dump.rows().len() as i64,
+            expected,
+            "{reader}: one row per item, none twice"
+        );
         let mut lines: BTreeSet<(i64, i64)> = BTreeSet::new();
         for row in dump.rows() {
             let order = row["order"].as_i64().unwrap();
             let line = row["line"].as_i64().unwrap();
             assert!(line < order % 4, "{reader}: {row}");
-            assert_eq!(row["item"]["sku"], json!(format!("s{line}")), "{reader}: {row}");
+            assert_eq!(
+                row["item"]["sku"],
+                json!(format!("s{line}")),
+                "{reader}: {row}"
+            );
             assert_eq!(row["item"]["qty"], json!(line + 1), "{reader}: {row}");
-            assert!(row.get("items").is_none_or(Value::is_null), "{reader}: {row}");
+            assert!(
+                row.get("items").is_none_or(Value::is_null),
+                "{reader}: {row}"
+            );
             lines.insert((order, line));
         }
         assert_eq!(lines.len() as i64, expected, "{reader}");

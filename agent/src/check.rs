@@ -69,7 +69,12 @@ fn check_plugins(config: &Config, p: &PipelineConfig, report: &mut Report<'_>) {
     if p.transforms.is_empty() {
         return;
     }
-    let max_memory = p.transforms.iter().map(|t| t.limits.memory).max().unwrap_or(0);
+    let max_memory = p
+        .transforms
+        .iter()
+        .map(|t| t.limits.memory)
+        .max()
+        .unwrap_or(0);
     let engine = match TransformEngine::new(&config.plugins, p.transforms.len() as u32, max_memory)
     {
         Ok(e) => e,

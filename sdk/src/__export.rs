@@ -62,7 +62,14 @@ pub fn process_batch<T: Transform>(plugin: &mut T, batch: &[u8]) -> Vec<u8> {
         let Ok(r) = next else {
             return Vec::new();
         };
-        let record = Record::new(r.value, r.topic, r.partition, r.offset, r.timestamp_ms, r.key);
+        let record = Record::new(
+            r.value,
+            r.topic,
+            r.partition,
+            r.offset,
+            r.timestamp_ms,
+            r.key,
+        );
         CURRENT.with(|c| c.set(Some(index)));
         let answer = plugin.process(&record);
         write_answer(&mut out, answer);

@@ -104,7 +104,8 @@ impl Patch {
             }
             Err(e) => {
                 self.ops.truncate(at);
-                self.error.get_or_insert_with(|| format!("cannot serialize a patch value: {e}"));
+                self.error
+                    .get_or_insert_with(|| format!("cannot serialize a patch value: {e}"));
             }
         }
         self
@@ -220,7 +221,11 @@ pub(crate) fn write_answer(out: &mut wire::AnswerWriter, answer: Result<Answer, 
         Ok(Answer::Patch(p)) => p.write(out),
         Ok(Answer::Emit(emits)) => match emits.iter().find_map(|e| e.error.as_deref()) {
             Some(e) => out.error(e),
-            None => out.emit(emits.iter().map(|e| (e.route.as_deref(), e.json.as_slice()))),
+            None => out.emit(
+                emits
+                    .iter()
+                    .map(|e| (e.route.as_deref(), e.json.as_slice())),
+            ),
         },
         Err(e) => out.error(e.message()),
     }

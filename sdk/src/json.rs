@@ -854,7 +854,9 @@ mod tests {
 
     #[test]
     fn reads_scalars_and_kinds() {
-        let r = j(r#" {"s": "a\"b", "n": -1.5e3, "i": 42, "t": true, "f": false, "z": null, "a": [1, {"x": "]"}], "o": {}} "#);
+        let r = j(
+            r#" {"s": "a\"b", "n": -1.5e3, "i": 42, "t": true, "f": false, "z": null, "a": [1, {"x": "]"}], "o": {}} "#,
+        );
         assert_eq!(r.kind(), Kind::Object);
         assert_eq!(r.get("s").unwrap().as_str().unwrap(), "a\"b");
         assert_eq!(r.get("n").unwrap().as_f64(), Some(-1500.0));
@@ -866,7 +868,15 @@ mod tests {
         assert!(r.get("z").unwrap().is_null());
         assert_eq!(r.get("a").unwrap().items().count(), 2);
         assert_eq!(
-            r.get("a").unwrap().items().nth(1).unwrap().get("x").unwrap().as_str().unwrap(),
+            r.get("a")
+                .unwrap()
+                .items()
+                .nth(1)
+                .unwrap()
+                .get("x")
+                .unwrap()
+                .as_str()
+                .unwrap(),
             "]"
         );
         assert_eq!(r.get("o").unwrap().fields().count(), 0);
@@ -874,7 +884,10 @@ mod tests {
         assert_eq!(r.fields().count(), 8);
         assert!(r.get("s.x").is_none(), "paths only go through objects");
         assert!(r.get("a.0").is_none());
-        assert_eq!(r.get("a").unwrap().to_value().unwrap(), json!([1, {"x": "]"}]));
+        assert_eq!(
+            r.get("a").unwrap().to_value().unwrap(),
+            json!([1, {"x": "]"}])
+        );
     }
 
     #[test]
@@ -883,7 +896,10 @@ mod tests {
         assert_eq!(r.get(["ab"]).unwrap().as_i64(), Some(1));
         assert_eq!(r.get("x").unwrap().as_i64(), Some(2), "the last one counts");
         assert_eq!(r.get("é").unwrap().as_i64(), Some(3));
-        let keys: Vec<String> = r.fields().map(|(k, _)| k.as_str().unwrap().into_owned()).collect();
+        let keys: Vec<String> = r
+            .fields()
+            .map(|(k, _)| k.as_str().unwrap().into_owned())
+            .collect();
         assert_eq!(keys, ["ab", "x", "x", "é"]);
     }
 
@@ -900,18 +916,39 @@ mod tests {
     #[test]
     fn set_replaces_appends_and_creates_parents() {
         let r = br#"{"a": 1, "geo": {"lat": 0}, "n": null, "z": 2}"#;
-        assert_eq!(value(&set(r, "a", b"9").unwrap()), json!({"a": 9, "geo": {"lat": 0}, "n": null, "z": 2}));
+        assert_eq!(
+            value(&set(r, "a", b"9").unwrap()),
+            json!({"a": 9, "geo": {"lat": 0}, "n": null, "z": 2})
+        );
         let out = set(r, "b", b"\"x\"").unwrap();
-        assert_eq!(out, br#"{"a": 1, "geo": {"lat": 0}, "n": null, "z": 2,"b":"x"}"#);
-        assert_eq!(value(&set(r, "geo.lon", b"5").unwrap())["geo"], json!({"lat": 0, "lon": 5}));
-        assert_eq!(value(&set(r, "n.a.b", b"1").unwrap())["n"], json!({"a": {"b": 1}}));
+        assert_eq!(
+            out,
+            br#"{"a": 1, "geo": {"lat": 0}, "n": null, "z": 2,"b":"x"}"#
+        );
+        assert_eq!(
+            value(&set(r, "geo.lon", b"5").unwrap())["geo"],
+            json!({"lat": 0, "lon": 5})
+        );
+        assert_eq!(
+            value(&set(r, "n.a.b", b"1").unwrap())["n"],
+            json!({"a": {"b": 1}})
+        );
         assert_eq!(value(&set(r, "m.a", b"1").unwrap())["m"], json!({"a": 1}));
         assert_eq!(set(b"{}", "k", b"1").unwrap(), br#"{"k":1}"#);
         assert_eq!(set(b"{ }", "k", b"1").unwrap(), br#"{"k":1}"#);
-        assert_eq!(set(br#"{"q\"": 1}"#, ["q\""], b"2").unwrap(), br#"{"q\"": 2}"#);
+        assert_eq!(
+            set(br#"{"q\"": 1}"#, ["q\""], b"2").unwrap(),
+            br#"{"q\"": 2}"#
+        );
         let err = set(r, "z.x.y", b"1").unwrap_err();
-        assert_eq!(err.to_string(), "cannot write `z.x.y`: `z` is a number, not an object");
-        assert_eq!((err.path(), err.parent(), err.kind()), ("z.x.y", "z", Kind::Number));
+        assert_eq!(
+            err.to_string(),
+            "cannot write `z.x.y`: `z` is a number, not an object"
+        );
+        assert_eq!(
+            (err.path(), err.parent(), err.kind()),
+            ("z.x.y", "z", Kind::Number)
+        );
         // Keys in order: a replaced value keeps its place.
         let out = value(&set(r, "geo", b"[]").unwrap());
         let keys: Vec<&String> = out.as_object().unwrap().keys().collect();
@@ -921,12 +958,24 @@ mod tests {
     #[test]
     fn remove_takes_members_out_cleanly() {
         let r = br#"{"a": 1, "b": {"c": 2, "d": 3}, "e": [1]}"#;
-        assert_eq!(remove(r, "a").unwrap(), br#"{"b": {"c": 2, "d": 3}, "e": [1]}"#);
-        assert_eq!(remove(r, "e").unwrap(), br#"{"a": 1, "b": {"c": 2, "d": 3}}"#);
+        assert_eq!(
+            remove(r, "a").unwrap(),
+            br#"{"b": {"c": 2, "d": 3}, "e": [1]}"#
+        );
+        assert_eq!(
+            remove(r, "e").unwrap(),
+            br#"{"a": 1, "b": {"c": 2, "d": 3}}"#
+        );
         assert_eq!(remove(r, "b").unwrap(), br#"{"a": 1, "e": [1]}"#);
-        assert_eq!(remove(r, "b.d").unwrap(), br#"{"a": 1, "b": {"c": 2}, "e": [1]}"#);
+        assert_eq!(
+            remove(r, "b.d").unwrap(),
+            br#"{"a": 1, "b": {"c": 2}, "e": [1]}"#
+        );
         assert_eq!(remove(br#"{"only": 1}"#, "only").unwrap(), b"{}");
-        assert_eq!(remove(br#"{"x": 1, "x": 2, "y": 3}"#, "x").unwrap(), br#"{"y": 3}"#);
+        assert_eq!(
+            remove(br#"{"x": 1, "x": 2, "y": 3}"#, "x").unwrap(),
+            br#"{"y": 3}"#
+        );
         assert!(remove(r, "missing").is_none());
         assert!(remove(r, "a.b").is_none());
         assert!(remove(r, "q.b").is_none());
@@ -937,7 +986,13 @@ mod tests {
 
     #[test]
     fn strings_are_escaped_like_serde_json() {
-        for s in ["plain", "q\"b\\s", "line\nfeed\ttab\r", "\u{1}\u{1f}", "é ✓"] {
+        for s in [
+            "plain",
+            "q\"b\\s",
+            "line\nfeed\ttab\r",
+            "\u{1}\u{1f}",
+            "é ✓",
+        ] {
             let mut out = Vec::new();
             write_str(&mut out, s);
             assert_eq!(serde_json::from_slice::<String>(&out).unwrap(), s);

@@ -196,13 +196,13 @@ pub use serde_json::{self, Map, Value, json};
 /// Turns `fn(record: &Record [, config: &C]) -> bool` into the plugin's entry points:
 /// `true` keeps the record unchanged, `false` drops it. See the [crate docs](crate).
 pub use floe_sdk_macros::filter;
+/// Turns `fn(record: &Record [, config: &C]) -> Vec<Emit>` into the plugin's entry
+/// points: each record is replaced by the outputs. See the [crate docs](crate).
+pub use floe_sdk_macros::flat_map;
 /// Turns `fn(record: &Record [, config: &C]) -> Answer` (or a [`Patch`], an [`Emit`],
 /// an `Option` of those, or a `Result`) into the plugin's entry points. See the
 /// [crate docs](crate).
 pub use floe_sdk_macros::map;
-/// Turns `fn(record: &Record [, config: &C]) -> Vec<Emit>` into the plugin's entry
-/// points: each record is replaced by the outputs. See the [crate docs](crate).
-pub use floe_sdk_macros::flat_map;
 
 mod answer;
 mod error;

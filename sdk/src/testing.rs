@@ -202,7 +202,9 @@ impl<T: Transform> Harness<T> {
                     .map(|(route, json)| {
                         Ok(Output {
                             value: object_of(json).map_err(|e| {
-                                Error::msg(format!("the plugin emitted something that is not a JSON object: {e}"))
+                                Error::msg(format!(
+                                    "the plugin emitted something that is not a JSON object: {e}"
+                                ))
                             })?,
                             route: route.map(text),
                         })

@@ -248,7 +248,8 @@ impl<'a> InputReader<'a> {
         let mut topics = Vec::with_capacity(n);
         for _ in 0..n {
             let t = cursor.sized()?;
-            topics.push(std::str::from_utf8(t).map_err(|_| WireError("topic is not UTF-8".into()))?);
+            topics
+                .push(std::str::from_utf8(t).map_err(|_| WireError("topic is not UTF-8".into()))?);
         }
         Ok(InputReader {
             cursor,
@@ -338,7 +339,10 @@ impl AnswerWriter {
     }
 
     /// New objects replacing the input, each with its route.
-    pub fn emit<'e>(&mut self, outputs: impl ExactSizeIterator<Item = (Option<&'e str>, &'e [u8])>) {
+    pub fn emit<'e>(
+        &mut self,
+        outputs: impl ExactSizeIterator<Item = (Option<&'e str>, &'e [u8])>,
+    ) {
         self.buf.push(tag::EMIT);
         put_u32(&mut self.buf, len32(outputs.len()));
         for (route, json) in outputs {
@@ -649,7 +653,10 @@ mod tests {
             }
         );
         let second = r.next_record().unwrap().unwrap();
-        assert_eq!((second.topic, second.key, second.timestamp_ms), ("a", None, None));
+        assert_eq!(
+            (second.topic, second.key, second.timestamp_ms),
+            ("a", None, None)
+        );
         assert!(r.next_record().is_none());
     }
 
@@ -667,20 +674,28 @@ mod tests {
         let buf = w.finish();
         let mut r = AnswerReader::new(&buf).unwrap();
         assert_eq!(r.count, 5);
-        assert!(matches!(r.next_answer(), Some(Ok(Answer::Unchanged { route: Some(b"eu") }))));
+        assert!(matches!(
+            r.next_answer(),
+            Some(Ok(Answer::Unchanged { route: Some(b"eu") }))
+        ));
         assert!(matches!(r.next_answer(), Some(Ok(Answer::Dropped))));
         let Some(Ok(Answer::Patch { route: None, ops })) = r.next_answer() else {
             panic!("patch")
         };
         let ops: Vec<Op<'_>> = ops.collect();
-        assert!(matches!(&ops[0], Op::Set { path, value: b"1" } if path.clone().collect::<Vec<_>>() == [b"a", b"b"]));
+        assert!(
+            matches!(&ops[0], Op::Set { path, value: b"1" } if path.clone().collect::<Vec<_>>() == [b"a", b"b"])
+        );
         assert!(matches!(&ops[1], Op::Remove { path } if path.len() == 1));
         let Some(Ok(Answer::Emit { outputs })) = r.next_answer() else {
             panic!("emit")
         };
         let outputs: Vec<_> = outputs.collect();
         assert_eq!(outputs[1], (Some(&b"x"[..]), &b"{\"a\":1}"[..]));
-        assert!(matches!(r.next_answer(), Some(Ok(Answer::Error { message: b"bad" }))));
+        assert!(matches!(
+            r.next_answer(),
+            Some(Ok(Answer::Error { message: b"bad" }))
+        ));
         assert!(r.next_answer().is_none());
         assert!(r.at_end());
     }
@@ -688,12 +703,19 @@ mod tests {
     #[test]
     fn malformed_buffers_are_errors_not_panics() {
         assert!(AnswerReader::new(&[1, 0]).is_err());
-        assert!(AnswerReader::new(&[255, 255, 255, 255]).is_err(), "a count beyond the buffer");
+        assert!(
+            AnswerReader::new(&[255, 255, 255, 255]).is_err(),
+            "a count beyond the buffer"
+        );
         let mut r = AnswerReader::new(&[1, 0, 0, 0, 9]).unwrap();
         assert!(r.next_answer().unwrap().is_err(), "unknown tag");
         let mut r = AnswerReader::new(&[1, 0, 0, 0, tag::ERROR, 10, 0, 0, 0, b'x']).unwrap();
-        assert!(r.next_answer().unwrap().is_err(), "a message longer than the buffer");
-        let mut r = AnswerReader::new(&[1, 0, 0, 0, tag::PATCH, 255, 255, 255, 255, 1, 0, 0, 0, 7]).unwrap();
+        assert!(
+            r.next_answer().unwrap().is_err(),
+            "a message longer than the buffer"
+        );
+        let mut r = AnswerReader::new(&[1, 0, 0, 0, tag::PATCH, 255, 255, 255, 255, 1, 0, 0, 0, 7])
+            .unwrap();
         assert!(r.next_answer().unwrap().is_err(), "unknown op");
         assert!(InputReader::new(&[0, 0, 0, 0, 1, 0, 0, 0]).is_err());
         // Every truncation of a valid buffer is an error, never a panic.

@@ -56,7 +56,10 @@ const REDACT: (&str, &str) = (
 hash = ["user"]
 salt = "pepper""#,
 );
-const RENAME: (&str, &str) = ("rename", r#"fields = { ts = "event_time", amount = "amount_eur" }"#);
+const RENAME: (&str, &str) = (
+    "rename",
+    r#"fields = { ts = "event_time", amount = "amount_eur" }"#,
+);
 const PASS: (&str, &str) = ("passthrough", "");
 
 fn config(plugin: &str, with: &str) -> Result<TransformConfig> {
@@ -109,7 +112,10 @@ fn main() -> Result<()> {
     );
 
     println!("\nload time per plugin (compile, or load from the cache; then instantiate + init)");
-    println!("{:<14} {:>10} {:>12} {:>14}", "plugin", "cold ms", "cached ms", "instantiate ms");
+    println!(
+        "{:<14} {:>10} {:>12} {:>14}",
+        "plugin", "cold ms", "cached ms", "instantiate ms"
+    );
     for (plugin, with) in [PASS, FILTER, REDACT, RENAME] {
         let cache = tempfile::tempdir()?;
         let c = config(plugin, with)?;
@@ -146,7 +152,10 @@ fn main() -> Result<()> {
         ("filter + redact + rename", vec![FILTER, REDACT, RENAME]),
     ];
     println!("\ncost through TransformChain::run (encode, call, decode, apply), per input record");
-    println!("{:<26} {:>12} {:>12} {:>12}", "scenario", "ns/record", "records/s", "out/in");
+    println!(
+        "{:<26} {:>12} {:>12} {:>12}",
+        "scenario", "ns/record", "records/s", "out/in"
+    );
     for (name, plugins) in scenarios {
         let configs = plugins
             .iter()

@@ -325,7 +325,11 @@ impl TransformChain {
                 }
                 Err(e) => errors.push(RecordError {
                     origin: i,
-                    plugin: self.names().first().map(|s| s.to_string()).unwrap_or_default(),
+                    plugin: self
+                        .names()
+                        .first()
+                        .map(|s| s.to_string())
+                        .unwrap_or_default(),
                     message: format!("input is not a JSON object: {e}"),
                     policy: OnError::DeadLetter,
                 }),
@@ -376,7 +380,10 @@ fn value_of<'a>(inputs: &'a [ChainInput<'_>], item: &'a Item) -> &'a JsonObject 
 
 impl Stage {
     /// Runs `items[range]` through the plugin, splitting the range on a fault.
-    #[allow(clippy::too_many_arguments, reason = "the state of one stage of one batch")]
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the state of one stage of one batch"
+    )]
     fn run_range(
         &mut self,
         pipeline: &str,
@@ -399,11 +406,13 @@ impl Stage {
                             value: item.value.take(),
                         }),
                         Out::Drop => {}
-                        Out::New(values) => next.extend(values.into_iter().map(|(v, route)| Item {
-                            origin: item.origin,
-                            value: Some(v),
-                            route: route.or_else(inherited),
-                        })),
+                        Out::New(values) => {
+                            next.extend(values.into_iter().map(|(v, route)| Item {
+                                origin: item.origin,
+                                value: Some(v),
+                                route: route.or_else(inherited),
+                            }))
+                        }
                         Out::Error(message) => errors.push(RecordError {
                             origin: item.origin,
                             plugin: self.name.clone(),
@@ -484,7 +493,14 @@ impl Stage {
         self.seconds += spent.as_secs_f64();
         let whole = self.seconds.floor();
         self.seconds -= whole;
-        telemetry::plugin_batch(pipeline, &self.name, records_in, records_out, spent, whole as u64);
+        telemetry::plugin_batch(
+            pipeline,
+            &self.name,
+            records_in,
+            records_out,
+            spent,
+            whole as u64,
+        );
     }
 }
 
@@ -626,7 +642,11 @@ mod tests {
         assert_eq!(split(0..10, Some(3)), vec![0..3, 3..4, 4..10]);
         assert_eq!(split(10..20, Some(0)), vec![10..11, 11..20]);
         assert_eq!(split(10..20, Some(9)), vec![10..19, 19..20]);
-        assert_eq!(split(10..20, Some(10)), vec![10..15, 15..20], "an index out of range is ignored");
+        assert_eq!(
+            split(10..20, Some(10)),
+            vec![10..15, 15..20],
+            "an index out of range is ignored"
+        );
     }
 
     #[test]
@@ -664,7 +684,9 @@ mod tests {
         assert!(matches!(&outs[0], Out::Keep(Some(r)) if r == "eu"));
         assert!(matches!(&outs[1], Out::New(v) if v[0].0.as_bytes() == br#"{"b": 2,"c":[3]}"#));
         assert!(matches!(&outs[2], Out::Error(e) if e.contains("not a JSON object")));
-        assert!(matches!(&outs[3], Out::Error(e) if e.contains("cannot write `a.x`: `a` is a number")));
+        assert!(
+            matches!(&outs[3], Out::Error(e) if e.contains("cannot write `a.x`: `a` is a number"))
+        );
         assert!(matches!(&outs[4], Out::Drop));
 
         let mut w = wire::AnswerWriter::new(4, 0);
@@ -672,10 +694,17 @@ mod tests {
             w.unchanged(None);
         }
         let answers = w.finish();
-        assert!(matches!(decode(&answers, &inputs, &items, 100), Err(FaultKind::Contract(m)) if m.contains("4 answers for 5 records")));
-        assert!(matches!(decode(&answers, &inputs, &items[..4], 3), Err(FaultKind::Output(_))));
+        assert!(
+            matches!(decode(&answers, &inputs, &items, 100), Err(FaultKind::Contract(m)) if m.contains("4 answers for 5 records"))
+        );
+        assert!(matches!(
+            decode(&answers, &inputs, &items[..4], 3),
+            Err(FaultKind::Output(_))
+        ));
         let mut trailing = answers.clone();
         trailing.push(0);
-        assert!(matches!(decode(&trailing, &inputs, &items[..4], 100), Err(FaultKind::Contract(m)) if m.contains("after the last answer")));
+        assert!(
+            matches!(decode(&trailing, &inputs, &items[..4], 100), Err(FaultKind::Contract(m)) if m.contains("after the last answer"))
+        );
     }
 }

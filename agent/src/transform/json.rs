@@ -102,21 +102,49 @@ mod tests {
             JsonObject::parse(b"[1]".to_vec()).unwrap_err().to_string(),
             "not a JSON object"
         );
-        assert!(JsonObject::parse(b"{".to_vec()).unwrap_err().to_string().contains("not valid JSON"));
+        assert!(
+            JsonObject::parse(b"{".to_vec())
+                .unwrap_err()
+                .to_string()
+                .contains("not valid JSON")
+        );
         let o = JsonObject::parse(br#"{"a": 1, "b": {"c": 2}}"#.to_vec()).unwrap();
         let p = o
             .apply(&[
-                PatchOp::Set { path: vec!["b".into(), "d".into()], value: b"true".to_vec() },
-                PatchOp::Remove { path: vec!["a".into()] },
-                PatchOp::Remove { path: vec!["zz".into()] },
+                PatchOp::Set {
+                    path: vec!["b".into(), "d".into()],
+                    value: b"true".to_vec(),
+                },
+                PatchOp::Remove {
+                    path: vec!["a".into()],
+                },
+                PatchOp::Remove {
+                    path: vec!["zz".into()],
+                },
             ])
             .unwrap();
         assert_eq!(p.as_bytes(), br#"{"b": {"c": 2,"d":true}}"#);
-        assert_eq!(o.as_bytes(), br#"{"a": 1, "b": {"c": 2}}"#, "the input is unchanged");
+        assert_eq!(
+            o.as_bytes(),
+            br#"{"a": 1, "b": {"c": 2}}"#,
+            "the input is unchanged"
+        );
         let e = o
-            .apply(&[PatchOp::Set { path: vec!["a".into(), "x".into()], value: b"1".to_vec() }])
+            .apply(&[PatchOp::Set {
+                path: vec!["a".into(), "x".into()],
+                value: b"1".to_vec(),
+            }])
             .unwrap_err();
-        assert_eq!(e.to_string(), "cannot write `a.x`: `a` is a number, not an object");
-        assert!(o.apply(&[PatchOp::Set { path: vec!["a".into()], value: b"nope".to_vec() }]).is_err());
+        assert_eq!(
+            e.to_string(),
+            "cannot write `a.x`: `a` is a number, not an object"
+        );
+        assert!(
+            o.apply(&[PatchOp::Set {
+                path: vec!["a".into()],
+                value: b"nope".to_vec()
+            }])
+            .is_err()
+        );
     }
 }

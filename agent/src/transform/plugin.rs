@@ -121,7 +121,8 @@ impl PluginInstance {
             uses: config.uses.clone(),
             reason: format!("cannot link: {e:#}"),
         };
-        let linker = sandbox::linker(&engine.engine).map_err(|e| TransformError::Engine(format!("{e:#}")))?;
+        let linker = sandbox::linker(&engine.engine)
+            .map_err(|e| TransformError::Engine(format!("{e:#}")))?;
         let pre = linker.instantiate_pre(&component).map_err(load_err)?;
         let mut instance = PluginInstance {
             name,
@@ -141,7 +142,11 @@ impl PluginInstance {
 
     fn instantiate(&self) -> Result<Live, TransformError> {
         let limits = &self.config.limits;
-        let state = HostState::new(self.name.clone(), &self.config, self.engine.shutdown.clone());
+        let state = HostState::new(
+            self.name.clone(),
+            &self.config,
+            self.engine.shutdown.clone(),
+        );
         let mut store = Store::new(&self.engine.engine, state);
         store.limiter(|s| s as &mut dyn ResourceLimiter);
         sandbox::watch_deadline(&mut store);

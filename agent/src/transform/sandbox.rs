@@ -26,7 +26,9 @@ use wasmtime::component::{Linker, Resource, ResourceTable};
 use wasmtime::{ResourceLimiter, StoreContextMut, UpdateDeadline};
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{DynPollable, OutputStream, Pollable, StreamResult, subscribe};
-use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi::{
+    HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView,
+};
 
 use super::TransformConfig;
 
@@ -305,11 +307,20 @@ impl HostState {
                 tracing::info!(plugin, stream, "{line}");
             }
             if dropped > 0 {
-                tracing::warn!(plugin, stream, dropped_bytes = dropped, "plugin output beyond {CAPTURE_BYTES} bytes per call was not logged");
+                tracing::warn!(
+                    plugin,
+                    stream,
+                    dropped_bytes = dropped,
+                    "plugin output beyond {CAPTURE_BYTES} bytes per call was not logged"
+                );
             }
         }
         if self.logs_dropped > 0 {
-            tracing::warn!(plugin, dropped_lines = self.logs_dropped, "plugin log lines beyond {LOG_LINES} per call were not written");
+            tracing::warn!(
+                plugin,
+                dropped_lines = self.logs_dropped,
+                "plugin log lines beyond {LOG_LINES} per call were not written"
+            );
         }
     }
 

@@ -58,9 +58,11 @@ fn explode(record: &Record, config: &Config) -> Result<Vec<Emit>, Error> {
         json::remove(record.json(), &config.field).map_or(Cow::Borrowed(record.json()), Cow::Owned)
     };
     let one = |element: &[u8], i: usize| -> Result<Emit, Error> {
-        let mut text = json::set(&base, &config.target, element).map_err(|e| error!("explode: {e}"))?;
+        let mut text =
+            json::set(&base, &config.target, element).map_err(|e| error!("explode: {e}"))?;
         if let Some(index) = &config.index {
-            text = json::set(&text, index, i.to_string().as_bytes()).map_err(|e| error!("explode: {e}"))?;
+            text = json::set(&text, index, i.to_string().as_bytes())
+                .map_err(|e| error!("explode: {e}"))?;
         }
         Ok(Emit::json(text))
     };
@@ -97,8 +99,9 @@ struct RawConfig {
 }
 
 fn parse_path(path: &str, name: &str) -> Result<FieldPath, String> {
-    FieldPath::parse(path)
-        .map_err(|_| format!("explode: `{name}` must be a dotted path like `order.items`, got {path:?}"))
+    FieldPath::parse(path).map_err(|_| {
+        format!("explode: `{name}` must be a dotted path like `order.items`, got {path:?}")
+    })
 }
 
 impl TryFrom<RawConfig> for Config {
@@ -110,7 +113,11 @@ impl TryFrom<RawConfig> for Config {
             Some(t) => parse_path(t, "as")?,
             None => field.clone(),
         };
-        let index = raw.index.as_deref().map(|i| parse_path(i, "index")).transpose()?;
+        let index = raw
+            .index
+            .as_deref()
+            .map(|i| parse_path(i, "index"))
+            .transpose()?;
         if index.as_ref() == Some(&target) {
             return Err(format!("explode: `index` and `as` are both `{target}`"));
         }
@@ -177,14 +184,23 @@ mod tests {
         let mut h = explode(json!({"field": "items"}));
         assert!(h.run(json!({"items": []})).unwrap().is_empty());
         let record = json!({"id": 1});
-        assert_eq!(h.run(record.clone()).unwrap(), vec![Output::new(object(record))]);
+        assert_eq!(
+            h.run(record.clone()).unwrap(),
+            vec![Output::new(object(record))]
+        );
         assert_eq!(h.run_one(json!({"items": null})), json!({"items": null}));
         let e = h.run(json!({"items": {"a": 1}})).unwrap_err().to_string();
         assert_eq!(e, "explode: `items` is an object, not an array");
         let mut h = explode(json!({"field": "items", "keep_empty": true}));
-        assert_eq!(h.run_one(json!({"items": [], "k": 1})), json!({"items": null, "k": 1}));
+        assert_eq!(
+            h.run_one(json!({"items": [], "k": 1})),
+            json!({"items": null, "k": 1})
+        );
         let mut h = explode(json!({"field": "items", "as": "k.x"}));
-        let e = h.run(json!({"items": [1], "k": 5})).unwrap_err().to_string();
+        let e = h
+            .run(json!({"items": [1], "k": 5}))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("`k` is a number, not an object"), "{e}");
     }
 

@@ -51,7 +51,13 @@ fn flatten(record: &Record, config: &Config) -> Result<Answer, Error> {
         let key = key
             .as_str()
             .ok_or_else(|| error!("flatten: a key is not valid JSON text"))?;
-        config.add(&mut out, key.to_string(), key.to_string(), value, config.max_depth)?;
+        config.add(
+            &mut out,
+            key.to_string(),
+            key.to_string(),
+            value,
+            config.max_depth,
+        )?;
     }
     Ok(Emit::json(out.fields.finish()).into())
 }
@@ -243,13 +249,22 @@ mod tests {
     fn collisions_are_record_errors() {
         let mut h = flatten(json!({}));
         let err = h.run(json!({"a_b": 1, "a": {"b": 2}})).unwrap_err();
-        assert_eq!(err.to_string(), "flatten: `a_b` and `a.b` both flatten to `a_b`");
+        assert_eq!(
+            err.to_string(),
+            "flatten: `a_b` and `a.b` both flatten to `a_b`"
+        );
         let err = h.run(json!({"a": {"b": 2}, "a_b": 1})).unwrap_err();
-        assert_eq!(err.to_string(), "flatten: `a.b` and `a_b` both flatten to `a_b`");
+        assert_eq!(
+            err.to_string(),
+            "flatten: `a.b` and `a_b` both flatten to `a_b`"
+        );
         let err = h
             .run(json!({"a": {"b_c": 1}, "a_b": {"c": 2}}))
             .unwrap_err();
-        assert_eq!(err.to_string(), "flatten: `a.b_c` and `a_b.c` both flatten to `a_b_c`");
+        assert_eq!(
+            err.to_string(),
+            "flatten: `a.b_c` and `a_b.c` both flatten to `a_b_c`"
+        );
         // The next record is fine.
         assert_eq!(h.run_one(json!({"a": {"b": 2}})), json!({"a_b": 2}));
         // A collision with a field that is not flattened (beyond max_depth) counts too.

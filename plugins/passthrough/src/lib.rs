@@ -21,8 +21,14 @@ mod tests {
     fn emits_the_record_unchanged() {
         let mut h = Harness::<Passthrough>::new(json!({})).unwrap();
         let out = h.run(json!({"a": 1, "b": {"c": [true]}})).unwrap();
-        assert_eq!(out, vec![Output::new(object(json!({"a": 1, "b": {"c": [true]}})))]);
-        assert_eq!(h.answer(json!({"x": 1})).unwrap(), Answered::Unchanged(None));
+        assert_eq!(
+            out,
+            vec![Output::new(object(json!({"a": 1, "b": {"c": [true]}})))]
+        );
+        assert_eq!(
+            h.answer(json!({"x": 1})).unwrap(),
+            Answered::Unchanged(None)
+        );
         assert!(
             h.run_json(b"not json")
                 .unwrap_err()

@@ -395,12 +395,16 @@ mod tests {
         assert_eq!(h.answer(record).unwrap(), Answered::Unchanged(None));
         // Without nesting, changes are a patch: no record is rebuilt.
         let mut h = redact(json!({"drop": ["a"], "hash": ["b"], "mask": ["c.d"]}));
-        let answered = h.answer(json!({"a": 1, "b": 2, "c": {"d": "12345"}, "e": 3})).unwrap();
+        let answered = h
+            .answer(json!({"a": 1, "b": 2, "c": {"d": "12345"}, "e": 3}))
+            .unwrap();
         assert_eq!(
             answered,
             Answered::Patched(
                 3,
-                Output::new(object(json!({"b": hash_value("", &json!(2)), "c": {"d": "***2345"}, "e": 3})))
+                Output::new(object(
+                    json!({"b": hash_value("", &json!(2)), "c": {"d": "***2345"}, "e": 3})
+                ))
             )
         );
     }

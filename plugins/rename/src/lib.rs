@@ -204,15 +204,19 @@ impl Config {
         };
         // Targets in the way, checked in config order on the record as it came.
         for (i, m) in self.renames.iter().enumerate() {
-            let group = groups.iter().find(|g| g.moves.contains(&i)).expect("grouped");
-            let Some(object) = object_of(group) else { continue };
+            let group = groups
+                .iter()
+                .find(|g| g.moves.contains(&i))
+                .expect("grouped");
+            let Some(object) = object_of(group) else {
+                continue;
+            };
             if object.field(m.from.key()).is_none() {
                 continue;
             }
-            let target_is_moved = group
-                .moves
-                .iter()
-                .any(|&j| self.renames[j].from.key() == m.to.key() && object.field(m.to.key()).is_some());
+            let target_is_moved = group.moves.iter().any(|&j| {
+                self.renames[j].from.key() == m.to.key() && object.field(m.to.key()).is_some()
+            });
             let taken = object.field(m.to.key()).is_some_and(|v| !v.is_null());
             if taken && !target_is_moved && !self.overwrite {
                 return Err(exists_error(&m.to));
@@ -398,14 +402,16 @@ mod tests {
         let mut h = rename(json!({"fields": {"old": "new", "user.name": "user.full_name"}}));
         let err = h.run(json!({"old": 1, "new": 2})).unwrap_err();
         assert!(
-            err.to_string().contains("target `new` already exists") && err.to_string().contains("overwrite = true"),
+            err.to_string().contains("target `new` already exists")
+                && err.to_string().contains("overwrite = true"),
             "{err}"
         );
         let err = h
             .run(json!({"user": {"name": "a", "full_name": "b"}}))
             .unwrap_err();
         assert!(
-            err.to_string().contains("target `user.full_name` already exists"),
+            err.to_string()
+                .contains("target `user.full_name` already exists"),
             "{err}"
         );
         // A null target counts as absent; the next record works again.
@@ -431,7 +437,8 @@ mod tests {
         let mut h = rename(json!({"fields": {"name": "user.name"}}));
         let err = h.run(json!({"name": "ann", "user": "bob"})).unwrap_err();
         assert!(
-            err.to_string().contains("cannot write `user.name`: `user` is a string, not an object"),
+            err.to_string()
+                .contains("cannot write `user.name`: `user` is a string, not an object"),
             "{err}"
         );
         let err = h.run(json!({"name": "ann", "user": [1]})).unwrap_err();
@@ -466,7 +473,10 @@ mod tests {
         assert_eq!(h.run_one(json!({"a": 5})), json!({"a": {"value": 5}}));
         let mut h = rename(json!({"fields": {"a.value": "a"}}));
         let err = h.run(json!({"a": {"value": 5, "x": 1}})).unwrap_err();
-        assert!(err.to_string().contains("target `a` already exists"), "{err}");
+        assert!(
+            err.to_string().contains("target `a` already exists"),
+            "{err}"
+        );
         let mut h = rename(json!({"fields": {"a.value": "a"}, "overwrite": true}));
         assert_eq!(
             h.run_one(json!({"a": {"value": 5, "x": 1}})),
@@ -525,7 +535,11 @@ mod tests {
                 let mut record = floe_sdk::Map::new();
                 for (i, key) in ["d", "a", "c", "b"].iter().enumerate() {
                     if bits & (1 << i) != 0 {
-                        let v = if null && i == 3 { Value::Null } else { json!(i) };
+                        let v = if null && i == 3 {
+                            Value::Null
+                        } else {
+                            json!(i)
+                        };
                         record.insert(key.to_string(), v);
                     }
                 }
@@ -544,8 +558,14 @@ mod tests {
                 for config in &configs {
                     let fast = rename(config.clone()).run(record.clone());
                     let slow = rebuilt(config.clone()).run(record.clone());
-                    let show = |r: Result<Vec<floe_sdk::testing::Output>, floe_sdk::Error>| match r {
-                        Ok(out) => format!("{:?}", out.iter().map(|o| floe_sdk::serde_json::to_string(&o.value).unwrap()).collect::<Vec<_>>()),
+                    let show = |r: Result<Vec<floe_sdk::testing::Output>, floe_sdk::Error>| match r
+                    {
+                        Ok(out) => format!(
+                            "{:?}",
+                            out.iter()
+                                .map(|o| floe_sdk::serde_json::to_string(&o.value).unwrap())
+                                .collect::<Vec<_>>()
+                        ),
                         Err(e) => format!("error {e}"),
                     };
                     assert_eq!(show(fast), show(slow), "{config} on {record}");

@@ -339,7 +339,6 @@ impl TryFrom<RawConfig> for Config {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use floe_sdk::testing::Harness;
@@ -674,7 +673,10 @@ mod tests {
         let mut h =
             timestamp(json!({"field": "event.time", "format": "epoch_seconds", "required": true}));
         let err = h.run(json!({"a": 1})).unwrap_err();
-        assert_eq!(err.to_string(), "timestamp: field `event.time` is missing or null");
+        assert_eq!(
+            err.to_string(),
+            "timestamp: field `event.time` is missing or null"
+        );
         assert!(h.run(json!({"event": {"time": null}})).is_err());
         assert!(h.run(json!({"event": {"time": 1}})).is_ok());
     }

@@ -65,7 +65,9 @@ fn try_expand(
     let usage = || {
         syn::Error::new(
             sig.inputs.span(),
-            format!("#[{shape}]: the function takes the record, and optionally the config: fn {name}(record: &Record, config: &Config)"),
+            format!(
+                "#[{shape}]: the function takes the record, and optionally the config: fn {name}(record: &Record, config: &Config)"
+            ),
         )
     };
     match args.next() {
@@ -79,7 +81,9 @@ fn try_expand(
             _ => {
                 return Err(syn::Error::new(
                     arg.ty.span(),
-                    format!("#[{shape}]: the config parameter must be a reference, `&Config` or `&mut Config`"),
+                    format!(
+                        "#[{shape}]: the config parameter must be a reference, `&Config` or `&mut Config`"
+                    ),
                 ));
             }
         },

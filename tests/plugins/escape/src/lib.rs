@@ -63,14 +63,20 @@ impl Transform for Escape {
             if ok {
                 Ok(())
             } else {
-                Err(error!("escape: attempt `{}` needs `{what}`", config.attempt))
+                Err(error!(
+                    "escape: attempt `{}` needs `{what}`",
+                    config.attempt
+                ))
             }
         };
         match config.attempt.as_str() {
             "file" => need(config.path.is_some(), "path")?,
             "socket" => need(config.port.is_some(), "port")?,
             "sleep" => need(config.seconds.is_some(), "seconds")?,
-            "flood" => need(config.at_offset.is_some() && config.copies.is_some(), "at_offset and copies")?,
+            "flood" => need(
+                config.at_offset.is_some() && config.copies.is_some(),
+                "at_offset and copies",
+            )?,
             "spoof" => need(config.at_offset.is_some(), "at_offset")?,
             "env" | "clock" | "random" | "print" => {}
             other => return Err(error!("escape: unknown attempt `{other}`")),
@@ -123,7 +129,10 @@ impl Transform for Escape {
                 println!("escape stdout {}", record.offset());
                 let _ = std::io::stdout().flush();
                 eprintln!("escape stderr {}\nERROR forged", record.offset());
-                floe_sdk::log::warn(&format!("escape log {}\nINFO forged by log", record.offset()));
+                floe_sdk::log::warn(&format!(
+                    "escape log {}\nINFO forged by log",
+                    record.offset()
+                ));
                 "printed".to_string()
             }
             "sleep" => {
@@ -166,7 +175,9 @@ mod tests {
         let mut h = Harness::<Escape>::new(json!({"attempt": "env"})).unwrap();
         let out = h.run_one(json!({"id": 1}));
         assert!(out["outcome"].as_str().unwrap().contains("variables"));
-        let mut h = Harness::<Escape>::new(json!({"attempt": "flood", "at_offset": 0, "copies": 3})).unwrap();
+        let mut h =
+            Harness::<Escape>::new(json!({"attempt": "flood", "at_offset": 0, "copies": 3}))
+                .unwrap();
         assert_eq!(h.run(json!({"id": 1})).unwrap().len(), 3);
         assert_eq!(h.run(json!({"id": 2})).unwrap().len(), 1);
         let e = Harness::<Escape>::init_error(json!({"attempt": "file"}));

@@ -119,10 +119,7 @@ impl Transform for Faulty {
                 .iter()
                 .find(|(name, set)| *set && !allowed.contains(name))
             {
-                Some((name, _)) => Err(error!(
-                    "faulty: mode `{}` does not use `{name}`",
-                    raw.mode
-                )),
+                Some((name, _)) => Err(error!("faulty: mode `{}` does not use `{name}`", raw.mode)),
                 None => Ok(()),
             }
         };
@@ -287,7 +284,10 @@ mod tests {
         for id in 0..10 {
             let result = h.run(json!({"id": id, "v": "x"}));
             if id % 3 == 0 {
-                assert_eq!(result.unwrap_err().to_string(), format!("faulty: rejected record {id}"));
+                assert_eq!(
+                    result.unwrap_err().to_string(),
+                    format!("faulty: rejected record {id}")
+                );
             } else {
                 assert_eq!(
                     result.unwrap(),
