@@ -636,6 +636,13 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_chain_can_move_to_the_pipeline_thread() {
+        fn send<T: Send>() {}
+        send::<TransformChain>();
+        send::<ChainResult>();
+    }
+
+    #[test]
     fn splits_around_a_reported_record_or_in_halves() {
         assert_eq!(split(0..10, None), vec![0..5, 5..10]);
         assert_eq!(split(4..7, None), vec![4..5, 5..7]);
