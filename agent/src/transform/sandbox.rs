@@ -454,6 +454,39 @@ mod tests {
     use super::*;
 
     #[test]
+    fn captured_output_and_log_lines_are_bounded_per_call() {
+        use floe_plugin::transform::host::Host as _;
+        let config: TransformConfig = toml::from_str("uses = \"x.wasm\"").unwrap();
+        let mut state = HostState::new(Arc::from("p"), &config, Arc::new(AtomicBool::new(false)));
+        let stdout = Capture {
+            which: Which::Stdout,
+            shared: state.captured.clone(),
+        };
+        stdout.append(&[b'x'; 10_000]);
+        stdout.append(&[b'y'; 10_000]);
+        {
+            let c = state.captured.lock().unwrap();
+            assert_eq!(c.stdout.len(), CAPTURE_BYTES);
+            assert_eq!(c.dropped_stdout, 20_000 - CAPTURE_BYTES);
+            assert!(c.stderr.is_empty());
+        }
+        for i in 0..LOG_LINES + 50 {
+            state.log(Level::Trace, format!("line {i}"));
+        }
+        assert_eq!((state.log_lines, state.logs_dropped), (LOG_LINES, 50));
+        state.end_call();
+        assert!(
+            state.captured.lock().unwrap().stdout.is_empty(),
+            "taken at the end of the call"
+        );
+        state.begin_call(Duration::from_secs(1), 7);
+        assert_eq!((state.log_lines, state.logs_dropped), (0, 0));
+        // A panic report is kept and traps.
+        assert!(state.panicked("boom\nforged".into(), Some(3)).is_err());
+        assert_eq!(state.panic, Some(("boom\\nforged".to_string(), Some(3))));
+    }
+
+    #[test]
     fn sanitize_keeps_one_line() {
         assert_eq!(sanitize("plain text", 100), "plain text");
         assert_eq!(
