@@ -18,7 +18,7 @@ use tokio::sync::watch;
 
 use crate::config::PipelineConfig;
 use crate::dead_letter::{DeadLetterError, DeadLetterWriter};
-use crate::decode::{DecodeError, Decoder, decode_json, validate_object};
+use crate::decode::{DecodeError, Decoder, InvalidPolicy, decode_json, validate_object};
 use crate::offsets::OffsetMap;
 use crate::schema::{OnIncompatible, SchemaTracker};
 use crate::sink::upsert::KeyHash;
@@ -196,10 +196,16 @@ pub async fn run_pipeline(
         routes.insert(stream.clone(), table_names.len());
         table_names.push(table.clone());
     }
-    let decoder = Decoder::new(&config.decode).map_err(|source| PipelineError::Decode {
-        pipeline: name.clone(),
-        source: Box::new(source),
-    })?;
+    let decoder = Decoder::new(&config.decode)
+        .map_err(|source| PipelineError::Decode {
+            pipeline: name.clone(),
+            source: Box::new(source),
+        })?
+        .on_invalid(match config.schema.on_incompatible {
+            OnIncompatible::DeadLetter => InvalidPolicy::DeadLetter,
+            OnIncompatible::Fail => InvalidPolicy::Fail,
+            OnIncompatible::Coerce => InvalidPolicy::Coerce,
+        });
     let schema_options = Arc::new(config.schema.options());
     let mut tables = Vec::with_capacity(table_names.len());
     for table in &table_names {
@@ -361,7 +367,7 @@ impl Pipeline {
             if !self.decoder.is_json() {
                 let decoded = match self.decoder.decode_value(value) {
                     Ok(d) => d,
-                    Err(e @ DecodeError::RegistryUnreachable { .. }) => {
+                    Err(e) if e.stops_pipeline() => {
                         return Err(PipelineError::Decode {
                             pipeline: self.config.name.clone(),
                             source: Box::new(e),
@@ -476,9 +482,7 @@ impl Pipeline {
                 };
                 Ok(Some((row, origin)))
             }
-            Err(DecodeError::Key(inner))
-                if matches!(*inner, DecodeError::RegistryUnreachable { .. }) =>
-            {
+            Err(DecodeError::Key(inner)) if inner.stops_pipeline() => {
                 Err(PipelineError::Decode {
                     pipeline: self.config.name.clone(),
                     source: inner,
