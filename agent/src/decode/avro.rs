@@ -68,7 +68,7 @@ impl WriterSchema {
             Err(AvroMappingError::NotARecord(_)) => IndexMap::new(),
             Err(e) => return Err(bad(&e)),
         };
-        let names = ResolvedSchema::try_from(std::iter::once(&schema).chain(&schemata).collect::<Vec<_>>())
+        let names = ResolvedSchema::try_from(schemata.iter().chain(std::iter::once(&schema)).collect::<Vec<_>>())
             .map_err(|e| bad(&e))?
             .get_names()
             .iter()
@@ -102,12 +102,17 @@ impl WriterSchema {
             rest: bytes,
             hit_eof: false,
         };
-        let value = apache_avro::from_avro_datum_schemata(
-            &self.schema,
-            self.schemata.iter().collect(),
-            &mut reader,
-            None,
-        )
+        let value = if self.schemata.is_empty() {
+            apache_avro::from_avro_datum(&self.schema, &mut reader, None)
+        } else {
+            // Named types from references: the names come from every schema given.
+            apache_avro::from_avro_datum_schemata(
+                &self.schema,
+                self.schemata.iter().chain(std::iter::once(&self.schema)).collect(),
+                &mut reader,
+                None,
+            )
+        }
             .map_err(|e| DecodeError::NotAvro(e.to_string()))?;
         if reader.hit_eof {
             // apache-avro reads a string, boolean or union cut off by the end as null.

@@ -812,6 +812,139 @@ mod tests {
     }
 
     #[test]
+    fn schema_formats_need_a_schema_source() {
+        let problems = |t: &str| config(t).problems();
+        let fields = |t: &str| problems(t).into_iter().map(|p| p.0).collect::<Vec<_>>();
+        assert!(problems(r#"format = "protobuf""#)[0].1.contains("`message`"));
+        assert!(problems(r#"format = "json_schema""#)[0].1.contains("registry"));
+        assert_eq!(fields(r#"key_format = "protobuf""#), ["key_format"]);
+        assert!(
+            problems(
+                r#"format = "protobuf"
+            registry = { url = "http://x" }
+            key_format = "json_schema""#
+            )
+            .is_empty()
+        );
+        assert!(problems(r#"format = "protobuf"
+            schema_file = "o.proto"
+            message = "shop.Order""#)
+        .is_empty());
+        assert_eq!(
+            fields(
+                r#"format = "protobuf"
+            schema_file = "o.proto""#
+            ),
+            ["message"]
+        );
+        assert_eq!(
+            fields(
+                r#"format = "protobuf"
+            schema_file = "o.proto"
+            descriptor_set = "o.desc"
+            message = "M""#
+            ),
+            ["descriptor_set"]
+        );
+        assert_eq!(
+            fields(
+                r#"format = "protobuf"
+            registry = { url = "http://x" }
+            message = "M""#
+            ),
+            ["message"]
+        );
+        assert_eq!(
+            fields(
+                r#"format = "protobuf"
+            descriptor_set = "o.desc"
+            message = "M"
+            key_format = "protobuf""#
+            ),
+            ["key_message"]
+        );
+        assert_eq!(
+            fields(
+                r#"format = "json_schema"
+            schema_file = "o.json"
+            key_format = "json_schema""#
+            ),
+            ["key_format"]
+        );
+        assert_eq!(
+            fields(
+                r#"format = "json_schema"
+            schema_file = "o.json"
+            import_paths = ["p"]"#
+            ),
+            ["import_paths"]
+        );
+        assert_eq!(
+            fields(
+                r#"format = "avro"
+            registry = { url = "not a url" }"#
+            ),
+            ["registry.url"]
+        );
+    }
+
+    #[test]
+    fn plain_json_schema_validates_and_follows_the_policy() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("o.json");
+        std::fs::write(
+            &path,
+            r#"{"type": "object", "properties": {"n": {"type": "integer"}, "at": {"type": "string", "format": "date-time"}}}"#,
+        )
+        .unwrap();
+        let cfg = DecodeConfig {
+            format: Format::JsonSchema,
+            schema_file: Some(path),
+            ..DecodeConfig::default()
+        };
+        let decoder = Decoder::new(&cfg).unwrap();
+        let mut out = Vec::new();
+        let declared = decoder
+            .decode_value_text(br#"{"n": 1, "at": "2024-01-02T05:04:05+02:00"}"#, &mut out)
+            .unwrap()
+            .unwrap();
+        assert_eq!(declared.fields().len(), 2);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            r#"{"n":1,"at":"2024-01-02T03:04:05.000000Z"}"#
+        );
+        let e = decoder.decode_value(br#"{"n": "x"}"#).unwrap_err();
+        assert!(!e.stops_pipeline(), "{e}");
+        let failing = Decoder::new(&cfg).unwrap().on_invalid(InvalidPolicy::Fail);
+        let e = failing.decode_value(br#"{"n": "x"}"#).unwrap_err();
+        assert!(e.stops_pipeline());
+        assert!(e.to_string().ends_with("(on_incompatible = \"fail\")"), "{e}");
+        let coercing = Decoder::new(&cfg).unwrap().on_invalid(InvalidPolicy::Coerce);
+        assert_eq!(coercing.decode_value(br#"{"n": "x"}"#).unwrap().object["n"], "x");
+    }
+
+    #[test]
+    fn avro_references_define_named_types() {
+        let address = r#"{"type": "record", "name": "Address", "namespace": "shop",
+            "fields": [{"name": "street", "type": "string"}]}"#;
+        let order = r#"{"type": "record", "name": "Order", "namespace": "shop", "fields": [
+            {"name": "ship_to", "type": "shop.Address"},
+            {"name": "bill_to", "type": ["null", "shop.Address"]}]}"#;
+        assert!(WriterSchema::parse(Some(2), order).is_err());
+        let schema = WriterSchema::parse_with_references(Some(2), order, &[address]).unwrap();
+        assert_eq!(
+            crate::schema::type_name(&iceberg::spec::Type::Struct((*schema.columns).clone())),
+            "struct<ship_to: struct<street: string>, bill_to: struct<street: string>>"
+        );
+        // ship_to "ab", bill_to: branch 1, "c".
+        let object = schema.decode(&[4, b'a', b'b', 2, 2, b'c']).unwrap();
+        assert_eq!(
+            Value::Object(object),
+            serde_json::json!({"ship_to": {"street": "ab"}, "bill_to": {"street": "c"}})
+        );
+    }
+
+    #[test]
     fn objects_decode() {
         let m = decode_json(br#"{"a": 1, "b": [true]}"#).unwrap();
         assert_eq!(m["a"], 1);

@@ -42,7 +42,8 @@ pub fn record_columns_with(
     schema: &AvroSchema,
     schemata: &[AvroSchema],
 ) -> Result<IndexMap<String, Type>, AvroMappingError> {
-    let all: Vec<&AvroSchema> = std::iter::once(schema).chain(schemata).collect();
+    // Referenced schemas first: names resolve in order.
+    let all: Vec<&AvroSchema> = schemata.iter().chain(std::iter::once(schema)).collect();
     let resolved =
         ResolvedSchema::try_from(all).map_err(|e| AvroMappingError::Invalid(e.to_string()))?;
     let mapper = Mapper {

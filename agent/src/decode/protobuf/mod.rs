@@ -99,7 +99,7 @@ fn registry_file(name: &str, text: &str) -> Result<File, String> {
         descriptor.name = Some(name.to_string());
         return Ok(File::from_file_descriptor_proto(descriptor));
     }
-    File::from_source(name, text).map_err(|e| format!("{name}: {e}"))
+    File::from_source(name, text).map_err(|e| format!("Protobuf schema does not parse: {e}"))
 }
 
 /// Resolves imports from the files the registry gave (by reference name), then the
@@ -278,7 +278,7 @@ fn zigzag(n: u64) -> i64 {
 pub fn split_message_indexes(body: &[u8]) -> Result<(MessageIndexes, &[u8]), DecodeError> {
     let err = |what: String| DecodeError::NotProtobuf(format!("message indexes: {what}"));
     let mut rest = body;
-    let mut varint = |rest: &mut &[u8]| {
+    let varint = |rest: &mut &[u8]| {
         prost::encoding::decode_varint(rest)
             .map(zigzag)
             .map_err(|e| err(e.to_string()))
