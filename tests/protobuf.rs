@@ -118,6 +118,7 @@ async fn protobuf_v1_then_v2_with_references_keys_and_well_known_types() -> Resu
             &Produce {
                 format: "protobuf",
                 schema,
+                proto_path: schema.parent().and_then(Path::parent),
                 records,
                 message: Some("shop.Order"),
                 key_field: Some("_key"),
@@ -319,6 +320,7 @@ async fn plain_protobuf_from_a_proto_file() -> Result<()> {
             format: "protobuf",
             schema: &schema,
             records: &records,
+            proto_path: Some(protos.path()),
             message: Some("shop.Order"),
             plain: true,
             ..Produce::default()

@@ -658,7 +658,6 @@ impl Registry {
 
 /// What [`Registry::produce`] sends with `tests/registry/produce.py` (confluent-kafka's
 /// real `ProtobufSerializer`, `JSONSerializer` or `AvroSerializer`).
-#[derive(Default)]
 pub struct Produce<'a> {
     /// `protobuf`, `json` or `avro`.
     pub format: &'a str,
@@ -680,6 +679,23 @@ pub struct Produce<'a> {
     pub key_message: Option<&'a str>,
     /// Protobuf: the message bytes alone, without the Confluent header (nothing registered).
     pub plain: bool,
+}
+
+impl Default for Produce<'_> {
+    fn default() -> Self {
+        Produce {
+            format: "",
+            schema: Path::new(""),
+            records: &[],
+            message: None,
+            proto_path: None,
+            references: &[],
+            key_field: None,
+            key_schema: None,
+            key_message: None,
+            plain: false,
+        }
+    }
 }
 
 impl Registry {
