@@ -41,7 +41,8 @@ const ORDER_V1: &str = r##"{
   }
 }"##;
 
-const KEY: &str = r#"{"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]}"#;
+const KEY: &str =
+    r#"{"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]}"#;
 
 /// v1 plus a `discount` inside every line.
 fn order_v2() -> String {
@@ -146,7 +147,10 @@ registry = {{ url = "{}" }}
     broker
         .produce(
             "orders",
-            &[(None, Some(violating.clone())), (None, Some(not_json.clone()))],
+            &[
+                (None, Some(violating.clone())),
+                (None, Some(not_json.clone())),
+            ],
         )
         .await?;
     produce(&[order(4, true), order(5, true)], &v2)?;
@@ -181,7 +185,10 @@ registry = {{ url = "{}" }}
         .iter()
         .map(|(a, b)| (a.to_string(), b.to_string()))
         .collect();
-        assert_eq!(types, expect, "{reader}: column types come from the JSON schema");
+        assert_eq!(
+            types, expect,
+            "{reader}: column types come from the JSON schema"
+        );
         let rows = dump.rows();
         assert_eq!(rows.len(), 5, "{reader}");
         let r1 = &rows[0];
@@ -199,7 +206,11 @@ registry = {{ url = "{}" }}
             json!([{"sku": "sku-1", "qty": 1, "discount": null}]),
             "{reader}: v1 rows read the new nested field as null"
         );
-        assert_eq!(r1["attrs"], json!([{"key": "k", "value": "v1"}]), "{reader}");
+        assert_eq!(
+            r1["attrs"],
+            json!([{"key": "k", "value": "v1"}]),
+            "{reader}"
+        );
         assert_eq!(
             r1["address"],
             json!({"street": "Main 1", "zip": null}),

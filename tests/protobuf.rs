@@ -128,7 +128,10 @@ async fn protobuf_v1_then_v2_with_references_keys_and_well_known_types() -> Resu
             },
         )
     };
-    produce(&[order(1, false), order(2, false), order(3, false)], &schema)?;
+    produce(
+        &[order(1, false), order(2, false), order(3, false)],
+        &schema,
+    )?;
 
     let ws = Workspace::new()?;
     let config = ws.write_config(&PipelineSpec {
@@ -217,14 +220,22 @@ registry = {{ url = "{url}" }}
             "{reader}: keys are decoded with their own message type"
         );
         assert_eq!(r1["id"], 1, "{reader}");
-        assert_eq!(r1["total"], json!({"currency": "EUR", "units": 100}), "{reader}");
+        assert_eq!(
+            r1["total"],
+            json!({"currency": "EUR", "units": 100}),
+            "{reader}"
+        );
         assert_eq!(r1["status"], "NEW", "{reader}");
         assert_eq!(
             r1["lines"],
             json!([{"sku": "sku-1", "qty": 1, "discount": null}]),
             "{reader}: v1 rows read the new nested field as null"
         );
-        assert_eq!(r1["attrs"], json!([{"key": "k", "value": "v1"}]), "{reader}");
+        assert_eq!(
+            r1["attrs"],
+            json!([{"key": "k", "value": "v1"}]),
+            "{reader}"
+        );
         assert_eq!(
             r1["payment"],
             json!({"card": null, "transfer": {"iban": "DE00"}}),
@@ -235,7 +246,11 @@ registry = {{ url = "{url}" }}
             "{reader}"
         );
         assert_eq!(r1["wait"], 1_500_000, "{reader}: microseconds");
-        assert_eq!(r1["coupon"], Value::Null, "{reader}: an absent wrapper is null");
+        assert_eq!(
+            r1["coupon"],
+            Value::Null,
+            "{reader}: an absent wrapper is null"
+        );
         assert_eq!(
             r1["priority"], 0,
             "{reader}: proto3 optional keeps an explicit zero"
@@ -245,7 +260,11 @@ registry = {{ url = "{url}" }}
         let r2 = &rows[1];
         assert_eq!(r2["status"], "PAID", "{reader}");
         assert_eq!(r2["coupon"], "C2", "{reader}");
-        assert_eq!(r2["priority"], Value::Null, "{reader}: absent optional is null");
+        assert_eq!(
+            r2["priority"],
+            Value::Null,
+            "{reader}: absent optional is null"
+        );
         assert_eq!(
             r2["payment"],
             json!({"card": "4111", "transfer": null}),
@@ -260,10 +279,7 @@ registry = {{ url = "{url}" }}
 
     // The imported file was fetched once as a referenced subject version.
     let stats = registry.stats()?;
-    assert_eq!(
-        stats["version_gets"]["shop/common.proto/1"], 1,
-        "{stats}"
-    );
+    assert_eq!(stats["version_gets"]["shop/common.proto/1"], 1, "{stats}");
 
     let letters = DeadLetterWriter::read_all(&ws.path("dead-letter.ndjson"))?;
     let got: Vec<(Vec<u8>, &str)> = letters

@@ -482,12 +482,10 @@ impl Pipeline {
                 };
                 Ok(Some((row, origin)))
             }
-            Err(DecodeError::Key(inner)) if inner.stops_pipeline() => {
-                Err(PipelineError::Decode {
-                    pipeline: self.config.name.clone(),
-                    source: inner,
-                })
-            }
+            Err(DecodeError::Key(inner)) if inner.stops_pipeline() => Err(PipelineError::Decode {
+                pipeline: self.config.name.clone(),
+                source: inner,
+            }),
             Err(e) => {
                 self.dead_letter(&record, "decode", &e.to_string())?;
                 Ok(None)

@@ -712,7 +712,10 @@ impl Registry {
             .args(self.user.iter())
             .output()?;
         if !out.status.success() {
-            bail!("registry GET {path}: {}", String::from_utf8_lossy(&out.stderr));
+            bail!(
+                "registry GET {path}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         Ok(serde_json::from_slice::<Value>(&out.stdout)?)
     }

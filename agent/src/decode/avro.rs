@@ -59,7 +59,10 @@ impl WriterSchema {
             reason: e.to_string(),
         };
         let (schema, schemata) = if references.is_empty() {
-            (AvroSchema::parse_str(text).map_err(|e| bad(&e))?, Vec::new())
+            (
+                AvroSchema::parse_str(text).map_err(|e| bad(&e))?,
+                Vec::new(),
+            )
         } else {
             AvroSchema::parse_str_with_list(text, references).map_err(|e| bad(&e))?
         };
@@ -68,12 +71,17 @@ impl WriterSchema {
             Err(AvroMappingError::NotARecord(_)) => IndexMap::new(),
             Err(e) => return Err(bad(&e)),
         };
-        let names = ResolvedSchema::try_from(schemata.iter().chain(std::iter::once(&schema)).collect::<Vec<_>>())
-            .map_err(|e| bad(&e))?
-            .get_names()
-            .iter()
-            .map(|(name, s)| (name.clone(), (*s).clone()))
-            .collect();
+        let names = ResolvedSchema::try_from(
+            schemata
+                .iter()
+                .chain(std::iter::once(&schema))
+                .collect::<Vec<_>>(),
+        )
+        .map_err(|e| bad(&e))?
+        .get_names()
+        .iter()
+        .map(|(name, s)| (name.clone(), (*s).clone()))
+        .collect();
         Ok(WriterSchema {
             id,
             names,
@@ -108,12 +116,15 @@ impl WriterSchema {
             // Named types from references: the names come from every schema given.
             apache_avro::from_avro_datum_schemata(
                 &self.schema,
-                self.schemata.iter().chain(std::iter::once(&self.schema)).collect(),
+                self.schemata
+                    .iter()
+                    .chain(std::iter::once(&self.schema))
+                    .collect(),
                 &mut reader,
                 None,
             )
         }
-            .map_err(|e| DecodeError::NotAvro(e.to_string()))?;
+        .map_err(|e| DecodeError::NotAvro(e.to_string()))?;
         if reader.hit_eof {
             // apache-avro reads a string, boolean or union cut off by the end as null.
             return Err(DecodeError::NotAvro(format!(

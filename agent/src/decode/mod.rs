@@ -401,7 +401,9 @@ impl Decoder {
                     _ => None,
                 };
                 let key = match (&config.key_message, config.key_format) {
-                    (Some(name), KeyFormat::Protobuf) => Some(protobuf::plain_message(&pool, name)?),
+                    (Some(name), KeyFormat::Protobuf) => {
+                        Some(protobuf::plain_message(&pool, name)?)
+                    }
                     _ => None,
                 };
                 Some(Plain::Protobuf { value, key })
@@ -535,7 +537,8 @@ impl Decoder {
                             .into(),
                     });
                 }
-                schema.decode(body, self.invalid != InvalidPolicy::Coerce, out)
+                schema
+                    .decode(body, self.invalid != InvalidPolicy::Coerce, out)
                     .map_err(|e| self.with_policy(e))?;
                 Ok(Some(schema.columns.clone()))
             }
@@ -815,8 +818,16 @@ mod tests {
     fn schema_formats_need_a_schema_source() {
         let problems = |t: &str| config(t).problems();
         let fields = |t: &str| problems(t).into_iter().map(|p| p.0).collect::<Vec<_>>();
-        assert!(problems(r#"format = "protobuf""#)[0].1.contains("`message`"));
-        assert!(problems(r#"format = "json_schema""#)[0].1.contains("registry"));
+        assert!(
+            problems(r#"format = "protobuf""#)[0]
+                .1
+                .contains("`message`")
+        );
+        assert!(
+            problems(r#"format = "json_schema""#)[0]
+                .1
+                .contains("registry")
+        );
         assert_eq!(fields(r#"key_format = "protobuf""#), ["key_format"]);
         assert!(
             problems(
@@ -826,10 +837,14 @@ mod tests {
             )
             .is_empty()
         );
-        assert!(problems(r#"format = "protobuf"
+        assert!(
+            problems(
+                r#"format = "protobuf"
             schema_file = "o.proto"
-            message = "shop.Order""#)
-        .is_empty());
+            message = "shop.Order""#
+            )
+            .is_empty()
+        );
         assert_eq!(
             fields(
                 r#"format = "protobuf"
@@ -918,9 +933,17 @@ mod tests {
         let failing = Decoder::new(&cfg).unwrap().on_invalid(InvalidPolicy::Fail);
         let e = failing.decode_value(br#"{"n": "x"}"#).unwrap_err();
         assert!(e.stops_pipeline());
-        assert!(e.to_string().ends_with("(on_incompatible = \"fail\")"), "{e}");
-        let coercing = Decoder::new(&cfg).unwrap().on_invalid(InvalidPolicy::Coerce);
-        assert_eq!(coercing.decode_value(br#"{"n": "x"}"#).unwrap().object["n"], "x");
+        assert!(
+            e.to_string().ends_with("(on_incompatible = \"fail\")"),
+            "{e}"
+        );
+        let coercing = Decoder::new(&cfg)
+            .unwrap()
+            .on_invalid(InvalidPolicy::Coerce);
+        assert_eq!(
+            coercing.decode_value(br#"{"n": "x"}"#).unwrap().object["n"],
+            "x"
+        );
     }
 
     #[test]

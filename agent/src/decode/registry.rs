@@ -181,12 +181,11 @@ pub struct RegistryClient {
 impl RegistryClient {
     /// A client for `config` (no request is made yet).
     pub fn new(config: RegistryConfig) -> Result<RegistryClient, DecodeError> {
-        let mut url = reqwest::Url::parse(&config.url).map_err(|e| {
-            DecodeError::RegistryUnreachable {
+        let mut url =
+            reqwest::Url::parse(&config.url).map_err(|e| DecodeError::RegistryUnreachable {
                 url: redact(&config.url),
                 reason: format!("not a URL: {e}"),
-            }
-        })?;
+            })?;
         let decode = |s: &str| {
             percent_encoding::percent_decode_str(s)
                 .decode_utf8_lossy()
@@ -302,17 +301,19 @@ impl RegistryClient {
     ) -> Result<Result<Vec<(String, Arc<RawSchema>)>, String>, DecodeError> {
         let mut out: Vec<(String, Arc<RawSchema>)> = Vec::new();
         // Depth-first, children before parents: (reference, children pushed yet).
-        let mut stack: Vec<(Reference, bool)> =
-            raw.references.iter().rev().map(|r| (r.clone(), false)).collect();
+        let mut stack: Vec<(Reference, bool)> = raw
+            .references
+            .iter()
+            .rev()
+            .map(|r| (r.clone(), false))
+            .collect();
         let mut fetched: HashMap<String, Arc<RawSchema>> = HashMap::new();
         while let Some((reference, expanded)) = stack.pop() {
             if out.iter().any(|(n, _)| *n == reference.name) {
                 continue;
             }
             if out.len() + stack.len() > MAX_REFERENCES {
-                return Ok(Err(format!(
-                    "more than {MAX_REFERENCES} schema references"
-                )));
+                return Ok(Err(format!("more than {MAX_REFERENCES} schema references")));
             }
             let schema = match fetched.get(&reference.name) {
                 Some(s) => s.clone(),
@@ -351,7 +352,12 @@ impl RegistryClient {
     /// One referenced subject version (cached); `None` when the registry does not have it.
     async fn referenced(&self, r: &Reference) -> Result<Option<Arc<RawSchema>>, DecodeError> {
         let key = (r.subject.clone(), r.version);
-        if let Some(s) = self.referenced.lock().expect("registry cache lock").get(&key) {
+        if let Some(s) = self
+            .referenced
+            .lock()
+            .expect("registry cache lock")
+            .get(&key)
+        {
             return Ok(Some(s));
         }
         let subject: String =
@@ -412,10 +418,9 @@ impl RegistryClient {
                 // 401, 403 and other client errors do not heal by asking again.
                 return Err(Failure::Unreachable(last));
             }
-            return response
-                .json::<T>()
-                .await
-                .map_err(|e| Failure::Unreachable(format!("GET {path}: unreadable answer: {}", error_chain(e))));
+            return response.json::<T>().await.map_err(|e| {
+                Failure::Unreachable(format!("GET {path}: unreadable answer: {}", error_chain(e)))
+            });
         }
         Err(Failure::Unreachable(last))
     }
@@ -437,7 +442,9 @@ fn error_chain(e: reqwest::Error) -> String {
 /// `url` without `user:password@` (for messages about a URL that does not parse).
 fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => format!("{}{}", &url[..scheme + 3], &url[at + 1..]),
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}{}", &url[..scheme + 3], &url[at + 1..])
+        }
         _ => url.to_string(),
     }
 }
@@ -455,7 +462,11 @@ mod tests {
         assert_eq!(cache.get(&0), Some(0));
         cache.insert(3, 30);
         assert_eq!(cache.len(), 3);
-        assert_eq!(cache.get(&1), None, "the least recently used entry went first");
+        assert_eq!(
+            cache.get(&1),
+            None,
+            "the least recently used entry went first"
+        );
         assert_eq!(cache.get(&0), Some(0));
         assert_eq!(cache.get(&3), Some(30));
     }
@@ -503,11 +514,16 @@ mod tests {
         let e = client.fetch(1).await.unwrap_err();
         let text = e.to_string();
         assert!(
-            text.contains(&format!("schema registry at http://127.0.0.1:{port} is unreachable")),
+            text.contains(&format!(
+                "schema registry at http://127.0.0.1:{port} is unreachable"
+            )),
             "{text}"
         );
         assert!(!text.contains("topsecret"), "{text}");
         assert!(e.stops_pipeline());
-        assert!(client.cached(1).is_none(), "nothing is cached for an unreachable registry");
+        assert!(
+            client.cached(1).is_none(),
+            "nothing is cached for an unreachable registry"
+        );
     }
 }

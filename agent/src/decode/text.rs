@@ -60,8 +60,12 @@ pub(crate) fn timestamp_micros(out: &mut Vec<u8>, us: i64) -> bool {
         return false;
     };
     use std::io::Write;
-    write!(out, "\"{}Z\"", t.naive_utc().format("%Y-%m-%dT%H:%M:%S%.6f"))
-        .expect("writing into a Vec cannot fail");
+    write!(
+        out,
+        "\"{}Z\"",
+        t.naive_utc().format("%Y-%m-%dT%H:%M:%S%.6f")
+    )
+    .expect("writing into a Vec cannot fail");
     true
 }
 

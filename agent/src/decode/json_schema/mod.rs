@@ -66,8 +66,7 @@ impl JsonSchemaDoc {
         references: &[(String, String)],
     ) -> Result<JsonSchemaDoc, DecodeError> {
         let bad = |reason: String| DecodeError::BadSchema { id, reason };
-        let root: Value =
-            serde_json::from_str(text).map_err(|e| bad(format!("not JSON: {e}")))?;
+        let root: Value = serde_json::from_str(text).map_err(|e| bad(format!("not JSON: {e}")))?;
         let mut refs = HashMap::new();
         for (name, text) in references {
             let value: Value = serde_json::from_str(text)
@@ -78,7 +77,10 @@ impl JsonSchemaDoc {
             jsonschema::options().build(&root)
         } else {
             let registry = jsonschema::Registry::new()
-                .extend(refs.iter().map(|(name, v)| (reference_uri(name), v.clone())))
+                .extend(
+                    refs.iter()
+                        .map(|(name, v)| (reference_uri(name), v.clone())),
+                )
                 .and_then(|b| b.prepare())
                 .map_err(|e| bad(format!("schema references: {e}")))?;
             jsonschema::options().with_registry(&registry).build(&root)
@@ -110,14 +112,23 @@ impl JsonSchemaDoc {
     /// Parses and validates one message (no header) and appends its JSON text to `out`.
     /// With `validate` false (the `coerce` policy) a message that does not match is
     /// written anyway, its values as they are where they do not fit.
-    pub fn decode(&self, bytes: &[u8], validate: bool, out: &mut Vec<u8>) -> Result<(), DecodeError> {
+    pub fn decode(
+        &self,
+        bytes: &[u8],
+        validate: bool,
+        out: &mut Vec<u8>,
+    ) -> Result<(), DecodeError> {
         let value: Value =
             serde_json::from_slice(bytes).map_err(|e| DecodeError::NotJson(e.to_string()))?;
         if validate && let Err(e) = self.validator.validate(&value) {
             let path = e.instance_path().to_string();
             return Err(self.invalid(format!(
                 "{}{}",
-                if path.is_empty() { String::new() } else { format!("at {path}: ") },
+                if path.is_empty() {
+                    String::new()
+                } else {
+                    format!("at {path}: ")
+                },
                 e.masked()
             )));
         }
@@ -170,12 +181,10 @@ fn write(plan: &Plan, v: &Value, strict: bool, out: &mut Vec<u8>) -> Result<(), 
             }
             _ => unfit("long (64-bit integer)", out),
         },
-        (Plan::Timestamptz, Value::String(s)) => {
-            match chrono::DateTime::parse_from_rfc3339(s) {
-                Ok(t) if text::timestamp_micros(out, t.timestamp_micros()) => Ok(()),
-                _ => unfit("date-time", out),
-            }
-        }
+        (Plan::Timestamptz, Value::String(s)) => match chrono::DateTime::parse_from_rfc3339(s) {
+            Ok(t) if text::timestamp_micros(out, t.timestamp_micros()) => Ok(()),
+            _ => unfit("date-time", out),
+        },
         (Plan::Date, Value::String(s)) => {
             if chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d").is_ok() {
                 as_is(out)

@@ -81,10 +81,7 @@ fn every_json_schema_type_maps_to_its_iceberg_type() {
         ("attrs", "map<string, long>"),
         ("address", "struct<street: string, zip: string>"),
         ("country", "string"),
-        (
-            "tree",
-            "struct<name: string, children: list<string>>",
-        ),
+        ("tree", "struct<name: string, children: list<string>>"),
     ];
     let expect: Vec<(String, String)> = expect
         .iter()
@@ -140,7 +137,11 @@ fn violations_name_the_place_and_follow_the_policy() {
     // A date-time that is not one: draft 7 asserts formats; later drafts do not, and
     // then the writer refuses it.
     let e = decode(&schema, &json!({"id": 1, "placed_at": "yesterday"}), true).unwrap_err();
-    assert!(e.to_string().contains("at /placed_at: value is not a \"date-time\""), "{e}");
+    assert!(
+        e.to_string()
+            .contains("at /placed_at: value is not a \"date-time\""),
+        "{e}"
+    );
     let lax = JsonSchemaDoc::parse(
         None,
         r#"{"type": "object", "properties": {"at": {"type": "string", "format": "date-time"}}}"#,
@@ -148,10 +149,19 @@ fn violations_name_the_place_and_follow_the_policy() {
     )
     .unwrap();
     let e = decode(&lax, &json!({"at": "yesterday"}), true).unwrap_err();
-    assert!(e.to_string().contains("at /at: \"yesterday\" is not a valid date-time"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("at /at: \"yesterday\" is not a valid date-time"),
+        "{e}"
+    );
     // Under `coerce` the value is written as it is, for the schema stage to check.
     assert_eq!(
-        decode(&schema, &json!({"id": "x", "placed_at": "yesterday"}), false).unwrap(),
+        decode(
+            &schema,
+            &json!({"id": "x", "placed_at": "yesterday"}),
+            false
+        )
+        .unwrap(),
         json!({"id": "x", "placed_at": "yesterday"})
     );
     assert!(matches!(
@@ -173,13 +183,19 @@ fn keys_can_be_any_value() {
         &[],
     )
     .unwrap();
-    assert_eq!(key.decode_key(br#"{"id": 1}"#, true).unwrap(), r#"{"id":1}"#);
+    assert_eq!(
+        key.decode_key(br#"{"id": 1}"#, true).unwrap(),
+        r#"{"id":1}"#
+    );
 }
 
 #[test]
 fn unusable_schemas_are_rejected_with_the_reason() {
     let e = JsonSchemaDoc::parse(Some(6), "{not json", &[]).unwrap_err();
-    assert!(e.to_string().contains("writer schema id 6: not JSON"), "{e}");
+    assert!(
+        e.to_string().contains("writer schema id 6: not JSON"),
+        "{e}"
+    );
     let e = JsonSchemaDoc::parse(Some(6), r#"{"type": 5}"#, &[]).unwrap_err();
     assert!(e.to_string().contains("not a usable JSON schema"), "{e}");
     // A reference the registry did not give.

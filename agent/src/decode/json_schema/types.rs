@@ -131,7 +131,11 @@ impl Docs<'_> {
         } else {
             return Err(format!(
                 "$ref `{reference}` names no schema reference (known: {})",
-                self.references.keys().cloned().collect::<Vec<_>>().join(", ")
+                self.references
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ));
         };
         let pointer = percent_decode(fragment);

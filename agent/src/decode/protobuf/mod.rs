@@ -178,7 +178,8 @@ impl ProtoSchema {
             }),
             None => Err(DecodeError::NotProtobuf(format!(
                 "message index {indexes:?} names no message of schema {}",
-                self.id.map_or_else(|| self.file.name().to_string(), |i| format!("id {i}"))
+                self.id
+                    .map_or_else(|| self.file.name().to_string(), |i| format!("id {i}"))
             ))),
         }
     }
@@ -232,10 +233,7 @@ pub fn load_pool(source: &ProtoSource) -> Result<DescriptorPool, DecodeError> {
 }
 
 /// The message `name` (fully qualified, a leading `.` allowed) of a plain schema.
-pub fn plain_message(
-    pool: &DescriptorPool,
-    name: &str,
-) -> Result<Arc<ProtoMessage>, DecodeError> {
+pub fn plain_message(pool: &DescriptorPool, name: &str) -> Result<Arc<ProtoMessage>, DecodeError> {
     let name = name.trim_start_matches('.');
     let descriptor = pool
         .get_message_by_name(name)
@@ -353,11 +351,7 @@ fn sep(out: &mut Vec<u8>, first: &mut bool) {
     *first = false;
 }
 
-fn write_field(
-    f: &FieldPlan,
-    message: &DynamicMessage,
-    out: &mut Vec<u8>,
-) -> Result<(), String> {
+fn write_field(f: &FieldPlan, message: &DynamicMessage, out: &mut Vec<u8>) -> Result<(), String> {
     if f.presence && !message.has_field(&f.field) {
         out.extend_from_slice(b"null");
         return Ok(());

@@ -1,7 +1,7 @@
 use base64::Engine;
+use proptest::prelude::*;
 use prost::Message as _;
 use prost_reflect::{DynamicMessage, MapKey, ReflectMessage, Value as PValue};
-use proptest::prelude::*;
 use serde_json::{Value, json};
 
 use super::*;
@@ -178,7 +178,10 @@ fn every_protobuf_type_maps_to_its_iceberg_type() {
         ("status", "string"),
         ("lines", "list<struct<sku: string, qty: int>>"),
         ("counts", "map<string, int>"),
-        ("payment", "struct<card: string, transfer: struct<iban: string>>"),
+        (
+            "payment",
+            "struct<card: string, transfer: struct<iban: string>>",
+        ),
         ("placed_at", "timestamptz"),
         ("wait", "long"),
         ("coupon", "string"),
@@ -198,7 +201,10 @@ fn every_protobuf_type_maps_to_its_iceberg_type() {
         .iter()
         .map(|(a, b)| (a.to_string(), b.to_string()))
         .collect();
-    assert_eq!(got, expect, "`nothing` (google.protobuf.Empty) has no column");
+    assert_eq!(
+        got, expect,
+        "`nothing` (google.protobuf.Empty) has no column"
+    );
 }
 
 #[test]
@@ -300,9 +306,8 @@ fn the_json_text_encodes_into_the_declared_columns() {
 
 #[test]
 fn message_indexes_follow_the_confluent_encoding() {
-    let split = |b: &[u8]| {
-        split_message_indexes(b).map(|(i, rest)| (i.as_slice().to_vec(), rest.to_vec()))
-    };
+    let split =
+        |b: &[u8]| split_message_indexes(b).map(|(i, rest)| (i.as_slice().to_vec(), rest.to_vec()));
     // The single byte 0 stands for [0].
     assert_eq!(split(&[0, 8, 1]).unwrap(), (vec![0], vec![8, 1]));
     // [1]: count 1 (zig-zag 2), index 1 (zig-zag 2).
@@ -339,9 +344,12 @@ fn serialized_descriptors_from_the_registry_are_read_too() {
         )
     };
     let main = b64(text.file.name());
-    let serialized =
-        ProtoSchema::from_registry(8, &main, &[("shop/common.proto".into(), b64("shop/common.proto"))])
-            .unwrap();
+    let serialized = ProtoSchema::from_registry(
+        8,
+        &main,
+        &[("shop/common.proto".into(), b64("shop/common.proto"))],
+    )
+    .unwrap();
     let order = order_message(&serialized);
     assert_eq!(order.columns, order_message(&text).columns);
     let bytes = full_order(&order_message(&text)).encode_to_vec();
@@ -350,7 +358,9 @@ fn serialized_descriptors_from_the_registry_are_read_too() {
 
 #[test]
 fn unusable_schemas_are_rejected_with_the_reason() {
-    let e = ProtoSchema::from_registry(3, ORDER, &[]).unwrap_err().to_string();
+    let e = ProtoSchema::from_registry(3, ORDER, &[])
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("id 3") && e.contains("shop/common.proto"), "{e}");
     let e = ProtoSchema::from_registry(4, "message {", &[])
         .unwrap_err()
@@ -384,12 +394,18 @@ fn plain_schemas_load_from_a_proto_file_or_a_descriptor_set() {
     let order = plain_message(&pool, ".shop.Order").unwrap();
     assert_eq!(order.columns.fields().len(), 21);
     let e = plain_message(&pool, "shop.Nope").unwrap_err().to_string();
-    assert!(e.contains("no message `shop.Nope`") && e.contains("shop.Order"), "{e}");
+    assert!(
+        e.contains("no message `shop.Nope`") && e.contains("shop.Order"),
+        "{e}"
+    );
 
     let set = dir.path().join("order.desc");
     std::fs::write(&set, pool.encode_to_vec()).unwrap();
     let from_set = load_pool(&ProtoSource::DescriptorSet(set)).unwrap();
-    assert_eq!(plain_message(&from_set, "shop.Order").unwrap().columns, order.columns);
+    assert_eq!(
+        plain_message(&from_set, "shop.Order").unwrap().columns,
+        order.columns
+    );
     let e = load_pool(&ProtoSource::DescriptorSet(dir.path().join("order.proto")))
         .unwrap_err()
         .to_string();

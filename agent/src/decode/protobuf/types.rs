@@ -142,9 +142,9 @@ impl FieldPlan {
         let element = self.value.iceberg_type()?;
         Some(match self.cardinality {
             Cardinality::Single => element,
-            Cardinality::List => {
-                Type::List(ListType::new(Arc::new(NestedField::list_element(0, element, false))))
-            }
+            Cardinality::List => Type::List(ListType::new(Arc::new(NestedField::list_element(
+                0, element, false,
+            )))),
             Cardinality::Map => Type::Map(MapType::new(
                 Arc::new(NestedField::map_key_element(
                     0,
@@ -221,7 +221,10 @@ fn plan_message(
 fn plan_field(field: &FieldDescriptor, stack: &mut Vec<String>) -> Result<FieldPlan, String> {
     let (cardinality, kind) = if field.is_map() {
         let Kind::Message(entry) = field.kind() else {
-            return Err(format!("map field {} has no entry message", field.full_name()));
+            return Err(format!(
+                "map field {} has no entry message",
+                field.full_name()
+            ));
         };
         (Cardinality::Map, entry.map_entry_value_field().kind())
     } else if field.is_list() {
