@@ -2,7 +2,7 @@
 //! plan that writes a decoded message as JSON text of exactly those types.
 //!
 //! The plan is built once per message type; decoding walks it, so a record costs no
-//! descriptor lookups or allocations beyond the decoded message and the output text.
+//! name lookups: only the decoded message, the output text and a sort of map keys.
 //! Field ids in the Iceberg types are placeholders (0); the schema tracker or the table
 //! assigns real ones, by name, so they stay stable as messages evolve.
 
