@@ -367,13 +367,10 @@ impl Intake {
             }
             match self.decoder.decode_value(bytes) {
                 Ok(d) => decoded.push((i, key, d)),
-                Err(e) if e.class() == ErrorClass::Transient => {
-                    return Err(PipelineError::Decode {
-                        pipeline: self.name().to_string(),
-                        source: Box::new(e),
-                    });
+                Err(e) if e.class() == ErrorClass::BadRecord => {
+                    self.dead_letter(m, "decode", &e.to_string())?
                 }
-                Err(e) => self.dead_letter(m, "decode", &e.to_string())?,
+                Err(e) => return Err(self.decode_failed(m, e)),
             }
         }
         if decoded.is_empty() {
@@ -459,11 +456,20 @@ impl Intake {
         }
         match self.decoder.decode_key(key) {
             Ok(text) => Ok(Ok(Some(text))),
-            Err(e) if e.class() == ErrorClass::Transient => Err(PipelineError::Decode {
-                pipeline: self.name().to_string(),
-                source: Box::new(e),
-            }),
-            Err(e) => Ok(Err(e.to_string())),
+            Err(e) if e.class() == ErrorClass::BadRecord => Ok(Err(e.to_string())),
+            Err(e) => Err(self.decode_failed(m, e)),
+        }
+    }
+
+    /// A decode error that is not the record's fault alone (registry gone, or a schema
+    /// violation under `on_incompatible = "fail"`): the pipeline stops, naming the record.
+    fn decode_failed(&self, m: &Message, e: crate::decode::DecodeError) -> PipelineError {
+        PipelineError::DecodeFailed {
+            pipeline: self.name().to_string(),
+            topic: m.topic.to_string(),
+            partition: m.partition,
+            offset: m.offset,
+            source: Box::new(e),
         }
     }
 

@@ -39,8 +39,8 @@ pub use errors::PipelineError;
 use crate::catalog::CatalogHandle;
 use crate::config::PipelineConfig;
 use crate::dead_letter::DeadLetterWriter;
-use crate::decode::Decoder;
-use crate::schema::{SchemaTracker, TableSchema};
+use crate::decode::{Decoder, InvalidPolicy};
+use crate::schema::{OnIncompatible, SchemaTracker, TableSchema};
 use crate::sink::TableSink;
 use crate::source::{KafkaSource, KnownOffsets, Source};
 use crate::transform::{TransformChain, TransformEngine};
@@ -120,10 +120,16 @@ async fn run_with_source(
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), PipelineError> {
     let name = config.name.clone();
-    let decoder = Decoder::new(&config.decode).map_err(|source| PipelineError::Decode {
-        pipeline: name.clone(),
-        source: Box::new(source),
-    })?;
+    let decoder = Decoder::new(&config.decode)
+        .map_err(|source| PipelineError::Decode {
+            pipeline: name.clone(),
+            source: Box::new(source),
+        })?
+        .on_invalid(match config.schema.on_incompatible {
+            OnIncompatible::DeadLetter => InvalidPolicy::DeadLetter,
+            OnIncompatible::Fail => InvalidPolicy::Fail,
+            OnIncompatible::Coerce => InvalidPolicy::Coerce,
+        });
     let chain = match (&engine, config.transforms.is_empty()) {
         (_, true) => TransformChain::empty(),
         (Some(engine), false) => TransformChain::new(&config.name, engine, &config.transforms)
