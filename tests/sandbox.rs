@@ -13,7 +13,7 @@ use anyhow::{Result, bail};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use floe::dead_letter::{DeadLetter, DeadLetterWriter};
-use floe::transform::json::JsonObject;
+use floe::record::json::JsonObject;
 use floe::transform::{
     ChainInput, Limits, OnError, PluginsConfig, TransformChain, TransformConfig, TransformEngine,
 };

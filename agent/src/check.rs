@@ -10,9 +10,9 @@ use iceberg::table::Table;
 use iceberg::{Catalog, ErrorKind, NamespaceIdent, TableIdent};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
+use crate::catalog::rest::{RestCatalog, RestSession};
+use crate::catalog::{self, CatalogConfig};
 use crate::config::{Config, PipelineConfig};
-use crate::sink::rest::{RestCatalog, RestSession};
-use crate::sink::{self, CatalogConfig};
 
 const BROKER_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -101,7 +101,7 @@ type Report<'a> = dyn FnMut(&'static str, Outcome, String) + 'a;
 
 async fn check_rest(
     p: &PipelineConfig,
-    rest: &crate::sink::rest::RestCatalogConfig,
+    rest: &crate::catalog::rest::RestCatalogConfig,
     report: &mut Report<'_>,
 ) {
     let session = match RestSession::new(&p.sink.catalog, rest) {
@@ -141,7 +141,7 @@ fn skip_rest(report: &mut Report<'_>, why: &str) {
 }
 
 async fn check_embedded(p: &PipelineConfig, config: &CatalogConfig, report: &mut Report<'_>) {
-    match sink::open_catalog(&p.sink.catalog, config).await {
+    match catalog::open_catalog(&p.sink.catalog, config).await {
         Ok(handle) => {
             report("catalog", Outcome::Pass, "embedded catalog opened".into());
             report("token", Outcome::Skip, "embedded catalog: no token".into());

@@ -25,13 +25,16 @@
 //! ```
 
 pub mod batch;
+pub mod catalog;
 pub mod check;
+pub mod commit;
 pub mod config;
 pub mod dead_letter;
 pub mod decode;
+pub mod error;
 pub mod failpoint;
-pub mod offsets;
 pub mod pipeline;
+pub mod record;
 pub mod schema;
 pub mod sink;
 pub mod source;
@@ -49,7 +52,7 @@ use tokio::task::JoinSet;
 pub enum FloeError {
     /// A catalog could not be opened.
     #[error(transparent)]
-    Catalog(#[from] sink::SinkError),
+    Catalog(#[from] catalog::CatalogError),
     /// The metrics endpoint could not start.
     #[error(transparent)]
     Telemetry(#[from] telemetry::TelemetryError),
@@ -71,10 +74,11 @@ pub async fn run(
         telemetry::install(m)?;
     }
     let writer_id = uuid::Uuid::now_v7().to_string();
-    let mut catalogs: HashMap<String, sink::CatalogHandle> = HashMap::new();
+    let mut catalogs: HashMap<String, catalog::CatalogHandle> = HashMap::new();
     for p in &config.pipelines {
         if !catalogs.contains_key(&p.sink.catalog) {
-            let c = sink::open_catalog(&p.sink.catalog, &config.catalogs[&p.sink.catalog]).await?;
+            let c =
+                catalog::open_catalog(&p.sink.catalog, &config.catalogs[&p.sink.catalog]).await?;
             catalogs.insert(p.sink.catalog.clone(), c);
         }
     }

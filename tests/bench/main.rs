@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use floe::sink::{CatalogConfig, TableSink, open_catalog};
+use floe::catalog::{CatalogConfig, open_catalog};
+use floe::sink::TableSink;
 use floe_tests::{Broker, Message, Workspace, free_port, metric_value, scrape_metrics};
 use iceberg::{Catalog, TableIdent};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -192,75 +193,92 @@ fn read_only(
     })
 }
 
-/// (b) Decode, infer, encode to Arrow, write Parquet and commit, from memory.
+/// (b) The real pipeline in-process without Kafka: decode, infer, encode to Arrow, write
+/// Parquet and commit, fed from memory by a scripted source.
 /// With `upsert`: the same in upsert mode keyed by `id` (values repeat ids), which adds
 /// the key index, last-per-key reduction and position-delete files.
 async fn encode_limit(values: &[Vec<u8>], flush_bytes: u64, upsert: bool) -> Result<Figures> {
     let ws = Workspace::new()?;
-    let catalog = open_catalog(
-        "local",
-        &CatalogConfig::Embedded {
-            path: ws.path("catalog.db"),
-            warehouse: ws.path("warehouse"),
-        },
-    )
-    .await?;
-    let mut sink_config: floe::sink::SinkConfig = toml_sink();
-    if upsert {
-        sink_config.mode = floe::sink::Mode::Upsert;
-        sink_config.key = vec!["id".into()];
-    }
-    let key_spec = floe::sink::upsert::KeySpec::from_config(&sink_config.key);
-    let mut keys = Vec::new();
+    let d = ws.dir.path().display();
+    let mode = if upsert {
+        "mode = \"upsert\"\nkey = [\"id\"]\n"
+    } else {
+        ""
+    };
+    let config = format!(
+        r#"[catalogs.local]
+type = "embedded"
+path = "{d}/catalog.db"
+warehouse = "{d}/warehouse"
+[[pipelines]]
+name = "bench"
+[pipelines.source]
+bootstrap_servers = "unused:9092"
+group_id = "unused"
+topics = ["bench"]
+[pipelines.sink]
+catalog = "local"
+namespace = "bench"
+table = "encode"
+create_table = true
+commit_interval = "600s"
+flush_bytes = {flush_bytes}
+{mode}"#
+    );
+    let path = ws.path("floe.toml");
+    std::fs::write(&path, config)?;
+    let topic: Arc<str> = Arc::from("bench");
+    let messages: Vec<Vec<floe::record::Message>> = values
+        .chunks(4096)
+        .enumerate()
+        .map(|(c, chunk)| {
+            chunk
+                .iter()
+                .enumerate()
+                .map(|(i, v)| floe::record::Message {
+                    topic: topic.clone(),
+                    partition: 0,
+                    offset: (c * 4096 + i) as i64,
+                    timestamp_ms: Some(0),
+                    key: None,
+                    value: Some(v.clone()),
+                })
+                .collect()
+        })
+        .collect();
     let cpu0 = cpu_seconds("self")?;
     let start = Instant::now();
-    let mut sink = TableSink::open(&catalog, &sink_config, "encode", "bench", "bench").await?;
-    let topic: Arc<str> = Arc::from("bench");
-    let mut committed = floe::offsets::OffsetMap::default();
-    let mut batch = Vec::new();
-    let mut batch_bytes = 0u64;
-    let mut tracker = sink.tracker();
-    for (i, v) in values.iter().enumerate() {
-        let decoded = floe::decode::decode_json(v)?;
-        tracker.observe(&decoded)?;
-        batch_bytes += v.len() as u64;
-        let record = floe::source::KafkaRecord {
-            topic: topic.clone(),
-            partition: 0,
-            offset: i as i64,
-            timestamp_ms: Some(0),
-            key: None,
-            value: Some(v.clone()),
-        };
-        if upsert {
-            keys.push(
-                key_spec
-                    .of_record(&record, Some(&decoded))
-                    .map_err(anyhow::Error::msg)?,
-            );
-        }
-        batch.push(record);
-        if batch_bytes >= flush_bytes || i + 1 == values.len() {
-            sink.apply_schema(&tracker, &committed).await?;
-            let files = sink.write(&batch, upsert.then_some(&keys[..])).await?;
-            let mut next = committed.clone();
-            next.0.insert((topic.clone(), 0), i as i64 + 1);
-            sink.commit(files, &committed, &next).await?;
-            committed = next;
-            tracker = sink.tracker();
-            batch.clear();
-            keys.clear();
-            batch_bytes = 0;
+    let pipeline = floe_tests::scripted::ScriptedPipeline::start(&path).await?;
+    pipeline.assign("bench", &[(0, None, vec![None])]);
+    for batch in messages {
+        pipeline.push(batch);
+        // Keep a bounded backlog, like the source's channel does.
+        while pipeline.script.pending() > 8 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
+    pipeline.stop().await??;
     let seconds = start.elapsed().as_secs_f64();
     let cpu = cpu_seconds("self")? - cpu0;
-    let (rows, files, snapshots) = table_stats(&catalog.catalog, sink.ident()).await?;
+    let catalog = ws.catalog().await?;
+    let ident = TableIdent::from_strs(["bench", "encode"])?;
+    let (rows, files, snapshots) = table_stats(&catalog, &ident).await?;
     if upsert {
         // Rebuilding the key index from the table is what a restart costs.
+        let handle = open_catalog(
+            "local",
+            &CatalogConfig::Embedded {
+                path: ws.path("catalog.db"),
+                warehouse: ws.path("warehouse"),
+            },
+        )
+        .await?;
+        let mut sink_config: floe::sink::SinkConfig = toml_sink();
+        sink_config.mode = floe::sink::Mode::Upsert;
+        sink_config.key = vec!["id".into()];
         let rss0 = rss_mib();
         let started = Instant::now();
-        let reopened = TableSink::open(&catalog, &sink_config, "encode", "bench", "bench").await?;
+        let reopened = TableSink::open(&handle, &sink_config, "encode", "bench", "bench").await?;
         println!(
             "upsert index rebuild: {:.2} s, process RSS +{:.0} MiB",
             started.elapsed().as_secs_f64(),
@@ -278,7 +296,7 @@ async fn encode_limit(values: &[Vec<u8>], flush_bytes: u64, upsert: bool) -> Res
         scenario: if upsert {
             "b': the same in upsert mode (ids repeat 10x; key index + position deletes)".into()
         } else {
-            "b: JSON->Arrow->Parquet, no Kafka (in-process)".into()
+            "b: the pipeline in-process, no Kafka (scripted source)".into()
         },
         records: values.len(),
         seconds,

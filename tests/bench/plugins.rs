@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use clap::Parser;
-use floe::transform::json::JsonObject;
+use floe::record::json::JsonObject;
 use floe::transform::{
     ChainInput, Limits, OnError, PluginsConfig, TransformChain, TransformConfig, TransformEngine,
 };

@@ -22,6 +22,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::Value;
 
 pub mod rest;
+pub mod scripted;
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
@@ -268,11 +269,11 @@ path = "{d}/dead-letter.ndjson"
 
     /// Opens the embedded catalog read-side, for polling progress.
     pub async fn catalog(&self) -> Result<Arc<dyn Catalog>> {
-        let config = floe::sink::CatalogConfig::Embedded {
+        let config = floe::catalog::CatalogConfig::Embedded {
             path: self.path("catalog.db"),
             warehouse: self.path("warehouse"),
         };
-        Ok(floe::sink::open_catalog("local", &config).await?.catalog)
+        Ok(floe::catalog::open_catalog("local", &config).await?.catalog)
     }
 
     /// Rows committed to a table so far (see [`committed_rows`]).
@@ -559,8 +560,14 @@ pub struct Registry {
 impl Registry {
     /// Starts the registry; with `user` (`USER:PASSWORD`) it requires basic auth.
     pub fn start(user: Option<&str>) -> Result<Registry> {
+        Registry::start_on(0, user)
+    }
+
+    /// [`Registry::start`] on a given port (0: any free one).
+    pub fn start_on(port: u16, user: Option<&str>) -> Result<Registry> {
         let mut cmd = Command::new(tool("FLOE_PYTHON"));
         cmd.arg(repo_root().join("tests/registry/registry.py"))
+            .args(["--port", &port.to_string()])
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
         if let Some(u) = user {
@@ -656,6 +663,120 @@ impl Registry {
     }
 }
 
+/// What [`Registry::produce`] sends with `tests/registry/produce.py` (confluent-kafka's
+/// real `ProtobufSerializer`, `JSONSerializer` or `AvroSerializer`).
+pub struct Produce<'a> {
+    /// `protobuf`, `json` or `avro`.
+    pub format: &'a str,
+    /// The schema: a `.proto` file (under `proto_path`), a JSON schema or an `.avsc`.
+    pub schema: &'a Path,
+    /// Records as JSON (Protobuf: the protobuf JSON mapping).
+    pub records: &'a [Value],
+    /// Protobuf: the message type (default: the first of the file).
+    pub message: Option<&'a str>,
+    /// Protobuf: the root of the `.proto` files (default: the schema's directory).
+    pub proto_path: Option<&'a Path>,
+    /// JSON / Avro: schemas registered first and referenced, as (name, subject, file).
+    pub references: &'a [(&'a str, &'a str, &'a Path)],
+    /// The record field holding the key (a `_field` is removed from the value).
+    pub key_field: Option<&'a str>,
+    /// The key's schema (same format as the value); without it the key is UTF-8 text.
+    pub key_schema: Option<&'a Path>,
+    /// Protobuf: the key's message type.
+    pub key_message: Option<&'a str>,
+    /// Protobuf: the message bytes alone, without the Confluent header (nothing registered).
+    pub plain: bool,
+}
+
+impl Default for Produce<'_> {
+    fn default() -> Self {
+        Produce {
+            format: "",
+            schema: Path::new(""),
+            records: &[],
+            message: None,
+            proto_path: None,
+            references: &[],
+            key_field: None,
+            key_schema: None,
+            key_message: None,
+            plain: false,
+        }
+    }
+}
+
+impl Registry {
+    /// The fixture's `/_stats`: `schema_gets` per id, `version_gets` per `subject/version`.
+    pub fn stats(&self) -> Result<Value> {
+        self.get("/_stats")
+    }
+
+    /// `GET {url}{path}` as JSON, e.g. `/subjects/orders-value/versions/1`.
+    pub fn get(&self, path: &str) -> Result<Value> {
+        let out = Command::new(tool("FLOE_PYTHON"))
+            .args(["-c", "import sys, urllib.request, base64\nreq = urllib.request.Request(sys.argv[1])\nif len(sys.argv) > 2: req.add_header('Authorization', 'Basic ' + base64.b64encode(sys.argv[2].encode()).decode())\nprint(urllib.request.urlopen(req).read().decode())"])
+            .arg(format!("{}{path}", self.url))
+            .args(self.user.iter())
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "registry GET {path}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(serde_json::from_slice::<Value>(&out.stdout)?)
+    }
+
+    /// Produces records to `topic` with a real confluent-kafka serializer (see [`Produce`]).
+    pub fn produce(&self, bootstrap: &str, topic: &str, p: &Produce<'_>) -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let records_path = dir.path().join("records.ndjson");
+        let lines: Vec<String> = p.records.iter().map(Value::to_string).collect();
+        std::fs::write(&records_path, lines.join("\n"))?;
+        let mut cmd = Command::new(tool("FLOE_PYTHON"));
+        cmd.arg(repo_root().join("tests/registry/produce.py"))
+            .args(["--bootstrap", bootstrap, "--registry", &self.url])
+            .args(["--topic", topic, "--format", p.format])
+            .arg("--schema")
+            .arg(p.schema)
+            .arg("--records")
+            .arg(&records_path);
+        if let Some(u) = &self.user {
+            cmd.args(["--user", u]);
+        }
+        if let Some(m) = p.message {
+            cmd.args(["--message", m]);
+        }
+        if let Some(dir) = p.proto_path {
+            cmd.arg("--proto-path").arg(dir);
+        }
+        for (name, subject, file) in p.references {
+            cmd.arg("--ref")
+                .arg(format!("{name}={subject}={}", file.display()));
+        }
+        if let Some(f) = p.key_field {
+            cmd.args(["--key-field", f]);
+        }
+        if let Some(k) = p.key_schema {
+            cmd.arg("--key-schema").arg(k);
+        }
+        if let Some(m) = p.key_message {
+            cmd.args(["--key-message", m]);
+        }
+        if p.plain {
+            cmd.arg("--plain");
+        }
+        let out = cmd.output()?;
+        if !out.status.success() {
+            bail!(
+                "produce.py failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    }
+}
+
 impl Drop for Registry {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -696,7 +817,7 @@ pub async fn covered_messages(
     let Ok(t) = catalog.load_table(&ident).await else {
         return Ok(0);
     };
-    let offsets = floe::offsets::OffsetMap::from_table(t.metadata(), pipeline)?;
+    let offsets = floe::commit::OffsetMap::from_table(t.metadata(), pipeline)?;
     Ok(offsets.0.values().sum())
 }
 

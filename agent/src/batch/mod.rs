@@ -1,27 +1,43 @@
-//! Batch stage: buffered records -> Arrow record batches in the table's schema.
+//! Batch stage: admitted rows -> Arrow record batches, as they arrive.
 //!
-//! Payloads stay as the original JSON bytes until here and are decoded straight into
-//! Arrow by arrow-json against the table schema (with Iceberg field ids), so there is
-//! no intermediate row representation. The `_kafka_*` columns are built alongside.
-//! Uuid columns are read as their canonical text and converted to 16 bytes after
-//! (Arrow's JSON reader only reads hex into fixed-size binary).
+//! A [`RowBuffer`] per table appends every admitted row straight into Arrow column
+//! builders (walking the parsed JSON once more, no second parse). When a column appears
+//! or changes type the builders so far are sealed into a batch and new ones start; when
+//! the buffer is committed, [`conform`] brings every batch to the table schema of that
+//! commit (field ids, columns added later, widened types).
+//!
+//! The `_kafka_*` columns are built alongside; the upsert key of each row and its
+//! topic-partition are kept next to the rows.
 
-mod uuid_columns;
+mod builder;
+mod conform;
 
 use std::sync::Arc;
 
 use arrow_array::builder::{
     Int32Builder, Int64Builder, StringBuilder, TimestampMicrosecondBuilder,
 };
-use arrow_array::{ArrayRef, RecordBatch};
-use arrow_schema::{Schema as ArrowSchema, SchemaRef};
-use iceberg::spec::Schema;
+use arrow_array::{ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions};
+use arrow_schema::{Field, Schema as ArrowSchema, SchemaRef};
+use iceberg::spec::{NestedField, Schema, StructType};
 
-use crate::schema::RESERVED_COLUMNS;
-use crate::source::KafkaRecord;
+pub use builder::UTC;
+pub use conform::conform;
 
-/// Rows per Arrow batch.
+use self::builder::StructCol;
+use crate::record::columns;
+use crate::record::json::Obj;
+use crate::record::key::KeyHash;
+use crate::record::values::millis_to_micros;
+use crate::record::{PartitionMap, TopicPartition};
+use crate::schema::SchemaTracker;
+
+/// Rows per Arrow batch when writing.
 pub const BATCH_ROWS: usize = 8192;
+
+/// Memory a buffered row costs beyond its value and key bytes (metadata columns,
+/// offsets, bookkeeping), counted against `flush_bytes`.
+pub const ROW_OVERHEAD: u64 = 48;
 
 /// Errors of the batch stage.
 #[derive(Debug, thiserror::Error)]
@@ -29,205 +45,265 @@ pub enum BatchError {
     /// The table schema has no Arrow equivalent.
     #[error("cannot convert table schema to Arrow: {0}")]
     Schema(#[from] iceberg::Error),
-    /// arrow-json rejected a payload the schema stage accepted (a bug: please report).
-    #[error("cannot encode records as Arrow: {0}")]
+    /// Arrow refused the data.
+    #[error("cannot build Arrow batches: {0}")]
     Arrow(#[from] arrow_schema::ArrowError),
+    /// A value the schema stage admitted does not encode (a bug: please report).
+    #[error("internal error: an admitted value does not encode ({0}); please report this")]
+    Mismatch(String),
 }
 
-/// Turns buffered records into Arrow batches of one table schema.
-pub struct BatchEncoder {
+/// Kafka metadata of one row.
+#[derive(Debug, Clone, Copy)]
+pub struct RowMeta<'a> {
+    /// Partition.
+    pub partition: i32,
+    /// Offset.
+    pub offset: i64,
+    /// Message timestamp (ms since the epoch).
+    pub timestamp_ms: Option<i64>,
+    /// The text stored in `_kafka_key`.
+    pub key: Option<&'a str>,
+}
+
+/// Rows buffered for one table.
+pub struct RowBuffer {
+    /// The tracker version the builders were made for (`None`: no builders yet).
+    version: Option<u64>,
     schema: SchemaRef,
-    payload_schema: SchemaRef,
-    /// `payload_schema` with uuid columns as strings, when there are any.
-    read_schema: Option<SchemaRef>,
+    payload: StructCol,
+    partition: Int32Builder,
+    offset: Int64Builder,
+    timestamp: TimestampMicrosecondBuilder,
+    key: StringBuilder,
+    active_rows: usize,
+    sealed: Vec<RecordBatch>,
+    /// Per row: index into `tps`.
+    row_tps: Vec<u32>,
+    tps: Vec<TopicPartition>,
+    tp_index: PartitionMap<u32>,
+    keys: Vec<(KeyHash, bool)>,
+    bytes: u64,
 }
 
-impl BatchEncoder {
-    /// An encoder for the given table schema.
-    pub fn new(table_schema: &Schema) -> Result<BatchEncoder, BatchError> {
-        let schema = Arc::new(iceberg::arrow::schema_to_arrow_schema(table_schema)?);
-        let payload_fields: Vec<_> = schema
-            .fields()
-            .iter()
-            .filter(|f| !RESERVED_COLUMNS.contains(&f.name().as_str()))
-            .cloned()
-            .collect();
-        let payload_schema = Arc::new(ArrowSchema::new(payload_fields));
-        let read_schema = uuid_columns::read_schema(table_schema, &payload_schema);
-        Ok(BatchEncoder {
-            schema,
-            payload_schema,
-            read_schema,
+/// What a buffer holds when it is handed to the committer.
+#[derive(Debug, Default)]
+pub struct Buffered {
+    /// Batches in the buffer's own columns (see [`conform`]).
+    pub batches: Vec<RecordBatch>,
+    /// Upsert mode: the key of each row and whether the row is live (false for a
+    /// tombstone), in row order.
+    pub keys: Vec<(KeyHash, bool)>,
+    /// Rows.
+    pub rows: usize,
+    /// Bytes counted against `flush_bytes`.
+    pub bytes: u64,
+}
+
+impl Default for RowBuffer {
+    fn default() -> Self {
+        RowBuffer::new()
+    }
+}
+
+impl RowBuffer {
+    /// An empty buffer.
+    pub fn new() -> RowBuffer {
+        RowBuffer {
+            version: None,
+            schema: Arc::new(ArrowSchema::empty()),
+            payload: StructCol::new(std::iter::empty(), Default::default()),
+            partition: Int32Builder::new(),
+            offset: Int64Builder::new(),
+            timestamp: TimestampMicrosecondBuilder::new(),
+            key: StringBuilder::new(),
+            active_rows: 0,
+            sealed: Vec::new(),
+            row_tps: Vec::new(),
+            tps: Vec::new(),
+            tp_index: PartitionMap::default(),
+            keys: Vec::new(),
+            bytes: 0,
+        }
+    }
+
+    /// Rows buffered.
+    pub fn rows(&self) -> usize {
+        self.row_tps.len()
+    }
+
+    /// Bytes counted against `flush_bytes`.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Whether nothing is buffered.
+    pub fn is_empty(&self) -> bool {
+        self.row_tps.is_empty()
+    }
+
+    /// Appends one admitted row (`value` `None`: a tombstone, payload columns null) and,
+    /// in upsert mode, its key. `cost` is what the row counts against `flush_bytes`.
+    pub fn append(
+        &mut self,
+        tracker: &SchemaTracker,
+        tp: &TopicPartition,
+        meta: RowMeta<'_>,
+        value: Option<Obj<'_>>,
+        key: Option<KeyHash>,
+        cost: u64,
+    ) -> Result<(), BatchError> {
+        if self.version != Some(tracker.version()) {
+            self.rebuild(tracker)?;
+        }
+        match value {
+            Some(o) => self
+                .payload
+                .append(o)
+                .map_err(|m| BatchError::Mismatch(m.0))?,
+            None => self.payload.append_null(),
+        }
+        self.partition.append_value(meta.partition);
+        self.offset.append_value(meta.offset);
+        self.timestamp
+            .append_option(meta.timestamp_ms.and_then(millis_to_micros));
+        self.key.append_option(meta.key);
+        self.active_rows += 1;
+        let index = match self.tp_index.get(tp) {
+            Some(&i) => i,
+            None => {
+                let i = self.tps.len() as u32;
+                self.tps.push(tp.clone());
+                self.tp_index.insert(tp.clone(), i);
+                i
+            }
+        };
+        self.row_tps.push(index);
+        let live = value.is_some();
+        self.keys.extend(key.map(|k| (k, live)));
+        self.bytes += cost;
+        Ok(())
+    }
+
+    /// New builders for the tracker's current columns; rows so far become a batch.
+    fn rebuild(&mut self, tracker: &SchemaTracker) -> Result<(), BatchError> {
+        self.seal()?;
+        let payload = tracker.buffer_type();
+        self.schema = buffer_schema(&payload)?;
+        let fields = self.schema.fields().iter().skip(4).cloned().collect();
+        self.payload = StructCol::new(payload.fields().iter().map(|f| &*f.field_type), fields);
+        self.version = Some(tracker.version());
+        Ok(())
+    }
+
+    /// Finishes the active builders into a batch.
+    fn seal(&mut self) -> Result<(), BatchError> {
+        if self.active_rows == 0 {
+            return Ok(());
+        }
+        let rows = self.active_rows;
+        self.active_rows = 0;
+        let mut columns: Vec<ArrayRef> = vec![
+            Arc::new(self.partition.finish()),
+            Arc::new(self.offset.finish()),
+            Arc::new(self.timestamp.finish().with_timezone(UTC)),
+            Arc::new(self.key.finish()),
+        ];
+        columns.extend(self.payload.finish_columns());
+        let batch = RecordBatch::try_new_with_options(
+            self.schema.clone(),
+            columns,
+            &RecordBatchOptions::new().with_row_count(Some(rows)),
+        )?;
+        self.sealed.push(batch);
+        Ok(())
+    }
+
+    /// Takes everything buffered; the buffer is empty afterwards (builders are kept).
+    pub fn take(&mut self) -> Result<Buffered, BatchError> {
+        self.seal()?;
+        let rows = self.row_tps.len();
+        self.row_tps.clear();
+        self.tps.clear();
+        self.tp_index.clear();
+        Ok(Buffered {
+            batches: std::mem::take(&mut self.sealed),
+            keys: std::mem::take(&mut self.keys),
+            rows,
+            bytes: std::mem::replace(&mut self.bytes, 0),
         })
     }
 
-    /// The full Arrow schema, `_kafka_*` columns included.
-    pub fn schema(&self) -> &SchemaRef {
-        &self.schema
-    }
-
-    /// Encodes records (at most [`BATCH_ROWS`] at a time) into one batch.
-    /// A record with no value (a tombstone) becomes a row whose payload columns are null.
-    pub fn encode(&self, records: &[KafkaRecord]) -> Result<RecordBatch, BatchError> {
-        let rows: Vec<&KafkaRecord> = records.iter().collect();
-        self.encode_rows(&rows, None)
-    }
-
-    /// Like [`Self::encode`], for borrowed records, with the `_op` column's values
-    /// (upsert tables; null when `ops` is `None`).
-    pub fn encode_rows(
-        &self,
-        records: &[&KafkaRecord],
-        ops: Option<&[&str]>,
-    ) -> Result<RecordBatch, BatchError> {
-        let read_schema = self.read_schema.as_ref().unwrap_or(&self.payload_schema);
-        let mut decoder = arrow_json::ReaderBuilder::new(read_schema.clone())
-            .with_batch_size(records.len().max(1))
-            .build_decoder()?;
-        for r in records {
-            let bytes: &[u8] = r.value.as_deref().unwrap_or(b"{}");
-            let mut rest = bytes;
-            while !rest.is_empty() {
-                let n = decoder.decode(rest)?;
-                if n == 0 {
-                    break;
-                }
-                rest = &rest[n..];
+    /// Drops the rows of the partitions `keep` says no to (revoked partitions), keeping
+    /// the others in order.
+    pub fn retain(&mut self, keep: impl Fn(&TopicPartition) -> bool) -> Result<(), BatchError> {
+        let keep_tp: Vec<bool> = self.tps.iter().map(&keep).collect();
+        if keep_tp.iter().all(|k| *k) {
+            return Ok(());
+        }
+        self.seal()?;
+        let mask: Vec<bool> = self.row_tps.iter().map(|&i| keep_tp[i as usize]).collect();
+        let total = mask.len().max(1) as u64;
+        let kept_rows = mask.iter().filter(|k| **k).count() as u64;
+        let mut at = 0;
+        let mut batches = Vec::with_capacity(self.sealed.len());
+        for batch in self.sealed.drain(..) {
+            let n = batch.num_rows();
+            let filter = BooleanArray::from(mask[at..at + n].to_vec());
+            at += n;
+            let kept = arrow_select::filter::filter_record_batch(&batch, &filter)?;
+            if kept.num_rows() > 0 {
+                batches.push(kept);
             }
-            // A separator guarantees one value per record even for odd inputs like `1{}`.
-            decoder.decode(b"\n")?;
         }
-        let payload = match decoder.flush()? {
-            Some(b) if self.read_schema.is_some() => {
-                uuid_columns::convert(b, &self.payload_schema)?
-            }
-            Some(b) => b,
-            None => RecordBatch::new_empty(self.payload_schema.clone()),
-        };
-        if payload.num_rows() != records.len() {
-            return Err(BatchError::Arrow(arrow_schema::ArrowError::JsonError(
-                format!(
-                    "decoded {} rows from {} records",
-                    payload.num_rows(),
-                    records.len()
-                ),
-            )));
+        self.sealed = batches;
+        if !self.keys.is_empty() {
+            let keys = std::mem::take(&mut self.keys);
+            self.keys = keys
+                .into_iter()
+                .zip(&mask)
+                .filter_map(|(k, m)| m.then_some(k))
+                .collect();
         }
-
-        let mut partition = Int32Builder::with_capacity(records.len());
-        let mut offset = Int64Builder::with_capacity(records.len());
-        let mut timestamp = TimestampMicrosecondBuilder::with_capacity(records.len());
-        let mut key = StringBuilder::with_capacity(records.len(), records.len() * 16);
-        let mut op = StringBuilder::with_capacity(records.len(), records.len() * 6);
-        for (i, r) in records.iter().enumerate() {
-            op.append_option(ops.map(|o| o[i]));
-            partition.append_value(r.partition);
-            offset.append_value(r.offset);
-            timestamp.append_option(r.timestamp_ms.map(|ms| ms * 1000));
-            // Keys were checked to be UTF-8 before buffering.
-            key.append_option(
-                r.key
-                    .as_deref()
-                    .map(|k| std::str::from_utf8(k).unwrap_or_default()),
-            );
-        }
-        // In RESERVED_COLUMNS order.
-        let mut meta: [Option<ArrayRef>; 5] = [
-            Some(Arc::new(partition.finish())),
-            Some(Arc::new(offset.finish())),
-            Some(Arc::new(timestamp.finish().with_timezone("+00:00"))),
-            Some(Arc::new(key.finish())),
-            Some(Arc::new(op.finish())),
-        ];
-        let mut payload_columns = payload.columns().iter();
-        let columns = self
-            .schema
-            .fields()
+        self.row_tps = self
+            .row_tps
             .iter()
-            .map(
-                |f| match RESERVED_COLUMNS.iter().position(|c| c == f.name()) {
-                    Some(i) => meta[i].take().expect("each metadata column once"),
-                    None => payload_columns.next().expect("payload column").clone(),
-                },
-            )
+            .zip(&mask)
+            .filter_map(|(i, m)| m.then_some(*i))
             .collect();
-        Ok(RecordBatch::try_new(self.schema.clone(), columns)?)
+        self.bytes = self.bytes * kept_rows / total;
+        Ok(())
     }
+}
+
+/// The Arrow schema rows are buffered in: the `_kafka_*` columns, then the payload.
+fn buffer_schema(payload: &StructType) -> Result<SchemaRef, BatchError> {
+    let mut next = 0;
+    let mut id = || {
+        next += 1;
+        next
+    };
+    let mut fields = columns::kafka_fields(&mut id);
+    for f in payload.fields() {
+        fields.push(Arc::new(NestedField::optional(
+            id(),
+            f.name.clone(),
+            crate::schema::renumber(&f.field_type, &mut id),
+        )));
+    }
+    let schema = Schema::builder().with_fields(fields).build()?;
+    Ok(Arc::new(iceberg::arrow::schema_to_arrow_schema(&schema)?))
+}
+
+/// The Arrow schema a table version is written with (field ids in the metadata).
+pub fn table_arrow_schema(schema: &Schema) -> Result<SchemaRef, BatchError> {
+    Ok(Arc::new(iceberg::arrow::schema_to_arrow_schema(schema)?))
+}
+
+/// A field of an Arrow schema by name (for callers that fill computed columns).
+pub fn arrow_field(schema: &SchemaRef, name: &str) -> Option<Field> {
+    schema.field_with_name(name).ok().cloned()
 }
 
 #[cfg(test)]
-mod tests {
-    use arrow_array::cast::AsArray;
-    use arrow_array::types::{Float64Type, Int64Type, TimestampMicrosecondType};
-
-    use super::*;
-    use crate::schema::SchemaTracker;
-
-    fn rec(offset: i64, value: Option<&str>) -> KafkaRecord {
-        KafkaRecord {
-            topic: Arc::from("t"),
-            partition: 1,
-            offset,
-            timestamp_ms: Some(1_700_000_000_000),
-            key: Some(b"k1".to_vec()),
-            value: value.map(|v| v.as_bytes().to_vec()),
-        }
-    }
-
-    #[test]
-    fn encodes_payload_and_metadata_columns() {
-        let values = [
-            r#"{"id": 1, "amount": 2, "at": "2024-01-02T03:04:05.123456Z", "tags": ["a"], "user": {"name": "x"}}"#,
-            r#"{"id": 2, "amount": 2.5}"#,
-        ];
-        let mut tracker = SchemaTracker::new();
-        for v in values {
-            tracker
-                .observe(&crate::decode::decode_json(v.as_bytes()).unwrap())
-                .unwrap();
-        }
-        let schema = tracker.new_table_schema().unwrap();
-        let enc = BatchEncoder::new(&schema).unwrap();
-        let records = vec![
-            rec(10, Some(values[0])),
-            rec(11, Some(values[1])),
-            rec(12, None),
-        ];
-        let batch = enc.encode(&records).unwrap();
-        assert_eq!(batch.num_rows(), 3);
-        let col = |n: &str| batch.column_by_name(n).unwrap().clone();
-        assert_eq!(
-            col("_kafka_offset").as_primitive::<Int64Type>().values(),
-            &[10, 11, 12]
-        );
-        assert_eq!(col("id").as_primitive::<Int64Type>().value(1), 2);
-        assert!(col("id").is_null(2), "tombstone row has null payload");
-        assert_eq!(col("amount").as_primitive::<Float64Type>().value(0), 2.0);
-        assert_eq!(
-            col("at")
-                .as_primitive::<TimestampMicrosecondType>()
-                .value(0),
-            1_704_164_645_123_456
-        );
-        assert_eq!(
-            col("_kafka_timestamp")
-                .as_primitive::<TimestampMicrosecondType>()
-                .value(0),
-            1_700_000_000_000_000
-        );
-        assert_eq!(col("_kafka_key").as_string::<i32>().value(0), "k1");
-        assert_eq!(
-            col("user")
-                .as_struct()
-                .column(0)
-                .as_string::<i32>()
-                .value(0),
-            "x"
-        );
-        let field = batch.schema().field_with_name("id").unwrap().clone();
-        assert!(
-            field.metadata().contains_key("PARQUET:field_id"),
-            "field ids travel with the schema"
-        );
-    }
-}
+pub(crate) mod tests;

@@ -11,10 +11,11 @@ use std::path::Path;
 
 use serde::de::DeserializeOwned;
 
+use crate::catalog::CatalogConfig;
 use crate::dead_letter::DeadLetterConfig;
 use crate::decode::DecodeConfig;
 use crate::schema::SchemaConfig;
-use crate::sink::{CatalogConfig, SinkConfig};
+use crate::sink::SinkConfig;
 use crate::source::SourceConfig;
 use crate::telemetry::MetricsConfig;
 use crate::transform::{PluginsConfig, TransformConfig};

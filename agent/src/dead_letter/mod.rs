@@ -16,7 +16,7 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use serde::Deserialize;
 
-use crate::source::{KafkaRecord, PartitionMap, TopicPartition};
+use crate::record::{Message, PartitionMap, TopicPartition};
 
 /// `[pipelines.dead_letter]`.
 #[derive(Debug, Clone, Deserialize)]
@@ -116,7 +116,7 @@ impl DeadLetterWriter {
     /// Records one rejected message. Returns false if the file already had it.
     pub fn write(
         &mut self,
-        record: &KafkaRecord,
+        record: &Message,
         stage: &str,
         reason: &str,
     ) -> Result<bool, DeadLetterError> {
@@ -210,8 +210,8 @@ fn index_existing(path: &Path, pipeline: &str) -> std::io::Result<HashSet<(Topic
 mod tests {
     use super::*;
 
-    fn rec(offset: i64, value: &[u8]) -> KafkaRecord {
-        KafkaRecord {
+    fn rec(offset: i64, value: &[u8]) -> Message {
+        Message {
             topic: Arc::from("t"),
             partition: 2,
             offset,

@@ -1,11 +1,13 @@
-//! Schema stage: infers an Iceberg schema from decoded records and evolves it.
+//! Schema stage: infers an Iceberg schema from decoded records, evolves it, and admits,
+//! rejects or fails each row.
 //!
 //! A [`SchemaTracker`] starts from the table's current schema (those columns are
 //! *locked*: their type can no longer change) and learns from every record:
 //! new fields become new optional columns, also inside structs and list elements.
 //! Before a column is first committed its type may still widen
 //! (long -> double, timestamp -> string); after that a value of another type is a
-//! [`Conflict`] and the record goes to the dead-letter path instead of corrupting the column.
+//! [`Conflict`] and the record follows the pipeline's `on_incompatible` policy instead of
+//! corrupting the column.
 //!
 //! JSON -> Iceberg: integer -> long, number with fraction -> double, bool -> boolean,
 //! ISO-8601 string with offset -> timestamptz, without offset -> timestamp,
@@ -14,20 +16,29 @@
 //! (or becomes a string after `null_as_string_after` records).
 //!
 //! Declared types win over guessing: an Avro writer schema ([`SchemaTracker::declare`]
-//! and the hints of [`SchemaTracker::observe_with`]) and per-field overrides from the
+//! and the hints of [`SchemaTracker::observe_json`]) and per-field overrides from the
 //! config give the exact Iceberg type, and such a column never widens by inference.
 //! A declared widening of a committed column (int -> long, float -> double, decimal
 //! precision increase) is kept for [`SchemaTracker::evolved_schema`], and from then on
 //! values are checked against the wider type: the sink commits the widened schema in
 //! the same snapshot as the data written with it. The full rules are in `docs/types.md`.
+//!
+//! Records read through [`crate::record::json`]: the tracker walks the parsed tape, never
+//! a tree of allocated values. Limits (`max_depth`, `max_columns`) and Iceberg's rule
+//! that full column names are unique (`{"host": {"name": 1}, "host.name": 2}`) are
+//! checked per record, so one hostile record is rejected alone instead of failing a
+//! whole commit.
 
-pub mod avro;
+mod admit;
+mod check;
 mod evolve;
+mod layout;
 pub mod options;
 mod values;
 
+pub use self::admit::{Admission, Admitted, TableSchema};
 pub use self::options::{OnIncompatible, SchemaConfig, SchemaOptions};
-pub use self::values::type_accepts;
+pub use self::values::{accepts, type_accepts};
 
 use self::evolve::{widening, widest};
 
@@ -37,19 +48,10 @@ use iceberg::spec::{
     ListType, MapType, NestedField, NestedFieldRef, PrimitiveType, Schema, StructType, Type,
 };
 use indexmap::IndexMap;
-use serde_json::{Map, Value};
 
-use crate::decode::json_kind;
-
-/// Columns the agent adds to rows; payload fields with these names are ignored.
-/// `_op` (insert / update) exists in upsert tables only.
-pub const RESERVED_COLUMNS: [&str; 5] = [
-    "_kafka_partition",
-    "_kafka_offset",
-    "_kafka_timestamp",
-    "_kafka_key",
-    "_op",
-];
+use crate::record::columns::{self, RESERVED as RESERVED_COLUMNS};
+use crate::record::json::{JsonObject, Obj, Value};
+use crate::record::values::timestamp_shape;
 
 /// A value whose type does not fit the column it belongs to.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -63,7 +65,42 @@ pub struct Conflict {
     pub value: String,
 }
 
-/// Errors of the schema stage other than per-record conflicts.
+/// Why the schema stage refuses a record.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Rejection {
+    /// A value does not fit its column.
+    #[error(transparent)]
+    Conflict(#[from] Conflict),
+    /// The record nests deeper than `max_depth`.
+    #[error("field `{path}` is nested {depth} levels deep; the limit is max_depth = {max}")]
+    TooDeep {
+        /// Dotted path of the field that crossed the limit.
+        path: String,
+        /// Its depth.
+        depth: usize,
+        /// The configured limit.
+        max: usize,
+    },
+    /// The record would take the table past `max_columns`.
+    #[error(
+        "the record would add {adding} columns to the {have} the table has; the limit is max_columns = {max}"
+    )]
+    TooManyColumns {
+        /// Columns the record would add.
+        adding: usize,
+        /// Columns known.
+        have: usize,
+        /// The configured limit.
+        max: usize,
+    },
+    /// Two fields would have the same full column name in Iceberg.
+    #[error(
+        "field `{0}` collides with another column of the same full name (Iceberg joins nested names with '.')"
+    )]
+    NameCollision(String),
+}
+
+/// Errors of the schema stage other than per-record rejections.
 #[derive(Debug, thiserror::Error)]
 pub enum SchemaError {
     /// Building an Iceberg schema failed.
@@ -129,12 +166,23 @@ pub struct Addition {
 }
 
 /// Learns the payload schema of a stream of records.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct SchemaTracker {
     root: IndexMap<String, Node>,
     options: Arc<SchemaOptions>,
     /// Declared schemas already merged (by address of the shared declaration).
     declared_seen: Vec<usize>,
+    /// Bumped whenever a column appears or changes type (the batch stage rebuilds its
+    /// builders when it sees a new version).
+    version: u64,
+    /// Full column names and the column count, cached per `version`.
+    names: layout::NameCache,
+}
+
+impl PartialEq for SchemaTracker {
+    fn eq(&self, other: &Self) -> bool {
+        self.root == other.root && self.options == other.options
+    }
 }
 
 impl SchemaTracker {
@@ -144,6 +192,8 @@ impl SchemaTracker {
             root: IndexMap::new(),
             options: Arc::default(),
             declared_seen: Vec::new(),
+            version: 0,
+            names: layout::NameCache::default(),
         }
     }
 
@@ -158,8 +208,7 @@ impl SchemaTracker {
             .collect();
         SchemaTracker {
             root,
-            options: Arc::default(),
-            declared_seen: Vec::new(),
+            ..SchemaTracker::new()
         }
     }
 
@@ -174,30 +223,51 @@ impl SchemaTracker {
         self
     }
 
-    /// Checks a record against the known columns and, if it fits, learns its new fields.
-    /// A record that conflicts leaves the tracker unchanged.
-    pub fn observe(&mut self, record: &Map<String, Value>) -> Result<(), Conflict> {
-        self.observe_with(record, None)
+    /// Changes whenever a column appears or changes type.
+    pub fn version(&self) -> u64 {
+        self.version
     }
 
-    /// [`observe`](Self::observe) with declared types as hints: a new field whose value
-    /// fits its declared type (e.g. from the Avro writer schema) gets that type instead of
-    /// an inferred one, and a hint that safely widens a column (int -> long, float ->
-    /// double, decimal precision increase) widens it for [`evolved_schema`](Self::evolved_schema)
-    /// when the field has a value.
-    pub fn observe_with(
+    /// Checks a record against the known columns and, if it fits, learns its new fields.
+    /// A record that is rejected leaves the tracker unchanged.
+    pub fn observe_json(
         &mut self,
-        record: &Map<String, Value>,
+        record: Obj<'_>,
         hints: Option<&StructType>,
-    ) -> Result<(), Conflict> {
-        let mut path = String::new();
-        check_object(&self.root, record, hints, &mut path, &self.options)?;
+    ) -> Result<(), Rejection> {
+        let fresh = check::check_record(&self.root, record, hints, &self.options)?;
+        if !fresh.is_empty() {
+            self.names.refresh(&self.root, self.version);
+            fresh.admissible(&self.names, &self.options)?;
+        }
         let mut ctx = Ctx {
             options: &self.options,
             path: String::new(),
+            changed: false,
         };
         merge_object(&mut self.root, record, hints, &mut ctx);
+        if ctx.changed {
+            self.version += 1;
+        }
         Ok(())
+    }
+
+    /// [`observe_json`](Self::observe_json) for a `serde_json` map (tests and tools).
+    pub fn observe(
+        &mut self,
+        record: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<(), Rejection> {
+        self.observe_with(record, None)
+    }
+
+    /// [`observe_json`](Self::observe_json) with hints, for a `serde_json` map.
+    pub fn observe_with(
+        &mut self,
+        record: &serde_json::Map<String, serde_json::Value>,
+        hints: Option<&StructType>,
+    ) -> Result<(), Rejection> {
+        let o = JsonObject::from_map(record);
+        self.observe_json(o.view().root(), hints)
     }
 
     /// Merges a declared record schema once (later calls with the same `Arc` are free):
@@ -212,11 +282,12 @@ impl SchemaTracker {
         }
         self.declared_seen.push(key);
         evolve::declare_fields(&mut self.root, columns);
+        self.version += 1;
     }
 
     /// Rewrites values that conflict with a string column into their JSON text (the
-    /// `coerce` policy). Returns whether anything was rewritten.
-    pub fn coerce(&self, record: &mut Map<String, Value>) -> bool {
+    /// `coerce` policy). Returns the rewritten record, or `None` if nothing needed it.
+    pub fn coerce(&self, record: Obj<'_>) -> Option<JsonObject> {
         values::coerce_object(&self.root, record)
     }
 
@@ -227,6 +298,28 @@ impl SchemaTracker {
         out
     }
 
+    /// Marks every known column as committed: called when the buffered rows are handed
+    /// to the committer, so later rows are checked against the types that commit
+    /// writes. Pending declared widenings take effect.
+    pub fn lock_all(&mut self) {
+        fn lock(node: &mut Node) {
+            if node.kind.is_none() {
+                return;
+            }
+            node.locked = true;
+            if let Some(w) = node.widen.take() {
+                node.kind = Some(Kind::Other(w));
+            }
+            match &mut node.kind {
+                Some(Kind::Struct(children)) => children.values_mut().for_each(lock),
+                Some(Kind::List(element)) => lock(element),
+                _ => {}
+            }
+        }
+        self.root.values_mut().for_each(lock);
+        self.version += 1;
+    }
+
     /// The full table schema for a new table: the `_kafka_*` columns, then every payload column.
     pub fn new_table_schema(&self) -> Result<Schema, SchemaError> {
         let mut next_id = 0;
@@ -234,28 +327,7 @@ impl SchemaTracker {
             next_id += 1;
             next_id
         };
-        let mut fields: Vec<NestedFieldRef> = vec![
-            Arc::new(NestedField::required(
-                id(),
-                "_kafka_partition",
-                Type::Primitive(PrimitiveType::Int),
-            )),
-            Arc::new(NestedField::required(
-                id(),
-                "_kafka_offset",
-                Type::Primitive(PrimitiveType::Long),
-            )),
-            Arc::new(NestedField::optional(
-                id(),
-                "_kafka_timestamp",
-                Type::Primitive(PrimitiveType::Timestamptz),
-            )),
-            Arc::new(NestedField::optional(
-                id(),
-                "_kafka_key",
-                Type::Primitive(PrimitiveType::String),
-            )),
-        ];
+        let mut fields: Vec<NestedFieldRef> = columns::kafka_fields(&mut id);
         for a in self.additions() {
             fields.push(Arc::new(NestedField::optional(
                 id(),
@@ -264,6 +336,14 @@ impl SchemaTracker {
             )));
         }
         Ok(Schema::builder().with_fields(fields).build()?)
+    }
+
+    /// The payload columns rows are buffered in: every known column with its current
+    /// type, except that a timestamp column whose type may still change is buffered as
+    /// its text (converted when the buffer is written, so nothing is lost if it turns
+    /// into a string column).
+    pub fn buffer_type(&self) -> StructType {
+        layout::buffer_type(&self.root)
     }
 }
 
@@ -304,12 +384,12 @@ impl Node {
     }
 
     /// A new field: its override or fitting hint if any, else inferred from the value.
-    fn create(v: &Value, hint: Option<&Type>, ctx: &mut Ctx<'_>) -> Node {
+    fn create(v: Value<'_>, hint: Option<&Type>, ctx: &mut Ctx<'_>) -> Node {
         let declared = ctx
             .options
             .overrides
             .get(&ctx.path)
-            .or(hint.filter(|t| type_accepts(t, v)));
+            .or(hint.filter(|t| accepts(t, v)));
         let mut node = match declared {
             Some(t) => Node::from_type(t, false),
             None => Node::unknown(),
@@ -318,13 +398,13 @@ impl Node {
         node
     }
 
-    fn infer(v: &Value, hint: Option<&Type>, ctx: &mut Ctx<'_>) -> Option<Kind> {
+    fn infer(v: Value<'_>, hint: Option<&Type>, ctx: &mut Ctx<'_>) -> Option<Kind> {
         match v {
             Value::Null => None,
             Value::Bool(_) => Some(Kind::Boolean),
             Value::Number(n) if n.is_i64() => Some(Kind::Long),
             Value::Number(_) => Some(Kind::Double),
-            Value::String(s) => Some(string_kind(s, ctx.options)),
+            Value::String(s) => Some(string_kind(&s.get(), ctx.options)),
             Value::Object(m) => {
                 let mut fields = IndexMap::new();
                 merge_object(&mut fields, m, struct_hint(hint), ctx);
@@ -333,7 +413,7 @@ impl Node {
             Value::Array(items) => {
                 let mut element = Node::unknown();
                 let element_hint = list_hint(hint);
-                for item in items {
+                for item in items.iter() {
                     merge_value(&mut element, item, element_hint, ctx);
                 }
                 Some(Kind::List(Box::new(element)))
@@ -393,71 +473,6 @@ fn string_kind(s: &str, options: &SchemaOptions) -> Kind {
     }
 }
 
-/// `Some(true)` for an ISO-8601 date-time with an offset, `Some(false)` without one,
-/// `None` for anything else. Strict on purpose: dates alone or free text stay strings.
-pub fn timestamp_shape(s: &str) -> Option<bool> {
-    let b = s.as_bytes();
-    let digits =
-        |r: std::ops::Range<usize>| b.get(r).is_some_and(|x| x.iter().all(u8::is_ascii_digit));
-    let shape = b.len() >= 19
-        && digits(0..4)
-        && b[4] == b'-'
-        && digits(5..7)
-        && b[7] == b'-'
-        && digits(8..10)
-        && (b[10] == b'T' || b[10] == b' ')
-        && digits(11..13)
-        && b[13] == b':'
-        && digits(14..16)
-        && b[16] == b':'
-        && digits(17..19);
-    if !shape {
-        return None;
-    }
-    let mut rest = &s[19..];
-    if let Some(frac) = rest.strip_prefix('.') {
-        let n = frac.bytes().take_while(u8::is_ascii_digit).count();
-        if n == 0 || n > 9 {
-            return None;
-        }
-        rest = &frac[n..];
-    }
-    let with_offset = match rest {
-        "" => false,
-        "Z" | "z" => true,
-        _ => {
-            let o = rest.as_bytes();
-            let sign = o[0] == b'+' || o[0] == b'-';
-            let hhmm = o.len() == 6
-                && o[3] == b':'
-                && o[1..3].iter().chain(&o[4..6]).all(u8::is_ascii_digit);
-            let compact = o.len() == 5 && o[1..].iter().all(u8::is_ascii_digit);
-            if !(sign && (hhmm || compact)) {
-                return None;
-            }
-            true
-        }
-    };
-    // The shape is right; make sure the values are a real date and time. The fields are
-    // read directly: a chrono format string would be parsed again for every value.
-    let num = |r: std::ops::Range<usize>| s[r].parse::<u32>().unwrap_or(u32::MAX);
-    let date = chrono::NaiveDate::from_ymd_opt(num(0..4) as i32, num(5..7), num(8..10));
-    let time = chrono::NaiveTime::from_hms_opt(num(11..13), num(14..16), num(17..19));
-    let offset_ok = match rest.len() {
-        6 => {
-            rest[1..3].parse::<u32>().is_ok_and(|h| h < 24)
-                && rest[4..6].parse::<u32>().is_ok_and(|m| m < 60)
-        }
-        5 => {
-            rest[1..3].parse::<u32>().is_ok_and(|h| h < 24)
-                && rest[3..5].parse::<u32>().is_ok_and(|m| m < 60)
-        }
-        _ => true,
-    };
-    let parsed = date.is_some() && time.is_some() && offset_ok;
-    parsed.then_some(with_offset)
-}
-
 fn describe(kind: &Kind) -> String {
     match kind {
         Kind::Boolean => "boolean".into(),
@@ -493,11 +508,12 @@ pub fn type_name(t: &Type) -> String {
     }
 }
 
-fn value_desc(v: &Value) -> String {
+/// A short description of a value for conflict messages.
+fn value_desc(v: Value<'_>) -> String {
     match v {
-        Value::String(s) if s.len() <= 40 => format!("string {s:?}"),
-        Value::Number(n) => format!("{} {n}", json_kind(v)),
-        other => json_kind(other).to_string(),
+        Value::String(s) if s.raw().len() <= 40 => format!("string {:?}", s.get()),
+        Value::Number(n) => format!("{} {}", v.kind_name(), n.text()),
+        other => other.kind_name().to_string(),
     }
 }
 
@@ -506,6 +522,8 @@ struct Ctx<'a> {
     options: &'a SchemaOptions,
     /// Dotted path of the field being merged (for overrides).
     path: String,
+    /// Whether a column appeared or changed type.
+    changed: bool,
 }
 
 fn struct_hint(hint: Option<&Type>) -> Option<&StructType> {
@@ -531,160 +549,28 @@ fn push_path(path: &mut String, name: &str) -> usize {
     len
 }
 
-fn check_object(
-    fields: &IndexMap<String, Node>,
-    record: &Map<String, Value>,
-    hints: Option<&StructType>,
-    path: &mut String,
-    options: &SchemaOptions,
-) -> Result<(), Conflict> {
-    for (name, value) in record {
-        if path.is_empty() && RESERVED_COLUMNS.contains(&name.as_str()) {
-            continue;
-        }
-        let hint = hints
-            .and_then(|h| h.field_by_name(name))
-            .map(|f| &*f.field_type);
-        let len = push_path(path, name);
-        match fields.get(name) {
-            Some(node) => check_value(node, value, hint, path, options)?,
-            None => check_fresh(value, path, options)?,
-        }
-        path.truncate(len);
-    }
-    Ok(())
-}
-
-/// Checks a value of a field that has no type yet: it must fit its override, and the
-/// elements of each array must agree with each other.
-fn check_fresh(v: &Value, path: &mut String, options: &SchemaOptions) -> Result<(), Conflict> {
-    if let Some(t) = options.overrides.get(path.as_str()) {
-        return if type_accepts(t, v) {
-            Ok(())
-        } else {
-            Err(Conflict {
-                path: path.clone(),
-                column: type_name(t),
-                value: value_desc(v),
-            })
-        };
-    }
-    match v {
-        Value::Object(m) => {
-            for (name, child) in m {
-                let len = push_path(path, name);
-                check_fresh(child, path, options)?;
-                path.truncate(len);
-            }
-            Ok(())
-        }
-        Value::Array(items) => check_items(&Node::unknown(), items, None, path, options),
-        _ => Ok(()),
-    }
-}
-
-/// Checks the items of one array against its element node *and* each other: the
-/// element type is learnt item by item on a copy, so `[false, 0]` is a conflict.
-fn check_items(
-    element: &Node,
-    items: &[Value],
-    hint: Option<&Type>,
-    path: &mut String,
-    options: &SchemaOptions,
-) -> Result<(), Conflict> {
-    // One item cannot disagree with a sibling; a committed primitive element cannot learn.
-    let settled = items.len() <= 1
-        || (element.locked
-            && !matches!(
-                element.kind,
-                None | Some(Kind::Struct(_)) | Some(Kind::List(_))
-            ));
-    if settled {
-        for item in items {
-            check_value(element, item, hint, path, options)?;
-        }
-        return Ok(());
-    }
-    let mut learnt = element.clone();
-    let mut ctx = Ctx {
-        options,
-        path: path.clone(),
-    };
-    for item in items {
-        check_value(&learnt, item, hint, path, options)?;
-        merge_value(&mut learnt, item, hint, &mut ctx);
-    }
-    Ok(())
-}
-
-fn check_value(
-    node: &Node,
-    v: &Value,
-    hint: Option<&Type>,
-    path: &mut String,
-    options: &SchemaOptions,
-) -> Result<(), Conflict> {
-    if v.is_null() {
-        return Ok(());
-    }
-    let Some(kind) = &node.kind else {
-        return check_fresh(v, path, options);
-    };
-    let fixed = node.fixed();
-    // A declared widening is committed with the data that needs it: the value only has
-    // to fit the wider type.
-    let wide = match kind {
-        Kind::Other(t) => widest(node.widen.clone(), hint.and_then(|h| widening(t, h))),
-        _ => None,
-    };
-    let ok = match (kind, v) {
-        (Kind::Boolean, Value::Bool(_)) => true,
-        (Kind::Long, Value::Number(n)) => n.is_i64() || (!fixed && n.is_f64()),
-        (Kind::Double, Value::Number(n)) => n.is_i64() || n.is_f64(),
-        (Kind::Double, Value::String(_)) if fixed => type_accepts(&prim(PrimitiveType::Double), v),
-        (Kind::String, Value::String(_)) => true,
-        (Kind::Timestamptz, Value::String(s)) => !fixed || timestamp_shape(s) == Some(true),
-        (Kind::Timestamp, Value::String(s)) => !fixed || timestamp_shape(s) == Some(false),
-        (Kind::Struct(fields), Value::Object(m)) => {
-            return check_object(fields, m, struct_hint(hint), path, options);
-        }
-        (Kind::List(element), Value::Array(items)) => {
-            return check_items(element, items, list_hint(hint), path, options);
-        }
-        (Kind::Other(t), v) => type_accepts(wide.as_ref().unwrap_or(t), v),
-        _ => false,
-    };
-    if ok {
-        Ok(())
-    } else {
-        Err(Conflict {
-            path: path.clone(),
-            column: wide.as_ref().map_or_else(|| describe(kind), type_name),
-            value: value_desc(v),
-        })
-    }
-}
-
 fn prim(p: PrimitiveType) -> Type {
     Type::Primitive(p)
 }
 
 fn merge_object(
     fields: &mut IndexMap<String, Node>,
-    record: &Map<String, Value>,
+    record: Obj<'_>,
     hints: Option<&StructType>,
     ctx: &mut Ctx<'_>,
 ) {
-    for (name, value) in record {
+    for (key, value) in record.iter() {
+        let name = key.get();
         let hint = hints
-            .and_then(|h| h.field_by_name(name))
+            .and_then(|h| h.field_by_name(&name))
             .map(|f| &*f.field_type);
-        let len = push_path(&mut ctx.path, name);
-        match fields.get_mut(name) {
+        let len = push_path(&mut ctx.path, &name);
+        match fields.get_mut(name.as_ref()) {
             Some(node) => merge_value(node, value, hint, ctx),
             None => {
                 let node = Node::create(value, hint, ctx);
-                fields.insert(name.clone(), node);
+                ctx.changed |= node.is_known();
+                fields.insert(name.into_owned(), node);
             }
         }
         ctx.path.truncate(len);
@@ -692,7 +578,7 @@ fn merge_object(
 }
 
 /// Widens `node` so that it holds `v` (the value was checked before).
-fn merge_value(node: &mut Node, v: &Value, hint: Option<&Type>, ctx: &mut Ctx<'_>) {
+fn merge_value(node: &mut Node, v: Value<'_>, hint: Option<&Type>, ctx: &mut Ctx<'_>) {
     if v.is_null() {
         if node.kind.is_none() {
             node.nulls += 1;
@@ -702,6 +588,7 @@ fn merge_value(node: &mut Node, v: &Value, hint: Option<&Type>, ctx: &mut Ctx<'_
                 .is_some_and(|n| node.nulls >= n)
             {
                 node.kind = Some(Kind::String);
+                ctx.changed = true;
             }
         }
         return;
@@ -709,35 +596,43 @@ fn merge_value(node: &mut Node, v: &Value, hint: Option<&Type>, ctx: &mut Ctx<'_
     let fixed = node.fixed();
     let Some(kind) = &mut node.kind else {
         node.kind = Node::infer(v, hint, ctx);
+        ctx.changed |= node.is_known();
         return;
     };
     match (kind, v) {
         (Kind::Struct(fields), Value::Object(m)) => merge_object(fields, m, struct_hint(hint), ctx),
         (Kind::List(element), Value::Array(items)) => {
             let element_hint = list_hint(hint);
-            for item in items {
+            for item in items.iter() {
                 merge_value(element, item, element_hint, ctx);
             }
         }
-        (k @ Kind::Long, Value::Number(n)) if n.is_f64() && !fixed => *k = Kind::Double,
+        (k @ Kind::Long, Value::Number(n)) if !n.is_i64() && !fixed => {
+            *k = Kind::Double;
+            ctx.changed = true;
+        }
         // A hint (the writer schema seen through plugins) that safely widens the column
         // widens it like a declaration, also for values the column could hold: a double
         // stored in a float column would lose precision.
         (Kind::Other(t), v) => {
             if let Some(wide) = hint.and_then(|h| widening(t, h))
-                && type_accepts(&wide, v)
+                && accepts(&wide, v)
             {
                 if node.locked {
+                    let before = node.widen.clone();
                     node.widen = widest(node.widen.take(), Some(wide));
+                    ctx.changed |= node.widen != before;
                 } else {
                     *t = wide;
+                    ctx.changed = true;
                 }
             }
         }
         (k @ (Kind::Timestamptz | Kind::Timestamp), Value::String(s)) if !fixed => {
-            let seen = string_kind(s, ctx.options);
+            let seen = string_kind(&s.get(), ctx.options);
             if seen != *k {
                 *k = Kind::String;
+                ctx.changed = true;
             }
         }
         _ => {}

@@ -25,10 +25,29 @@ pub struct SchemaConfig {
     /// decimal(P,S), date, time, timestamp, timestamptz, string, uuid, binary, fixed[N].
     #[serde(default)]
     pub overrides: BTreeMap<String, String>,
+    /// Records nested deeper than this go to the dead letters (default 20, at most 32:
+    /// deeper columns would make the table's metadata unreadable for many readers).
+    #[serde(default = "default_max_depth")]
+    pub max_depth: usize,
+    /// A record that would take the table past this many columns (nested ones
+    /// included) goes to the dead letters (default 2000).
+    #[serde(default = "default_max_columns")]
+    pub max_columns: usize,
 }
 
 fn yes() -> bool {
     true
+}
+
+/// The deepest nesting `max_depth` may allow.
+pub const MAX_DEPTH_LIMIT: usize = 32;
+
+fn default_max_depth() -> usize {
+    20
+}
+
+fn default_max_columns() -> usize {
+    2000
 }
 
 impl Default for SchemaConfig {
@@ -38,6 +57,8 @@ impl Default for SchemaConfig {
             null_as_string_after: None,
             on_incompatible: OnIncompatible::default(),
             overrides: BTreeMap::new(),
+            max_depth: default_max_depth(),
+            max_columns: default_max_columns(),
         }
     }
 }
@@ -64,6 +85,15 @@ impl SchemaConfig {
                 out.push((format!("overrides.{path}"), e));
             }
         }
+        if !(1..=MAX_DEPTH_LIMIT).contains(&self.max_depth) {
+            out.push((
+                "max_depth".into(),
+                format!("must be between 1 and {MAX_DEPTH_LIMIT}"),
+            ));
+        }
+        if self.max_columns == 0 {
+            out.push(("max_columns".into(), "must be at least 1".into()));
+        }
         if self.null_as_string_after == Some(0) {
             out.push((
                 "null_as_string_after".into(),
@@ -78,6 +108,8 @@ impl SchemaConfig {
         SchemaOptions {
             detect_timestamps: self.detect_timestamps,
             null_as_string_after: self.null_as_string_after,
+            max_depth: self.max_depth,
+            max_columns: self.max_columns,
             overrides: self
                 .overrides
                 .iter()
@@ -94,6 +126,10 @@ pub struct SchemaOptions {
     pub detect_timestamps: bool,
     /// See [`SchemaConfig::null_as_string_after`].
     pub null_as_string_after: Option<u64>,
+    /// See [`SchemaConfig::max_depth`].
+    pub max_depth: usize,
+    /// See [`SchemaConfig::max_columns`].
+    pub max_columns: usize,
     /// Forced types by dotted path.
     pub overrides: HashMap<String, Type>,
 }

@@ -2,8 +2,16 @@ use serde_json::json;
 
 use super::*;
 
-fn obj(v: serde_json::Value) -> Map<String, Value> {
+fn obj(v: serde_json::Value) -> serde_json::Map<String, serde_json::Value> {
     v.as_object().unwrap().clone()
+}
+
+/// The type conflict of a rejection (panics on other rejections: a test helper).
+fn conflict(r: Rejection) -> Conflict {
+    match r {
+        Rejection::Conflict(c) => c,
+        other => panic!("expected a type conflict, got {other}"),
+    }
 }
 
 fn learn(records: &[serde_json::Value]) -> SchemaTracker {
@@ -90,9 +98,11 @@ fn widens_before_commit_only() {
         e.to_string(),
         "field `a`: column is long, value is number with fraction 1.5"
     );
-    let e = locked
-        .observe(&obj(json!({"s": {"x": "yes"}})))
-        .unwrap_err();
+    let e = conflict(
+        locked
+            .observe(&obj(json!({"s": {"x": "yes"}})))
+            .unwrap_err(),
+    );
     assert_eq!(e.path, "s.x");
     assert_eq!(
         locked,
@@ -273,16 +283,20 @@ fn evolved_schema_keeps_ids_and_identifier_fields_and_widens() {
             .is_ok()
     );
     // A value that does not fit even the wider type still conflicts, naming that type.
-    let e = tracker
-        .observe(&obj(json!({"price": "12345678901.12"})))
-        .unwrap_err();
+    let e = conflict(
+        tracker
+            .observe(&obj(json!({"price": "12345678901.12"})))
+            .unwrap_err(),
+    );
     assert_eq!(
         (e.path.as_str(), e.column.as_str()),
         ("price", "decimal(12, 2)")
     );
-    let e = tracker
-        .observe(&obj(json!({"price": "1.125"})))
-        .unwrap_err();
+    let e = conflict(
+        tracker
+            .observe(&obj(json!({"price": "1.125"})))
+            .unwrap_err(),
+    );
     assert_eq!(e.column, "decimal(12, 2)", "the scale does not change");
     let next = tracker.evolved_schema(&table, 10).unwrap().unwrap();
     assert_eq!(next.schema_id(), 4);
@@ -328,7 +342,7 @@ fn declared_types_do_not_widen_by_inference() {
         t.observe(&obj(json!({"at": "2024-01-01T00:00:00Z"})))
             .is_ok()
     );
-    let e = t.observe(&obj(json!({"at": "yesterday"}))).unwrap_err();
+    let e = conflict(t.observe(&obj(json!({"at": "yesterday"}))).unwrap_err());
     assert_eq!(
         e.column, "timestamptz",
         "a declared column does not turn into a string"

@@ -1,17 +1,19 @@
 //! Which JSON values a column of a given Iceberg type can hold, and the `coerce` rewrite.
 //!
-//! The checks match what the Arrow JSON reader of the batch stage accepts for each type,
-//! so a record that passes never fails later in the batch stage.
+//! The checks use the parsers of [`crate::record::values`], the same the batch stage
+//! encodes with, so a record that passes never fails later in the batch stage.
 
-use chrono::{NaiveDate, NaiveTime};
 use iceberg::spec::{PrimitiveType, Type};
 use indexmap::IndexMap;
-use serde_json::{Map, Value};
 
-use super::{Kind, Node, timestamp_shape};
+use super::{Kind, Node};
+use crate::record::json::{JsonObject, JsonWriter, Obj, Value};
+use crate::record::values::{
+    parse_date, parse_decimal, parse_hex, parse_time, parse_timestamp, parse_uuid, special_float,
+};
 
 /// Whether `v` can be stored in a column of type `t` (null always can).
-pub fn type_accepts(t: &Type, v: &Value) -> bool {
+pub fn accepts(t: &Type, v: Value<'_>) -> bool {
     use PrimitiveType as P;
     if v.is_null() {
         return true;
@@ -22,95 +24,124 @@ pub fn type_accepts(t: &Type, v: &Value) -> bool {
             (P::Int, Value::Number(n)) => n.as_i64().is_some_and(|i| i32::try_from(i).is_ok()),
             (P::Long, Value::Number(n)) => n.is_i64(),
             // A float column holds what an f32 can: beyond that it would read as infinity.
-            (P::Float, Value::Number(n)) => n.as_f64().is_some_and(|f| f.abs() <= f32::MAX.into()),
-            (P::Double, Value::Number(_)) => true,
-            (P::Float | P::Double, Value::String(s)) => {
-                matches!(s.as_str(), "NaN" | "inf" | "-inf")
-            }
+            (P::Float, Value::Number(n)) => n.as_f64().abs() <= f64::from(f32::MAX),
+            (P::Double, Value::Number(n)) => n.as_f64().is_finite(),
+            (P::Float | P::Double, Value::String(s)) => special_float(s.raw()).is_some(),
             (P::Decimal { precision, scale }, Value::Number(n)) => {
-                decimal_fits(&n.to_string(), *precision, *scale)
+                parse_decimal(n.text(), *precision, *scale).is_some()
             }
             (P::Decimal { precision, scale }, Value::String(s)) => {
-                decimal_fits(s, *precision, *scale)
+                parse_decimal(&s.get(), *precision, *scale).is_some()
             }
             (P::String, Value::String(_)) => true,
-            (P::Date, Value::String(s)) => NaiveDate::parse_from_str(s, "%Y-%m-%d").is_ok(),
-            (P::Time, Value::String(s)) => NaiveTime::parse_from_str(s, "%H:%M:%S%.f").is_ok(),
-            (P::Timestamp, Value::String(s)) => timestamp_shape(s) == Some(false),
-            (P::Timestamptz, Value::String(s)) => timestamp_shape(s) == Some(true),
-            (P::Uuid, Value::String(s)) => s.len() == 36 && uuid::Uuid::try_parse(s).is_ok(),
-            (P::Binary, Value::String(s)) => is_hex(s),
-            (P::Fixed(n), Value::String(s)) => is_hex(s) && s.len() as u64 == 2 * n,
+            (P::Date, Value::String(s)) => parse_date(&s.get()).is_some(),
+            (P::Time, Value::String(s)) => parse_time(&s.get()).is_some(),
+            (P::Timestamp | P::TimestampNs, Value::String(s)) => {
+                parse_timestamp(&s.get(), false).is_some()
+            }
+            (P::Timestamptz | P::TimestamptzNs, Value::String(s)) => {
+                parse_timestamp(&s.get(), true).is_some()
+            }
+            (P::Uuid, Value::String(s)) => parse_uuid(&s.get()).is_some(),
+            (P::Binary, Value::String(s)) => parse_hex(s.raw()).is_some(),
+            (P::Fixed(n), Value::String(s)) => {
+                s.raw().len() as u64 == 2 * n && parse_hex(s.raw()).is_some()
+            }
             _ => false,
         },
         (Type::Struct(st), Value::Object(m)) => m.iter().all(|(k, v)| {
-            st.field_by_name(k)
-                .is_none_or(|f| type_accepts(&f.field_type, v))
+            st.field_by_name(&k.get())
+                .is_none_or(|f| accepts(&f.field_type, v))
         }),
         (Type::List(l), Value::Array(items)) => items
             .iter()
-            .all(|i| !i.is_null() && type_accepts(&l.element_field.field_type, i)),
+            .all(|i| !i.is_null() && accepts(&l.element_field.field_type, i)),
         (Type::Map(m), Value::Object(entries)) => entries
-            .values()
-            .all(|v| type_accepts(&m.value_field.field_type, v)),
+            .iter()
+            .all(|(_, v)| accepts(&m.value_field.field_type, v)),
         _ => false,
     }
 }
 
-fn is_hex(s: &str) -> bool {
-    s.len().is_multiple_of(2) && s.bytes().all(|b| b.is_ascii_hexdigit())
+/// [`accepts`] for a `serde_json` value (tests and tools).
+pub fn type_accepts(t: &Type, v: &serde_json::Value) -> bool {
+    let mut map = serde_json::Map::new();
+    map.insert("v".into(), v.clone());
+    let o = JsonObject::from_map(&map);
+    let root = o.view().root();
+    accepts(t, root.get("v").unwrap_or(Value::Null))
 }
 
-/// A plain decimal (`-12.50`, no exponent) with at most `precision - scale` integer
-/// digits and at most `scale` fraction digits.
-fn decimal_fits(s: &str, precision: u32, scale: u32) -> bool {
-    let digits = s.strip_prefix('-').unwrap_or(s);
-    let (int, frac) = digits.split_once('.').unwrap_or((digits, ""));
-    let all_digits = |x: &str| x.bytes().all(|b| b.is_ascii_digit());
-    let int = int.trim_start_matches('0');
-    !digits.is_empty()
-        && all_digits(int)
-        && all_digits(frac)
-        && frac.len() as u32 <= scale
-        && int.len() as u32 <= precision - scale
-}
-
-/// Rewrites values that do not fit a string column into their JSON text.
+/// Rewrites values that do not fit a string column into their JSON text; `None` when
+/// nothing needed rewriting.
 pub(super) fn coerce_object(
     fields: &IndexMap<String, Node>,
-    record: &mut Map<String, Value>,
-) -> bool {
-    let mut changed = false;
-    for (name, value) in record.iter_mut() {
-        if let Some(node) = fields.get(name) {
-            changed |= coerce_value(node, value);
-        }
+    record: Obj<'_>,
+) -> Option<JsonObject> {
+    if !object_needs(fields, record) {
+        return None;
     }
-    changed
+    let mut w = JsonWriter::with_capacity(record.raw().len() + 16);
+    write_object(&mut w, fields, record);
+    Some(w.finish())
 }
 
-fn coerce_value(node: &Node, v: &mut Value) -> bool {
-    match (&node.kind, &mut *v) {
-        (_, Value::Null) => false,
-        (Some(Kind::String), Value::String(_)) => false,
-        (Some(Kind::String), other) => {
-            *v = Value::String(other.to_string());
-            true
-        }
-        (Some(Kind::Other(Type::Primitive(PrimitiveType::String))), other)
-            if !other.is_string() =>
-        {
-            *v = Value::String(other.to_string());
-            true
-        }
-        (Some(Kind::Struct(fields)), Value::Object(m)) => coerce_object(fields, m),
+fn is_string_column(node: &Node) -> bool {
+    matches!(
+        node.kind,
+        Some(Kind::String) | Some(Kind::Other(Type::Primitive(PrimitiveType::String)))
+    )
+}
+
+fn object_needs(fields: &IndexMap<String, Node>, record: Obj<'_>) -> bool {
+    record.iter().any(|(k, v)| {
+        fields
+            .get(k.get().as_ref())
+            .is_some_and(|node| value_needs(node, v))
+    })
+}
+
+fn value_needs(node: &Node, v: Value<'_>) -> bool {
+    match (&node.kind, v) {
+        (_, Value::Null) | (_, Value::String(_)) => false,
+        _ if is_string_column(node) => true,
+        (Some(Kind::Struct(fields)), Value::Object(m)) => object_needs(fields, m),
         (Some(Kind::List(element)), Value::Array(items)) => {
-            let mut changed = false;
-            for item in items {
-                changed |= coerce_value(element, item);
-            }
-            changed
+            items.iter().any(|i| value_needs(element, i))
         }
         _ => false,
+    }
+}
+
+fn write_object(w: &mut JsonWriter, fields: &IndexMap<String, Node>, record: Obj<'_>) {
+    w.begin_object();
+    for (k, v) in record.iter() {
+        let name = k.get();
+        w.key(&name);
+        match fields.get(name.as_ref()) {
+            Some(node) => write_value(w, node, v),
+            None => w.value(v),
+        }
+    }
+    w.end_object();
+}
+
+fn write_value(w: &mut JsonWriter, node: &Node, v: Value<'_>) {
+    match (&node.kind, v) {
+        (_, Value::Null) | (_, Value::String(_)) => w.value(v),
+        // The compact JSON text of the value, as a string.
+        _ if is_string_column(node) => {
+            let text = serde_json::to_string(&v.to_serde()).expect("JSON values serialize");
+            w.string(&text);
+        }
+        (Some(Kind::Struct(fields)), Value::Object(m)) => write_object(w, fields, m),
+        (Some(Kind::List(element)), Value::Array(items)) => {
+            w.begin_array();
+            for item in items.iter() {
+                write_value(w, element, item);
+            }
+            w.end_array();
+        }
+        _ => w.value(v),
     }
 }

@@ -1,23 +1,18 @@
-//! Sink stage: Parquet data files and Iceberg commits.
+//! Sink stage: the table writer. Parquet data files (and, in upsert mode, position
+//! deletes) for one table, handed to [`crate::commit`] as one snapshot.
 //!
-//! - `catalog`: opens the configured catalog (embedded SQLite + local warehouse, or REST).
-//! - `rest`: the Iceberg REST catalog client (OAuth2, vended credentials, S3).
 //! - `table`: loads or creates the target table, evolves its schema, writes Parquet files
 //!   and commits them as one snapshot that carries the Kafka offsets.
-//! - `commit`: our own snapshot commit (data and delete files) with the exactly-once
-//!   check redone at every attempt.
+//! - `upsert`: one row per key: key index, last-per-key reduction, position deletes.
 
-mod catalog;
-pub mod commit;
-pub mod rest;
 mod table;
 pub mod upsert;
+mod writer;
 
 use std::time::Duration;
 
 use serde::Deserialize;
 
-pub use catalog::{CatalogConfig, CatalogHandle, open_catalog};
 pub use table::{CommitOutcome, Staged, TableSink};
 
 /// `[pipelines.sink]`: target table and commit policy.
@@ -163,24 +158,6 @@ impl SinkConfig {
 /// Errors of the sink stage.
 #[derive(Debug, thiserror::Error)]
 pub enum SinkError {
-    /// The catalog could not be opened or did not answer.
-    #[error("catalog {catalog:?} is unreachable ({detail}): {source}")]
-    Unreachable {
-        /// Catalog name from the config.
-        catalog: String,
-        /// Where we tried to reach it.
-        detail: String,
-        /// The cause.
-        source: Box<iceberg::Error>,
-    },
-    /// A REST catalog could not be opened (no answer, credential refused, wrong URI).
-    #[error("catalog {catalog:?}: {source}")]
-    Rest {
-        /// Catalog name from the config.
-        catalog: String,
-        /// The cause.
-        source: rest::RestError,
-    },
     /// The target table does not exist and `create_table` is off.
     #[error("table {0} does not exist; create it or set `create_table = true`")]
     MissingTable(String),
@@ -189,7 +166,7 @@ pub enum SinkError {
     Fenced(String),
     /// Stored offsets could not be read.
     #[error(transparent)]
-    Offsets(#[from] crate::offsets::OffsetsError),
+    Offsets(#[from] crate::commit::OffsetsError),
     /// The records could not be turned into Arrow batches.
     #[error(transparent)]
     Batch(#[from] crate::batch::BatchError),
@@ -211,10 +188,29 @@ pub enum SinkError {
     Upsert(#[from] upsert::UpsertError),
     /// A snapshot commit failed (after retries where they could help).
     #[error(transparent)]
-    Commit(Box<commit::CommitFailure>),
-    /// Local I/O (creating warehouse directories).
-    #[error("{0}")]
-    Io(String),
+    Commit(Box<crate::commit::CommitFailure>),
+    /// Something that cannot happen did (a bug: please report).
+    #[error("internal error: {0}; please report this")]
+    Internal(String),
+}
+
+impl crate::error::Classify for SinkError {
+    fn class(&self) -> crate::error::ErrorClass {
+        use crate::error::ErrorClass::*;
+        match self {
+            SinkError::Iceberg { source, .. } => crate::error::iceberg_class(source),
+            SinkError::Commit(failure) => failure.class(),
+            SinkError::Upsert(upsert::UpsertError::Iceberg(e)) => crate::error::iceberg_class(e),
+            SinkError::Upsert(upsert::UpsertError::Parquet(_)) => Transient,
+            SinkError::Fenced(_) => Transient,
+            SinkError::MissingTable(_)
+            | SinkError::Offsets(_)
+            | SinkError::Batch(_)
+            | SinkError::Schema(_)
+            | SinkError::Upsert(_)
+            | SinkError::Internal(_) => Fatal,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,28 +1,22 @@
 //! The target table: load or create, evolve the schema, write Parquet, commit.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
-use iceberg::spec::{DataFile, DataFileFormat, FormatVersion};
+use arrow_array::{ArrayRef, BooleanArray, RecordBatch, StringArray};
+use iceberg::spec::{DataFile, FormatVersion, Schema};
 use iceberg::table::Table;
-use iceberg::writer::base_writer::data_file_writer::DataFileWriterBuilder;
-use iceberg::writer::file_writer::ParquetWriterBuilder;
-use iceberg::writer::file_writer::location_generator::{
-    DefaultFileNameGenerator, DefaultLocationGenerator,
-};
-use iceberg::writer::file_writer::rolling_writer::RollingFileWriterBuilder;
-use iceberg::writer::{IcebergWriter, IcebergWriterBuilder};
-use iceberg::{ErrorKind, NamespaceIdent, TableCreation, TableIdent};
-use parquet::basic::{Compression, ZstdLevel};
-use parquet::file::properties::WriterProperties;
+use iceberg::{NamespaceIdent, TableCreation, TableIdent};
 use uuid::Uuid;
 
-use super::commit::{self, CommitFailure, CommitOptions, Fence, StagedSnapshot};
-use super::upsert::{self, KeyHash, KeyIndex, KeySpec, Plan};
-use super::{CatalogHandle, Mode, SinkConfig, SinkError};
-use crate::batch::{BATCH_ROWS, BatchEncoder};
-use crate::offsets::{COMMIT_KEY, OFFSETS_KEY, OffsetMap, PIPELINE_KEY, WRITER_KEY};
+use super::upsert::{self, KeyHash, KeyIndex, KeySpec, OP_COLUMN, Plan};
+use super::{Mode, SinkConfig, SinkError, writer};
+use crate::batch::{self, Buffered};
+use crate::catalog::CatalogHandle;
+use crate::commit::{self, CommitFailure, CommitOptions, Fence, StagedSnapshot};
+use crate::commit::{COMMIT_KEY, OffsetMap, PIPELINE_KEY, WRITER_KEY};
+use crate::record::PartitionMap;
 use crate::schema::SchemaTracker;
-use crate::source::KafkaRecord;
 
 /// One pipeline's view of its target table.
 pub struct TableSink {
@@ -146,12 +140,7 @@ impl TableSink {
     pub async fn reload(&mut self) -> Result<(), SinkError> {
         self.table = match self.catalog.catalog.load_table(&self.ident).await {
             Ok(t) => Some(t),
-            Err(e)
-                if e.kind() == ErrorKind::TableNotFound
-                    || e.message().contains("No such table") =>
-            {
-                None
-            }
+            Err(e) if crate::catalog::is_not_found(&e) => None,
             Err(e) => return Err(self.err("load table", e)),
         };
         // The table may have changed under us: the upsert index is rebuilt when next needed.
@@ -160,6 +149,13 @@ impl TableSink {
         }
         self.pending_schema = None;
         Ok(())
+    }
+
+    /// The table's current schema, if it exists.
+    pub fn current_schema(&self) -> Option<Arc<Schema>> {
+        self.table
+            .as_ref()
+            .map(|t| t.metadata().current_schema().clone())
     }
 
     /// A schema tracker starting from the table's current columns.
@@ -189,7 +185,8 @@ impl TableSink {
     ) -> Result<(), SinkError> {
         let Some(table) = &self.table else {
             self.create(tracker).await?;
-            self.commit(Staged::empty(), &OffsetMap::default(), initial)
+            let expected = initial.0.keys().map(|tp| (tp.clone(), None)).collect();
+            self.commit(Staged::empty(), &expected, initial, HashMap::new())
                 .await?;
             return Ok(());
         };
@@ -255,46 +252,80 @@ impl TableSink {
         Ok(())
     }
 
-    /// Writes records as Parquet data files in the table's current schema. In upsert mode
-    /// `keys` holds each record's key: only the last record per key is written (none for
-    /// a tombstone), and the rows they replace are deleted at commit.
-    pub async fn write(
-        &mut self,
-        records: &[KafkaRecord],
-        keys: Option<&[KeyHash]>,
-    ) -> Result<Staged, SinkError> {
-        if self.upsert.is_none() {
-            let rows: Vec<&KafkaRecord> = records.iter().collect();
-            let data = self.write_rows(&rows, None).await?;
+    /// Writes buffered rows as Parquet data files in the schema the next commit sets
+    /// (or the table's current one). In upsert mode only the last row per key is written
+    /// (none for a tombstone), and the rows they replace are deleted at commit.
+    /// Encoding runs on a blocking thread, off the async workers.
+    pub async fn write(&mut self, buffered: &Buffered) -> Result<Staged, SinkError> {
+        let table = self
+            .table
+            .clone()
+            .ok_or_else(|| SinkError::MissingTable(self.ident.to_string()))?;
+        if buffered.rows == 0 {
+            return Ok(Staged::default());
+        }
+        let schema = match &self.pending_schema {
+            Some(s) => Arc::new(s.clone()),
+            None => table.metadata().current_schema().clone(),
+        };
+        let plan = match &self.upsert {
+            None => None,
+            Some(_) => {
+                self.ensure_index().await?;
+                let index = self
+                    .upsert
+                    .as_ref()
+                    .and_then(|u| u.index.as_ref())
+                    .ok_or_else(|| SinkError::MissingTable(self.ident.to_string()))?;
+                Some(Plan::new(&buffered.keys, index))
+            }
+        };
+        let prefix = self.pipeline.clone();
+        let target = self.config.target_file_size;
+        let ident = self.ident.to_string();
+        let handle = tokio::runtime::Handle::current();
+        let sealed = buffered.batches.clone();
+        let (data, plan) = tokio::task::spawn_blocking(move || {
+            let arrow = batch::table_arrow_schema(&schema)?;
+            let mut batches = Vec::with_capacity(sealed.len());
+            for b in &sealed {
+                batches.push(batch::conform(b, &arrow).map_err(batch::BatchError::from)?);
+            }
+            if let Some(plan) = &plan {
+                batches = apply_plan(batches, plan)?;
+            }
+            let data = handle
+                .block_on(writer::write_data_files(
+                    &table, schema, batches, &prefix, target,
+                ))
+                .map_err(|e| SinkError::Iceberg {
+                    operation: "write",
+                    table: ident,
+                    source: Box::new(e),
+                })?;
+            Ok::<_, SinkError>((data, plan))
+        })
+        .await
+        .map_err(|e| SinkError::Internal(format!("writer thread: {e}")))??;
+        let Some(plan) = plan else {
             return Ok(Staged {
                 data,
                 ..Staged::default()
             });
-        }
-        let keys = keys.ok_or_else(|| {
-            SinkError::Io("upsert write without keys (a bug: please report)".into())
-        })?;
-        self.ensure_index().await?;
-        let index = self
-            .upsert
-            .as_ref()
-            .and_then(|u| u.index.as_ref())
-            .ok_or_else(|| SinkError::MissingTable(self.ident.to_string()))?;
-        let plan = Plan::new(records, keys, index);
-        let data = self.write_rows(&plan.rows, Some(&plan.ops)).await?;
+        };
         // Row positions of the new rows: files hold the rows in order.
-        let mut placed = Vec::with_capacity(plan.rows.len());
+        let mut placed = Vec::with_capacity(plan.row_keys.len());
         let mut row_keys = plan.row_keys.iter();
         for file in &data {
             for pos in 0..file.record_count() {
                 let key = row_keys.next().ok_or_else(|| {
-                    SinkError::Io("data files hold more rows than written".into())
+                    SinkError::Internal("data files hold more rows than written".into())
                 })?;
                 placed.push((*key, file.file_path().to_string(), pos));
             }
         }
         if row_keys.next().is_some() {
-            return Err(SinkError::Io(
+            return Err(SinkError::Internal(
                 "data files hold fewer rows than written".into(),
             ));
         }
@@ -305,71 +336,24 @@ impl TableSink {
         })
     }
 
-    async fn write_rows(
-        &self,
-        rows: &[&KafkaRecord],
-        ops: Option<&[&str]>,
-    ) -> Result<Vec<DataFile>, SinkError> {
-        let table = self
-            .table
-            .as_ref()
-            .ok_or_else(|| SinkError::MissingTable(self.ident.to_string()))?;
-        if rows.is_empty() {
-            return Ok(Vec::new());
-        }
-        let schema = match &self.pending_schema {
-            Some(s) => std::sync::Arc::new(s.clone()),
-            None => table.metadata().current_schema().clone(),
-        };
-        let encoder = BatchEncoder::new(&schema)?;
-        let props = WriterProperties::builder()
-            .set_compression(Compression::ZSTD(
-                ZstdLevel::try_new(1).expect("valid zstd level"),
-            ))
-            .build();
-        let location =
-            DefaultLocationGenerator::new(table.metadata()).map_err(|e| self.err("write", e))?;
-        let names = DefaultFileNameGenerator::new(
-            format!("{}-{}", self.pipeline, Uuid::now_v7()),
-            None,
-            DataFileFormat::Parquet,
-        );
-        let rolling = RollingFileWriterBuilder::new(
-            ParquetWriterBuilder::new(props, schema),
-            self.config.target_file_size as usize,
-            table.file_io().clone(),
-            location,
-            names,
-        );
-        let mut writer = DataFileWriterBuilder::new(rolling)
-            .build(None)
-            .await
-            .map_err(|e| self.err("write", e))?;
-        for (i, chunk) in rows.chunks(BATCH_ROWS).enumerate() {
-            let ops = ops.map(|o| &o[i * BATCH_ROWS..i * BATCH_ROWS + chunk.len()]);
-            writer
-                .write(encoder.encode_rows(chunk, ops)?)
-                .await
-                .map_err(|e| self.err("write", e))?;
-        }
-        writer.close().await.map_err(|e| self.err("write", e))
-    }
-
-    /// Commits staged files (possibly none) as one snapshot carrying `offsets`, if the
-    /// table still stores `expected` for this pipeline. In upsert mode the position
-    /// deletes are computed here, against the exact parent the snapshot commits on.
+    /// Commits staged files (possibly none) as one snapshot that moves this pipeline's
+    /// offsets to `offsets`, if the table still stores `expected` for each partition the
+    /// commit covers (the offsets of other partitions are carried forward as found).
+    /// `extra` adds summary properties. In upsert mode the position deletes are computed
+    /// here, against the exact parent the snapshot commits on.
     pub async fn commit(
         &mut self,
         staged: Staged,
-        expected: &OffsetMap,
+        expected: &PartitionMap<Option<i64>>,
         offsets: &OffsetMap,
+        extra: HashMap<String, String>,
     ) -> Result<CommitOutcome, SinkError> {
-        let props = HashMap::from([
-            (OFFSETS_KEY.to_string(), offsets.to_summary_value()),
+        let mut props = HashMap::from([
             (PIPELINE_KEY.to_string(), self.pipeline.clone()),
             (WRITER_KEY.to_string(), self.writer_id.clone()),
             (COMMIT_KEY.to_string(), Uuid::now_v7().to_string()),
         ]);
+        props.extend(extra);
         let fence = Fence {
             pipeline: self.pipeline.clone(),
             expected: expected.clone(),
@@ -393,6 +377,7 @@ impl TableSink {
             .map_err(|e| self.err("write manifests", e))?;
             let options = CommitOptions {
                 properties: &props,
+                offsets,
                 new_schema: self.pending_schema.as_ref(),
                 fence: &fence,
                 exact_parent: self.upsert.is_some(),
@@ -472,4 +457,30 @@ impl TableSink {
             source: Box::new(source),
         }
     }
+}
+
+/// Keeps the rows the upsert plan writes and fills their `_op` column.
+fn apply_plan(batches: Vec<RecordBatch>, plan: &Plan) -> Result<Vec<RecordBatch>, SinkError> {
+    let arrow_err = |e: arrow_schema::ArrowError| SinkError::Batch(batch::BatchError::from(e));
+    let mut out = Vec::with_capacity(batches.len());
+    let mut at = 0;
+    let mut ops = plan.ops.iter();
+    for b in batches {
+        let n = b.num_rows();
+        let keep = BooleanArray::from(plan.keep[at..at + n].to_vec());
+        at += n;
+        let kept = arrow_select::filter::filter_record_batch(&b, &keep).map_err(arrow_err)?;
+        let schema = kept.schema();
+        let Ok(op_index) = schema.index_of(OP_COLUMN) else {
+            out.push(kept);
+            continue;
+        };
+        let op: ArrayRef = Arc::new(StringArray::from_iter_values(
+            ops.by_ref().take(kept.num_rows()).copied(),
+        ));
+        let mut columns = kept.columns().to_vec();
+        columns[op_index] = op;
+        out.push(RecordBatch::try_new(schema, columns).map_err(arrow_err)?);
+    }
+    Ok(out)
 }

@@ -1,25 +1,26 @@
 //! Source stage: consumes Kafka topics with a consumer group (rdkafka).
 //!
-//! A dedicated thread polls a `BaseConsumer` and hands records to the pipeline in
-//! batches over a bounded channel, so the async side never blocks on librdkafka.
-//! Positions come from the Iceberg table, not from the group: on every partition
-//! assignment the consumer is pointed at the offsets stored in the table's snapshots
-//! (shared through [`Positions`]); group offsets are committed afterwards for monitoring only.
+//! The pipeline sees a source through [`Source`]: an ordered stream of
+//! [`SourceEvent`]s (records, assignments, revocations) and a way to send
+//! [`SourceCommand`]s (seek after a rewind, commit group offsets). [`KafkaSource`] is the
+//! real one; [`scripted::ScriptedSource`] drives the pipeline in-process tests.
+//!
+//! Positions come from the Iceberg table, not from the group: when a partition is
+//! assigned, the consumer is pointed at the offsets the tables store for it, read fresh
+//! through a [`PositionLookup`]; group offsets are committed afterwards, for monitoring only.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
-use std::time::Duration;
+mod kafka;
+pub mod scripted;
+
+use std::collections::BTreeMap;
 
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
-use rdkafka::message::Message;
-use rdkafka::types::RDKafkaRespErr;
-use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use serde::Deserialize;
-use tokio::sync::mpsc;
+
+pub use kafka::KafkaSource;
+
+use crate::record::{Message, PartitionMap, TopicPartition};
 
 /// Kafka source settings (`[pipelines.source]`).
 #[derive(Debug, Clone, Deserialize)]
@@ -169,6 +170,13 @@ impl SourceConfig {
             .set("isolation.level", "read_committed")
             // Statistics carry per-partition consumer lag for the metrics.
             .set("statistics.interval.ms", "5000")
+            // Partitions move between agents one by one, without stopping the group.
+            .set("partition.assignment.strategy", "cooperative-sticky")
+            // An offset below the log start (retention, DeleteRecords) resumes at the
+            // oldest record, never silently at the end.
+            .set("auto.offset.reset", "earliest")
+            // Prefetched messages are bounded: memory stays flat when the pipeline is slow.
+            .set("queued.max.messages.kbytes", "16384")
             .set(
                 "security.protocol",
                 match self.security_protocol {
@@ -217,71 +225,55 @@ pub enum SourceError {
     Stopped(String),
 }
 
-/// A topic-partition.
-pub type TopicPartition = (Arc<str>, i32);
-
-/// A map keyed by topic-partition. Looked up for every record, so it uses a fast
-/// (non-DoS-resistant) hasher; the keys come from the broker, not from message data.
-pub type PartitionMap<V> = HashMap<TopicPartition, V, foldhash::fast::RandomState>;
-
-/// Next offset to read per topic-partition, as stored in the table.
-#[derive(Debug, Default)]
-pub struct Positions(Mutex<PartitionMap<i64>>);
-
-impl Positions {
-    /// Replaces every stored position.
-    pub fn replace(&self, positions: PartitionMap<i64>) {
-        *self.0.lock().expect("positions lock") = positions;
-    }
-    /// Sets some positions, keeping the others.
-    pub fn update<'a>(&self, positions: impl IntoIterator<Item = (&'a TopicPartition, &'a i64)>) {
-        let mut map = self.0.lock().expect("positions lock");
-        for (tp, o) in positions {
-            map.insert(tp.clone(), *o);
-        }
-    }
-    fn get(&self, topic: &str, partition: i32) -> Option<i64> {
-        let map = self.0.lock().expect("positions lock");
-        map.get(&(Arc::from(topic), partition)).copied()
-    }
+/// Where each assigned partition starts: the position the consumer was set to
+/// (`None`: the configured start) and what each table stores for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assignment {
+    /// The partition.
+    pub tp: TopicPartition,
+    /// Where reading starts.
+    pub position: Option<i64>,
+    /// Per table of the pipeline (in pipeline order): the next offset it stores.
+    pub stored: Vec<Option<i64>>,
 }
 
-/// One Kafka message, with everything the dead-letter path and the metadata columns need.
-#[derive(Debug, Clone)]
-pub struct KafkaRecord {
-    /// Topic name.
-    pub topic: Arc<str>,
-    /// Partition.
-    pub partition: i32,
-    /// Offset.
-    pub offset: i64,
-    /// Message timestamp in milliseconds since the epoch, if the broker gave one.
-    pub timestamp_ms: Option<i64>,
-    /// Message key bytes.
-    pub key: Option<Vec<u8>>,
-    /// Message value bytes; `None` for a tombstone.
-    pub value: Option<Vec<u8>>,
+/// Reads where assigned partitions continue, from the tables (fresh) or, when the
+/// catalog cannot be asked in time, from the last known offsets.
+pub trait PositionLookup: Send + Sync {
+    /// Positions of `tps`, in the same order.
+    fn lookup(&self, tps: &[TopicPartition]) -> Vec<Assignment>;
 }
 
-/// What the consumer thread tells the pipeline, in order.
+/// What a source tells the pipeline, in order.
 #[derive(Debug)]
 pub enum SourceEvent {
-    /// Records polled from the assigned partitions, tagged with the seek epoch they belong to.
-    Records(u64, Vec<KafkaRecord>),
-    /// Partitions were assigned, positioned at the stored offsets.
-    Assigned(Vec<TopicPartition>),
-    /// All partitions were revoked: uncommitted records must be dropped.
-    Revoked,
+    /// Messages polled from the assigned partitions, tagged with the seek epoch they
+    /// belong to (see [`SourceCommand::Seek`]).
+    Records(u64, Vec<Message>),
+    /// Partitions were added to this consumer, positioned as given.
+    Assigned(Vec<Assignment>),
+    /// Partitions were taken away: their uncommitted records must be dropped.
+    Revoked(Vec<TopicPartition>),
+    /// The offset stored for a partition was below the log start: reading resumed at
+    /// the oldest record, `skipped` records were lost to retention.
+    Gap {
+        /// The partition.
+        tp: TopicPartition,
+        /// The stored offset.
+        expected: i64,
+        /// The first offset actually read.
+        found: i64,
+    },
     /// The consumer hit an error it cannot continue after.
     Failed(String),
 }
 
-/// What the pipeline asks of the consumer thread.
-#[derive(Debug)]
+/// What the pipeline asks of a source.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SourceCommand {
-    /// Re-position these partitions (after a fenced commit or a plugin fault); `None`
-    /// means the start position. Records polled afterwards carry the new `epoch`, so
-    /// the pipeline can ignore the ones that were already on their way.
+    /// Re-position these partitions (after a fenced commit or a rewind); `None` means
+    /// the start position. Records polled afterwards carry the new `epoch`, so the
+    /// pipeline can ignore the ones that were already on their way.
     Seek {
         /// The epoch of records read after the seek.
         epoch: u64,
@@ -292,260 +284,34 @@ pub enum SourceCommand {
     CommitGroupOffsets(Vec<(TopicPartition, i64)>),
 }
 
-struct Context {
-    pipeline: String,
-    positions: Arc<Positions>,
-    start: StartPosition,
-    events: mpsc::Sender<SourceEvent>,
+/// A source of records for one pipeline.
+pub trait Source: Send {
+    /// Events, in order.
+    fn events(&self) -> &crossbeam_channel::Receiver<SourceEvent>;
+    /// Sends a command; it is applied before later records are delivered.
+    fn command(&self, command: SourceCommand);
+    /// Stops the source and leaves the group.
+    fn shutdown(self: Box<Self>);
 }
 
-impl ClientContext for Context {
-    fn stats(&self, statistics: rdkafka::Statistics) {
-        for (topic, t) in &statistics.topics {
-            for (partition, p) in &t.partitions {
-                // librdkafka reports -1 for partitions it does not fetch (and the internal -1 partition).
-                if *partition >= 0 && p.consumer_lag >= 0 {
-                    crate::telemetry::consumer_lag(
-                        &self.pipeline,
-                        topic,
-                        *partition,
-                        p.consumer_lag,
-                    );
-                }
-            }
+/// The offset a partition continues at: the smallest next offset any table stores for
+/// it; `None` (the configured start) when a table that exists has none for it.
+pub fn resume_position(stored: &[Option<i64>], exists: &[bool]) -> Option<i64> {
+    let mut min: Option<i64> = None;
+    for (s, e) in stored.iter().zip(exists) {
+        match s {
+            Some(o) => min = Some(min.map_or(*o, |m| m.min(*o))),
+            None if *e => return None,
+            None => {}
         }
     }
+    min
 }
 
-impl ConsumerContext for Context {
-    // Assignments are positioned from the table's offsets; only safe rdkafka calls are used.
-    fn rebalance(
-        &self,
-        consumer: &BaseConsumer<Self>,
-        err: RDKafkaRespErr,
-        tpl: &mut TopicPartitionList,
-    ) {
-        match err {
-            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
-                let mut assigned = Vec::new();
-                for elem in tpl.elements() {
-                    assigned.push((Arc::<str>::from(elem.topic()), elem.partition()));
-                }
-                for (topic, partition) in &assigned {
-                    let offset = match self.positions.get(topic, *partition) {
-                        Some(o) => Offset::Offset(o),
-                        None if self.start == StartPosition::Earliest => Offset::Beginning,
-                        None => Offset::End,
-                    };
-                    if let Err(e) = tpl.set_partition_offset(topic, *partition, offset) {
-                        tracing::error!(pipeline = %self.pipeline, %topic, partition, error = %e, "cannot set start offset");
-                    }
-                }
-                tracing::info!(pipeline = %self.pipeline, partitions = assigned.len(), "partitions assigned");
-                if let Err(e) = consumer.assign(tpl) {
-                    let _ = self
-                        .events
-                        .blocking_send(SourceEvent::Failed(format!("assign failed: {e}")));
-                    return;
-                }
-                let _ = self.events.blocking_send(SourceEvent::Assigned(assigned));
-            }
-            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
-                tracing::info!(pipeline = %self.pipeline, "partitions revoked");
-                let _ = self.events.blocking_send(SourceEvent::Revoked);
-                if let Err(e) = consumer.unassign() {
-                    tracing::warn!(pipeline = %self.pipeline, error = %e, "unassign failed");
-                }
-            }
-            other => {
-                tracing::error!(pipeline = %self.pipeline, error = ?other, "rebalance error");
-                let _ = self.events.blocking_send(SourceEvent::Revoked);
-                let _ = consumer.unassign();
-            }
-        }
-    }
-}
+/// Keeps the last known offsets per partition for the lookup to fall back on.
+pub type KnownOffsets = std::sync::Mutex<PartitionMap<Vec<Option<i64>>>>;
 
-/// Handle to a running consumer thread.
-pub struct KafkaSource {
-    /// Events from the consumer, in order.
-    pub events: mpsc::Receiver<SourceEvent>,
-    commands: std::sync::mpsc::Sender<SourceCommand>,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-/// How many records one event carries at most.
-const MAX_EVENT_RECORDS: usize = 4096;
-
-impl KafkaSource {
-    /// Checks the brokers and topics, subscribes and starts the consumer thread.
-    pub fn start(
-        pipeline: &str,
-        config: &SourceConfig,
-        positions: Arc<Positions>,
-    ) -> Result<KafkaSource, SourceError> {
-        let (tx, rx) = mpsc::channel(16);
-        let context = Context {
-            pipeline: pipeline.to_string(),
-            positions,
-            start: config.start,
-            events: tx.clone(),
-        };
-        let consumer: BaseConsumer<Context> =
-            config.client_config().create_with_context(context)?;
-        let metadata = consumer
-            .fetch_metadata(None, Duration::from_secs(15))
-            .map_err(|source| SourceError::Unreachable {
-                servers: config.bootstrap_servers.clone(),
-                source,
-            })?;
-        for topic in &config.topics {
-            let found = metadata
-                .topics()
-                .iter()
-                .any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty());
-            if !found {
-                return Err(SourceError::MissingTopic(topic.clone()));
-            }
-        }
-        match &config.topic_pattern {
-            // librdkafka treats a subscription starting with '^' as a regex.
-            Some(p) => consumer.subscribe(&[&format!("^{}", p.trim_start_matches('^'))])?,
-            None => {
-                consumer.subscribe(&config.topics.iter().map(String::as_str).collect::<Vec<_>>())?
-            }
-        }
-        let (cmd_tx, cmd_rx) = std::sync::mpsc::channel();
-        let stop = Arc::new(AtomicBool::new(false));
-        let thread_stop = stop.clone();
-        let name = pipeline.to_string();
-        let start = config.start;
-        let thread = std::thread::Builder::new()
-            .name(format!("floe-source-{pipeline}"))
-            .spawn(move || poll_loop(&name, consumer, tx, cmd_rx, &thread_stop, start))
-            .map_err(|e| SourceError::Stopped(e.to_string()))?;
-        Ok(KafkaSource {
-            events: rx,
-            commands: cmd_tx,
-            stop,
-            thread: Some(thread),
-        })
-    }
-
-    /// Sends a command to the consumer thread.
-    pub fn command(&self, command: SourceCommand) {
-        let _ = self.commands.send(command);
-    }
-
-    /// Stops the consumer thread and waits for it to leave the group.
-    pub fn shutdown(mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        // Unblock the thread if it waits for channel space.
-        self.events.close();
-        while self.events.try_recv().is_ok() {}
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn poll_loop(
-    pipeline: &str,
-    consumer: BaseConsumer<Context>,
-    events: mpsc::Sender<SourceEvent>,
-    commands: std::sync::mpsc::Receiver<SourceCommand>,
-    stop: &AtomicBool,
-    start: StartPosition,
-) {
-    let mut topics: HashMap<String, Arc<str>> = HashMap::new();
-    let mut epoch = 0;
-    while !stop.load(Ordering::SeqCst) {
-        while let Ok(cmd) = commands.try_recv() {
-            run_command(pipeline, &consumer, cmd, start, &mut epoch);
-        }
-        let mut batch = Vec::new();
-        let mut timeout = Duration::from_millis(100);
-        while batch.len() < MAX_EVENT_RECORDS {
-            match consumer.poll(timeout) {
-                None => break,
-                Some(Ok(m)) => {
-                    let topic = match topics.get(m.topic()) {
-                        Some(t) => t.clone(),
-                        None => {
-                            let t: Arc<str> = Arc::from(m.topic());
-                            topics.insert(m.topic().to_string(), t.clone());
-                            t
-                        }
-                    };
-                    batch.push(KafkaRecord {
-                        topic,
-                        partition: m.partition(),
-                        offset: m.offset(),
-                        timestamp_ms: m.timestamp().to_millis(),
-                        key: m.key().map(<[u8]>::to_vec),
-                        value: m.payload().map(<[u8]>::to_vec),
-                    });
-                }
-                Some(Err(e)) => {
-                    if is_fatal(&e) {
-                        let _ = events.blocking_send(SourceEvent::Failed(e.to_string()));
-                        return;
-                    }
-                    tracing::warn!(pipeline, error = %e, "Kafka consumer error (librdkafka retries)");
-                    break;
-                }
-            }
-            timeout = Duration::ZERO;
-        }
-        if !batch.is_empty()
-            && events
-                .blocking_send(SourceEvent::Records(epoch, batch))
-                .is_err()
-        {
-            break;
-        }
-    }
-    consumer.unsubscribe();
-}
-
-fn run_command(
-    pipeline: &str,
-    consumer: &BaseConsumer<Context>,
-    cmd: SourceCommand,
-    start: StartPosition,
-    epoch: &mut u64,
-) {
-    match cmd {
-        SourceCommand::Seek {
-            epoch: new_epoch,
-            positions,
-        } => {
-            *epoch = new_epoch;
-            for ((topic, partition), offset) in positions {
-                let to = match (offset, start) {
-                    (Some(o), _) => Offset::Offset(o),
-                    (None, StartPosition::Earliest) => Offset::Beginning,
-                    (None, StartPosition::Latest) => Offset::End,
-                };
-                if let Err(e) = consumer.seek(&topic, partition, to, Duration::from_secs(10)) {
-                    tracing::warn!(pipeline, %topic, partition, ?offset, error = %e, "seek failed");
-                }
-            }
-        }
-        SourceCommand::CommitGroupOffsets(list) => {
-            let mut tpl = TopicPartitionList::new();
-            for ((topic, partition), offset) in &list {
-                let _ = tpl.add_partition_offset(topic, *partition, Offset::Offset(*offset));
-            }
-            if let Err(e) = consumer.commit(&tpl, CommitMode::Async) {
-                tracing::debug!(pipeline, error = %e, "group offset commit failed (monitoring only)");
-            }
-        }
-    }
-}
-
-fn is_fatal(e: &KafkaError) -> bool {
+pub(crate) fn is_fatal(e: &KafkaError) -> bool {
     use rdkafka::error::RDKafkaErrorCode as C;
     matches!(
         e.rdkafka_error_code(),

@@ -112,3 +112,26 @@ pub fn plugin_record_error(pipeline: &str, plugin: &str, policy: &'static str) {
 pub fn plugin_fault(pipeline: &str, plugin: &str) {
     metrics::counter!("floe_plugin_faults_total", "pipeline" => pipeline.to_string(), "plugin" => plugin.to_string()).increment(1);
 }
+
+/// A partition assignment change (`assigned`, `revoked`).
+pub fn rebalanced(pipeline: &str, kind: &'static str) {
+    metrics::counter!("floe_rebalances_total", "pipeline" => pipeline.to_string(), "kind" => kind)
+        .increment(1);
+}
+
+/// A commit refused because another writer moved the offsets of our partitions.
+pub fn fenced(pipeline: &str) {
+    metrics::counter!("floe_fences_total", "pipeline" => pipeline.to_string()).increment(1);
+}
+
+/// A transient failure retried, by stage (`commit`, `source`, ...).
+pub fn transient_retry(pipeline: &str, stage: &'static str) {
+    metrics::counter!("floe_transient_retries_total", "pipeline" => pipeline.to_string(), "stage" => stage)
+        .increment(1);
+}
+
+/// Records lost to retention before they were read.
+pub fn offset_gap(pipeline: &str, records: u64) {
+    metrics::counter!("floe_offset_gap_records_total", "pipeline" => pipeline.to_string())
+        .increment(records);
+}

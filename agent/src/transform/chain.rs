@@ -3,8 +3,9 @@
 //! Each stage gets the records the previous one produced, in calls of at most
 //! `limits.batch` records and `limits.batch_bytes` bytes (one buffer in, one buffer
 //! out per call). Answers are applied to the agent's own parsed objects: an unchanged
-//! record goes on as it is, a patch is applied with [`JsonObject::apply`], new objects
-//! are parsed once. A call that faults is split and retried on a fresh instance until
+//! record goes on as it is, a patch is applied with [`JsonObject::apply`] (a `null`
+//! parent on a `set` path becomes an object, as the SDK documents), new objects are
+//! parsed once. A call that faults is split and retried on a fresh instance until
 //! the record behind the fault is alone; that record becomes a [`RecordError`] with
 //! the fault as its message and the rest goes on.
 //!
@@ -20,11 +21,10 @@ use std::time::Instant;
 use floe_sdk::wire::{self, AnswerReader, InputWriter};
 
 use super::engine::TransformEngine;
-use super::json::{JsonObject, PatchOp};
 use super::plugin::{CallError, FaultKind, PluginInstance};
 use super::sandbox::sanitize;
 use super::{Limits, OnError, TransformConfig, TransformError};
-use crate::source::KafkaRecord;
+use crate::record::json::{JsonObject, PatchOp, Value};
 use crate::telemetry;
 
 /// Bytes of a plugin's record error message kept.
@@ -85,26 +85,6 @@ pub struct RecordError {
 pub struct ChainResult {
     /// Outputs of the last plugin.
     pub outputs: Vec<ChainOutput>,
-    /// Record errors, by plugin policy.
-    pub errors: Vec<RecordError>,
-}
-
-/// One output of [`TransformChain::run_records`]: the value as bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LegacyChainOutput {
-    /// Index of the input record it came from.
-    pub origin: usize,
-    /// JSON object bytes.
-    pub value: Vec<u8>,
-    /// Output stream; `None` is the pipeline's default table.
-    pub route: Option<String>,
-}
-
-/// What [`TransformChain::run_records`] produced.
-#[derive(Debug, Default)]
-pub struct LegacyChainResult {
-    /// Outputs of the last plugin, in input order.
-    pub outputs: Vec<LegacyChainOutput>,
     /// Record errors, by plugin policy.
     pub errors: Vec<RecordError>,
 }
@@ -301,72 +281,6 @@ impl TransformChain {
                         Some(v) => Produced::New(v),
                     },
                     route: item.route,
-                })
-                .collect(),
-            errors,
-        })
-    }
-
-    /// Runs Kafka records (all with a JSON object value) through the chain and returns
-    /// every output as bytes: the pipeline's entry point until it parses values once
-    /// and calls [`TransformChain::run`].
-    pub fn run_records(
-        &mut self,
-        records: &[&KafkaRecord],
-    ) -> Result<LegacyChainResult, TransformError> {
-        let mut parsed = Vec::with_capacity(records.len());
-        let mut index = Vec::with_capacity(records.len());
-        let mut errors = Vec::new();
-        for (i, r) in records.iter().enumerate() {
-            match JsonObject::parse(r.value.clone().unwrap_or_default()) {
-                Ok(o) => {
-                    parsed.push(o);
-                    index.push(i);
-                }
-                Err(e) => errors.push(RecordError {
-                    origin: i,
-                    plugin: self
-                        .names()
-                        .first()
-                        .map(|s| s.to_string())
-                        .unwrap_or_default(),
-                    message: format!("input is not a JSON object: {e}"),
-                    policy: OnError::DeadLetter,
-                }),
-            }
-        }
-        let inputs: Vec<ChainInput<'_>> = parsed
-            .iter()
-            .zip(&index)
-            .map(|(value, &i)| {
-                let r = records[i];
-                ChainInput {
-                    value,
-                    topic: &r.topic,
-                    partition: r.partition,
-                    offset: r.offset,
-                    timestamp_ms: r.timestamp_ms,
-                    key: r.key.as_deref(),
-                }
-            })
-            .collect();
-        let result = self.run(&inputs)?;
-        errors.extend(result.errors.into_iter().map(|e| RecordError {
-            origin: index[e.origin],
-            ..e
-        }));
-        errors.sort_by_key(|e| e.origin);
-        Ok(LegacyChainResult {
-            outputs: result
-                .outputs
-                .into_iter()
-                .map(|o| LegacyChainOutput {
-                    origin: index[o.origin],
-                    value: match o.value {
-                        Produced::Unchanged => parsed[o.origin].as_bytes().to_vec(),
-                        Produced::New(v) => v.as_bytes().to_vec(),
-                    },
-                    route: o.route,
                 })
                 .collect(),
             errors,
@@ -603,32 +517,62 @@ fn decode(
     Ok(outs)
 }
 
-/// Applies a patch to a record.
+/// Applies a patch to a record, one operation after the other.
 fn patch(value: &JsonObject, ops: wire::Ops<'_>) -> Result<JsonObject, String> {
-    let ops = ops
-        .map(|op| {
-            let (path, value) = match op {
-                wire::Op::Set { path, value } => (path, Some(value)),
-                wire::Op::Remove { path } => (path, None),
-            };
-            if path.is_empty() {
-                return Err("its patch names an empty path".to_string());
+    let mut current: Option<JsonObject> = None;
+    for op in ops {
+        let (path, new) = match op {
+            wire::Op::Set { path, value } => (path, Some(value)),
+            wire::Op::Remove { path } => (path, None),
+        };
+        if path.is_empty() {
+            return Err("its patch names an empty path".to_string());
+        }
+        let path = path
+            .map(|k| text(k, "a patch path"))
+            .collect::<Result<Vec<String>, String>>()?;
+        let base = current.as_ref().unwrap_or(value);
+        let op = match new {
+            Some(v) => through_null(base, path, v),
+            None => PatchOp::Remove { path },
+        };
+        current = Some(
+            base.apply(std::slice::from_ref(&op))
+                .map_err(|e| format!("its patch cannot be applied: {e}"))?,
+        );
+    }
+    Ok(current.unwrap_or_else(|| value.clone()))
+}
+
+/// A `set` of `value` at `path`; where a parent on the path holds `null`, the `set`
+/// of that parent to the nested objects instead (a `null` parent becomes an object).
+fn through_null(object: &JsonObject, path: Vec<String>, value: &[u8]) -> PatchOp {
+    let view = object.view();
+    let mut obj = view.root();
+    for (i, key) in path[..path.len() - 1].iter().enumerate() {
+        match obj.get(key) {
+            Some(Value::Object(inner)) => obj = inner,
+            Some(Value::Null) => {
+                let mut nested = Vec::with_capacity(value.len() + 16);
+                for k in &path[i + 1..] {
+                    nested.push(b'{');
+                    floe_sdk::json::write_str(&mut nested, k);
+                    nested.push(b':');
+                }
+                nested.extend_from_slice(value);
+                nested.extend(std::iter::repeat_n(b'}', path.len() - i - 1));
+                return PatchOp::Set {
+                    path: path[..=i].to_vec(),
+                    value: nested,
+                };
             }
-            let path = path
-                .map(|k| text(k, "a patch path"))
-                .collect::<Result<Vec<String>, String>>()?;
-            Ok(match value {
-                Some(v) => PatchOp::Set {
-                    path,
-                    value: v.to_vec(),
-                },
-                None => PatchOp::Remove { path },
-            })
-        })
-        .collect::<Result<Vec<PatchOp>, String>>()?;
-    value
-        .apply(&ops)
-        .map_err(|e| format!("its patch cannot be applied: {e}"))
+            _ => break,
+        }
+    }
+    PatchOp::Set {
+        path,
+        value: value.to_vec(),
+    }
 }
 
 #[cfg(test)]
@@ -640,6 +584,38 @@ mod tests {
         fn send<T: Send>() {}
         send::<TransformChain>();
         send::<ChainResult>();
+    }
+
+    #[test]
+    fn a_null_parent_becomes_an_object() {
+        let o = JsonObject::parse(br#"{"meta": null, "k": {"x": null}, "s": 1}"#.to_vec()).unwrap();
+        let mut ops = Vec::new();
+        wire::put_set(&mut ops, ["meta", "a", "b"].into_iter(), b"1");
+        wire::put_set(&mut ops, ["k", "x", "q\""].into_iter(), b"true");
+        wire::put_set(&mut ops, ["new", "c"].into_iter(), b"2");
+        wire::put_remove(&mut ops, ["s", "z"].into_iter());
+        let mut w = wire::AnswerWriter::new(1, 0);
+        w.patch(None, 4, &ops);
+        let answers = w.finish();
+        let mut r = AnswerReader::new(&answers).unwrap();
+        let Some(Ok(wire::Answer::Patch { ops, .. })) = r.next_answer() else {
+            panic!("a patch")
+        };
+        let patched = patch(&o, ops).unwrap();
+        assert_eq!(
+            patched.to_serde(),
+            serde_json::json!({"meta": {"a": {"b": 1}}, "k": {"x": {"q\"": true}}, "s": 1, "new": {"c": 2}})
+        );
+        let mut bad = Vec::new();
+        wire::put_set(&mut bad, ["s", "z"].into_iter(), b"1");
+        let mut w = wire::AnswerWriter::new(1, 0);
+        w.patch(None, 1, &bad);
+        let answers = w.finish();
+        let mut r = AnswerReader::new(&answers).unwrap();
+        let Some(Ok(wire::Answer::Patch { ops, .. })) = r.next_answer() else {
+            panic!("a patch")
+        };
+        assert!(patch(&o, ops).unwrap_err().contains("cannot set s.z"));
     }
 
     #[test]
@@ -689,11 +665,11 @@ mod tests {
         w.dropped();
         let outs = decode(&w.finish(), &inputs, &items, 100).unwrap();
         assert!(matches!(&outs[0], Out::Keep(Some(r)) if r == "eu"));
-        assert!(matches!(&outs[1], Out::New(v) if v[0].0.as_bytes() == br#"{"b": 2,"c":[3]}"#));
-        assert!(matches!(&outs[2], Out::Error(e) if e.contains("not a JSON object")));
         assert!(
-            matches!(&outs[3], Out::Error(e) if e.contains("cannot write `a.x`: `a` is a number"))
+            matches!(&outs[1], Out::New(v) if v[0].0.to_serde() == serde_json::json!({"b": 2, "c": [3]}))
         );
+        assert!(matches!(&outs[2], Out::Error(e) if e.contains("not a JSON object")));
+        assert!(matches!(&outs[3], Out::Error(e) if e.contains("cannot set a.x")));
         assert!(matches!(&outs[4], Out::Drop));
 
         let mut w = wire::AnswerWriter::new(4, 0);

@@ -9,7 +9,6 @@
 //! - `plugin`: one sandboxed instance of a plugin, its limits, and fault detection.
 //! - `chain`: runs a batch of records through every plugin in order, applies answers,
 //!   and isolates the record behind a fault by splitting the batch.
-//! - `json`: stand-in for the agent's parsed JSON object until `record::json` lands.
 //!
 //! The contract with plugins is `wit/transform.wit` (`floe-plugin:transform@0.2.0`):
 //! one buffer of records per batch into the plugin, one buffer of answers out; each
@@ -24,7 +23,6 @@
 
 mod chain;
 mod engine;
-pub mod json;
 mod plugin;
 mod sandbox;
 pub mod tools;
@@ -34,10 +32,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-pub use chain::{
-    ChainInput, ChainOutput, ChainResult, LegacyChainOutput, LegacyChainResult, Produced,
-    RecordError, TransformChain,
-};
+pub use chain::{ChainInput, ChainOutput, ChainResult, Produced, RecordError, TransformChain};
 pub use engine::{PluginsConfig, TransformEngine};
 pub use plugin::{Fault, FaultKind};
 

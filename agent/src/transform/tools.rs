@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 
 use super::chain::{ChainInput, Produced, TransformChain};
 use super::engine::{PluginsConfig, TransformEngine};
-use super::json::JsonObject;
 use super::{Limits, OnError, TransformConfig, TransformError};
+use crate::record::json::JsonObject;
 
 /// The floe-sdk version a new plugin depends on.
 pub const SDK_VERSION: &str = "0.2";

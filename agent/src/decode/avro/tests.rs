@@ -1,5 +1,3 @@
-use std::sync::Arc;
-
 use apache_avro::types::Value as Avro;
 use apache_avro::{Days, Decimal, Duration, Millis, Months, to_avro_datum};
 use arrow_array::cast::AsArray;
@@ -12,9 +10,8 @@ use proptest::prelude::*;
 use serde_json::json;
 
 use super::*;
-use crate::batch::BatchEncoder;
+use crate::batch::tests::encode;
 use crate::schema::{SchemaTracker, type_name};
-use crate::source::KafkaRecord;
 
 /// One field of every Avro type and logical type.
 pub(crate) const ALL_TYPES: &str = r#"{"type": "record", "name": "All", "namespace": "t", "fields": [
@@ -168,7 +165,7 @@ fn values_become_the_documented_json() {
     let schema = all_types_schema();
     let multi = Avro::Union(2, Box::new(Avro::String("x".into())));
     let bytes = to_avro_datum(&schema.schema, all_types_value(2.25, multi)).unwrap();
-    let got = Value::Object(schema.decode(&bytes).unwrap());
+    let got = schema.decode(&bytes).unwrap().to_serde();
     assert_eq!(
         got,
         json!({
@@ -185,23 +182,10 @@ fn values_become_the_documented_json() {
     );
 }
 
-fn rec(value: Vec<u8>) -> KafkaRecord {
-    KafkaRecord {
-        topic: Arc::from("t"),
-        partition: 0,
-        offset: 0,
-        timestamp_ms: None,
-        key: None,
-        value: Some(value),
-    }
-}
-
 /// The JSON representation goes through the Arrow encoder into the declared types.
 #[test]
 fn decoded_values_encode_into_the_declared_columns() {
     let schema = all_types_schema();
-    let mut tracker = SchemaTracker::new();
-    tracker.declare(&schema.columns);
     let mut rows = Vec::new();
     let values = [
         all_types_value(2.25, Avro::Union(1, Box::new(Avro::Long(9)))),
@@ -217,13 +201,11 @@ fn decoded_values_encode_into_the_declared_columns() {
         let object = schema
             .decode(&to_avro_datum(&schema.schema, v).unwrap())
             .unwrap();
-        tracker
-            .observe_with(&object, Some(&schema.columns))
-            .unwrap();
-        rows.push(rec(serde_json::to_vec(&object).unwrap()));
+        rows.push(object.to_serde().as_object().cloned());
     }
-    let table = tracker.new_table_schema().unwrap();
-    let batch = BatchEncoder::new(&table).unwrap().encode(&rows).unwrap();
+    let mut tracker = SchemaTracker::new();
+    tracker.declare(&schema.columns);
+    let batch = encode(&mut tracker, |t| t.new_table_schema().unwrap(), &rows).unwrap();
     let col = |n: &str| batch.column_by_name(n).unwrap().clone();
     assert_eq!(col("i").as_primitive::<Int32Type>().value(0), -5);
     assert_eq!(col("l").as_primitive::<Int64Type>().value(0), 1 << 40);
@@ -306,7 +288,7 @@ fn bad_bodies_are_errors() {
         Avro::Record(vec![("s".into(), Avro::String("ab".into()))]),
     )
     .unwrap();
-    assert_eq!(schema.decode(&good).unwrap()["s"], "ab");
+    assert_eq!(schema.decode(&good).unwrap().to_serde()["s"], "ab");
     let mut trailing = good.clone();
     trailing.push(0);
     assert!(

@@ -20,7 +20,7 @@ use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use super::UpsertError;
-use super::key::{KeyHash, KeySpec};
+use crate::record::key::{KeyHash, KeySpec};
 
 /// A row of a data file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

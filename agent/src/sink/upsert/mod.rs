@@ -15,7 +15,6 @@
 
 mod deletes;
 mod index;
-mod key;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,11 +22,9 @@ use std::sync::Arc;
 use foldhash::fast::RandomState;
 use iceberg::spec::{FormatVersion, NestedField, PrimitiveType, Schema, TableMetadata, Type};
 
+pub use crate::record::key::{KeyHash, KeySpec, MESSAGE_KEY};
 pub use deletes::write_position_deletes;
 pub use index::{KeyIndex, RebuildStats};
-pub use key::{KeyHash, KeySpec, MESSAGE_KEY};
-
-use crate::source::KafkaRecord;
 
 /// Name of the operation column of upsert tables (`insert` or `update`).
 pub const OP_COLUMN: &str = "_op";
@@ -58,38 +55,41 @@ pub enum UpsertError {
 }
 
 /// One commit's worth of upserts, after "last message per key wins".
-pub struct Plan<'a> {
-    /// Rows to write, in arrival order.
-    pub rows: Vec<&'a KafkaRecord>,
-    /// Their keys.
+#[derive(Debug, Default)]
+pub struct Plan {
+    /// Per buffered row: whether it is written.
+    pub keep: Vec<bool>,
+    /// The keys of the written rows, in row order.
     pub row_keys: Vec<KeyHash>,
-    /// `insert` or `update` per row.
+    /// `insert` or `update` per written row.
     pub ops: Vec<&'static str>,
     /// Every key the commit touches (written or deleted).
     pub touched: Vec<KeyHash>,
 }
 
-impl<'a> Plan<'a> {
-    /// Plans `records` (with their `keys`) against the current index.
-    pub fn new(records: &'a [KafkaRecord], keys: &[KeyHash], index: &KeyIndex) -> Plan<'a> {
+impl Plan {
+    /// Plans buffered rows with their `keys` (`live`: false for a tombstone) against
+    /// the current index.
+    pub fn new(keys: &[(KeyHash, bool)], index: &KeyIndex) -> Plan {
         let mut last: HashMap<KeyHash, usize, RandomState> =
             HashMap::with_capacity_and_hasher(keys.len(), RandomState::default());
-        for (i, k) in keys.iter().enumerate() {
+        for (i, (k, _)) in keys.iter().enumerate() {
             last.insert(*k, i);
         }
         let mut plan = Plan {
-            rows: Vec::with_capacity(last.len()),
+            keep: Vec::with_capacity(keys.len()),
             row_keys: Vec::with_capacity(last.len()),
             ops: Vec::with_capacity(last.len()),
             touched: Vec::with_capacity(last.len()),
         };
-        for (i, (record, key)) in records.iter().zip(keys).enumerate() {
-            if last.get(key) != Some(&i) {
-                continue;
+        for (i, (key, live)) in keys.iter().enumerate() {
+            let newest = last.get(key) == Some(&i);
+            if newest {
+                plan.touched.push(*key);
             }
-            plan.touched.push(*key);
-            if record.value.is_some() {
-                plan.rows.push(record);
+            let keep = newest && *live;
+            plan.keep.push(keep);
+            if keep {
                 plan.row_keys.push(*key);
                 plan.ops.push(if index.get(key).is_some() {
                     "update"
@@ -181,37 +181,20 @@ fn check_key_type(name: &str, t: &Type) -> Result<(), UpsertError> {
 mod tests {
     use super::*;
 
-    fn rec(offset: i64, value: Option<&str>) -> KafkaRecord {
-        KafkaRecord {
-            topic: Arc::from("t"),
-            partition: 0,
-            offset,
-            timestamp_ms: None,
-            key: None,
-            value: value.map(|v| v.as_bytes().to_vec()),
-        }
-    }
-
     #[test]
     fn last_message_per_key_wins_and_tombstones_delete() {
         let mut index = KeyIndex::new(100);
         index.put(2, "old.parquet", 5).unwrap();
         index.put(3, "old.parquet", 6).unwrap();
-        let records = vec![
-            rec(0, Some("a1")),
-            rec(1, Some("b1")),
-            rec(2, Some("a2")),
-            rec(3, None),
-            rec(4, Some("c1")),
-        ];
-        let keys = [1, 2, 1, 3, 4];
-        let plan = Plan::new(&records, &keys, &index);
-        let offsets: Vec<i64> = plan.rows.iter().map(|r| r.offset).collect();
+        // Rows 0..5 with keys 1, 2, 1, 3 (tombstone), 4.
+        let keys = [(1, true), (2, true), (1, true), (3, false), (4, true)];
+        let plan = Plan::new(&keys, &index);
         assert_eq!(
-            offsets,
-            [1, 2, 4],
+            plan.keep,
+            [false, true, true, false, true],
             "one row per key, the latest; key 3 deleted"
         );
+        assert_eq!(plan.row_keys, [2, 1, 4]);
         assert_eq!(plan.ops, ["update", "insert", "insert"]);
         let mut deletes = rows_to_delete(&plan.touched, &index);
         deletes.sort();

@@ -20,7 +20,11 @@ use indexmap::IndexMap;
 use serde_json::{Map, Number, Value};
 
 use super::DecodeError;
-use crate::schema::avro::{AvroMappingError, record_columns, union_branch_name};
+use crate::record::json::{JsonObject, JsonWriter};
+
+pub mod types;
+
+use self::types::{AvroMappingError, record_columns_with, union_branch_name};
 
 /// The Confluent wire format's first byte.
 pub const MAGIC_BYTE: u8 = 0;
@@ -36,39 +40,57 @@ pub struct WriterSchema {
     pub columns: Arc<StructType>,
     /// Named types by full name, resolved once (unions and arrays refer to them).
     names: HashMap<Name, AvroSchema>,
+    /// Schemas of registry references, which define named types the schema uses.
+    schemata: Vec<AvroSchema>,
 }
 
 impl WriterSchema {
     /// Parses an Avro schema (JSON text) and maps it to columns. A schema that is not a
     /// record parses (keys may be primitives) but declares no columns.
     pub fn parse(id: Option<u32>, text: &str) -> Result<WriterSchema, DecodeError> {
-        let schema = AvroSchema::parse_str(text).map_err(|e| DecodeError::BadSchema {
+        WriterSchema::parse_with_references(id, text, &[])
+    }
+
+    /// [`WriterSchema::parse`] for a schema that uses named types defined in other
+    /// schemas (registry references), given as their JSON texts.
+    pub fn parse_with_references(
+        id: Option<u32>,
+        text: &str,
+        references: &[&str],
+    ) -> Result<WriterSchema, DecodeError> {
+        let bad = |e: &dyn std::fmt::Display| DecodeError::BadSchema {
             id,
             reason: e.to_string(),
-        })?;
-        let columns = match record_columns(&schema) {
+        };
+        let (schema, schemata) = if references.is_empty() {
+            (
+                AvroSchema::parse_str(text).map_err(|e| bad(&e))?,
+                Vec::new(),
+            )
+        } else {
+            AvroSchema::parse_str_with_list(text, references).map_err(|e| bad(&e))?
+        };
+        let columns = match record_columns_with(&schema, &schemata) {
             Ok(c) => c,
             Err(AvroMappingError::NotARecord(_)) => IndexMap::new(),
-            Err(e) => {
-                return Err(DecodeError::BadSchema {
-                    id,
-                    reason: e.to_string(),
-                });
-            }
+            Err(e) => return Err(bad(&e)),
         };
-        let names = ResolvedSchema::try_from(&schema)
-            .map_err(|e| DecodeError::BadSchema {
-                id,
-                reason: e.to_string(),
-            })?
-            .get_names()
-            .iter()
-            .map(|(name, s)| (name.clone(), (*s).clone()))
-            .collect();
+        let names = ResolvedSchema::try_from(
+            schemata
+                .iter()
+                .chain(std::iter::once(&schema))
+                .collect::<Vec<_>>(),
+        )
+        .map_err(|e| bad(&e))?
+        .get_names()
+        .iter()
+        .map(|(name, s)| (name.clone(), (*s).clone()))
+        .collect();
         Ok(WriterSchema {
             id,
             names,
             schema,
+            schemata,
             columns: Arc::new(StructType::new(
                 columns
                     .into_iter()
@@ -78,22 +100,41 @@ impl WriterSchema {
         })
     }
 
-    /// Decodes one Avro datum (no header) into a JSON object.
-    pub fn decode(&self, bytes: &[u8]) -> Result<Map<String, Value>, DecodeError> {
-        match self.decode_any(bytes)? {
-            Value::Object(map) => Ok(map),
-            other => Err(DecodeError::NotAnObject(super::json_kind(&other))),
+    /// Decodes one Avro record (no header) into a parsed JSON object (text and tape
+    /// written together, nothing parsed back).
+    pub fn decode(&self, bytes: &[u8]) -> Result<JsonObject, DecodeError> {
+        let value = self.read(bytes)?;
+        let conv = Converter { names: &self.names };
+        if !matches!(self.schema, AvroSchema::Record(_)) {
+            let kind = super::json_kind(&conv.to_json(&self.schema, value)?);
+            return Err(DecodeError::NotAnObject(kind));
         }
+        let mut w = JsonWriter::with_capacity(bytes.len() * 2 + 16);
+        conv.write(&mut w, &self.schema, value)?;
+        Ok(w.finish())
     }
 
-    /// Decodes one Avro datum (no header) of any type into its JSON representation.
-    pub fn decode_any(&self, bytes: &[u8]) -> Result<Value, DecodeError> {
+    /// Reads one datum, refusing truncated input and trailing bytes.
+    fn read(&self, bytes: &[u8]) -> Result<Avro, DecodeError> {
         let mut reader = EofGuard {
             rest: bytes,
             hit_eof: false,
         };
-        let value = apache_avro::from_avro_datum(&self.schema, &mut reader, None)
-            .map_err(|e| DecodeError::NotAvro(e.to_string()))?;
+        let value = if self.schemata.is_empty() {
+            apache_avro::from_avro_datum(&self.schema, &mut reader, None)
+        } else {
+            // Named types from references: the names come from every schema given.
+            apache_avro::from_avro_datum_schemata(
+                &self.schema,
+                self.schemata
+                    .iter()
+                    .chain(std::iter::once(&self.schema))
+                    .collect(),
+                &mut reader,
+                None,
+            )
+        }
+        .map_err(|e| DecodeError::NotAvro(e.to_string()))?;
         if reader.hit_eof {
             // apache-avro reads a string, boolean or union cut off by the end as null.
             return Err(DecodeError::NotAvro(format!(
@@ -107,6 +148,13 @@ impl WriterSchema {
                 reader.rest.len()
             )));
         }
+        Ok(value)
+    }
+
+    /// Decodes one Avro datum (no header) of any type into its JSON representation
+    /// (keys, which are often primitives).
+    pub fn decode_any(&self, bytes: &[u8]) -> Result<Value, DecodeError> {
+        let value = self.read(bytes)?;
         let conv = Converter { names: &self.names };
         conv.to_json(&self.schema, value)
     }
@@ -177,12 +225,12 @@ impl Converter<'_> {
             (_, Avro::Bytes(b) | Avro::Fixed(_, b)) => Value::String(hex(&b)),
             (_, Avro::Uuid(u)) => Value::String(u.hyphenated().to_string()),
             (_, Avro::Date(d)) => Value::String(date(d)?),
-            (_, Avro::TimeMillis(ms)) => Value::String(time_micros(ms as i64 * 1000)?),
+            (_, Avro::TimeMillis(ms)) => Value::String(time_micros(i64::from(ms) * 1000)?),
             (_, Avro::TimeMicros(us)) => Value::String(time_micros(us)?),
-            (_, Avro::TimestampMillis(ms)) => Value::String(timestamp_micros(ms * 1000, true)?),
+            (_, Avro::TimestampMillis(ms)) => Value::String(timestamp_micros(millis(ms)?, true)?),
             (_, Avro::TimestampMicros(us)) => Value::String(timestamp_micros(us, true)?),
             (_, Avro::LocalTimestampMillis(ms)) => {
-                Value::String(timestamp_micros(ms * 1000, false)?)
+                Value::String(timestamp_micros(millis(ms)?, false)?)
             }
             (_, Avro::LocalTimestampMicros(us)) => Value::String(timestamp_micros(us, false)?),
             (_, Avro::Duration(d)) => Value::String(hex(&<[u8; 12]>::from(d))),
@@ -238,6 +286,91 @@ impl Converter<'_> {
             (_, other) => return Err(bad(&format!("{other:?}"))),
         })
     }
+}
+
+impl Converter<'_> {
+    /// Writes `v` (of `schema`) as JSON, with the same mapping as [`Converter::to_json`].
+    fn write(&self, w: &mut JsonWriter, schema: &AvroSchema, v: Avro) -> Result<(), DecodeError> {
+        let schema = self.resolve(schema);
+        match (schema, v) {
+            (_, Avro::Null) => w.null(),
+            (_, Avro::Boolean(b)) => w.bool(b),
+            (_, Avro::Int(i)) => w.i64(i64::from(i)),
+            (_, Avro::Long(i) | Avro::TimestampNanos(i) | Avro::LocalTimestampNanos(i)) => w.i64(i),
+            (_, Avro::Float(f)) => w.f64(f64::from(f)),
+            (_, Avro::Double(f)) => w.f64(f),
+            (_, Avro::String(s)) => w.string(&s),
+            (_, Avro::Enum(_, symbol)) => w.string(&symbol),
+            (_, Avro::Bytes(b) | Avro::Fixed(_, b)) => w.string(&hex(&b)),
+            (_, Avro::Uuid(u)) => w.string(&u.hyphenated().to_string()),
+            (_, Avro::Date(d)) => w.string(&date(d)?),
+            (_, Avro::TimeMillis(ms)) => w.string(&time_micros(i64::from(ms) * 1000)?),
+            (_, Avro::TimeMicros(us)) => w.string(&time_micros(us)?),
+            (_, Avro::TimestampMillis(ms)) => w.string(&timestamp_micros(millis(ms)?, true)?),
+            (_, Avro::TimestampMicros(us)) => w.string(&timestamp_micros(us, true)?),
+            (_, Avro::LocalTimestampMillis(ms)) => w.string(&timestamp_micros(millis(ms)?, false)?),
+            (_, Avro::LocalTimestampMicros(us)) => w.string(&timestamp_micros(us, false)?),
+            (_, Avro::Duration(d)) => w.string(&hex(&<[u8; 12]>::from(d))),
+            (_, Avro::BigDecimal(d)) => w.string(&d.to_string()),
+            (AvroSchema::Decimal(d), Avro::Decimal(dec)) => {
+                let bytes = Vec::<u8>::try_from(&dec).map_err(|e| bad(&e.to_string()))?;
+                w.string(&decimal_text(&bytes, d.scale));
+            }
+            (_, Avro::Decimal(_)) => return Err(bad("decimal without decimal schema")),
+            (AvroSchema::Array(a), Avro::Array(items)) => {
+                w.begin_array();
+                for i in items {
+                    self.write(w, &a.items, i)?;
+                }
+                w.end_array();
+            }
+            (AvroSchema::Map(m), Avro::Map(entries)) => {
+                // Sorted keys: the JSON text of a record does not depend on hash order.
+                let mut entries: Vec<_> = entries.into_iter().collect();
+                entries.sort_by(|a, b| a.0.cmp(&b.0));
+                w.begin_object();
+                for (k, v) in entries {
+                    w.key(&k);
+                    self.write(w, &m.types, v)?;
+                }
+                w.end_object();
+            }
+            (AvroSchema::Record(r), Avro::Record(fields)) => {
+                w.begin_object();
+                for ((name, v), f) in fields.into_iter().zip(&r.fields) {
+                    w.key(&name);
+                    self.write(w, &f.schema, v)?;
+                }
+                w.end_object();
+            }
+            (AvroSchema::Union(u), Avro::Union(index, inner)) => {
+                let branch = u
+                    .variants()
+                    .get(index as usize)
+                    .ok_or_else(|| bad("union branch out of range"))?;
+                let non_null = u
+                    .variants()
+                    .iter()
+                    .filter(|s| !matches!(s, AvroSchema::Null))
+                    .count();
+                if non_null <= 1 || matches!(*inner, Avro::Null) {
+                    self.write(w, branch, *inner)?;
+                } else {
+                    w.begin_object();
+                    w.key(&union_branch_name(self.resolve(branch)));
+                    self.write(w, branch, *inner)?;
+                    w.end_object();
+                }
+            }
+            (_, other) => return Err(bad(&format!("{other:?}"))),
+        }
+        Ok(())
+    }
+}
+
+/// Milliseconds -> microseconds, refusing values that overflow.
+fn millis(ms: i64) -> Result<i64, DecodeError> {
+    crate::record::values::millis_to_micros(ms).ok_or_else(|| bad("timestamp out of range"))
 }
 
 /// JSON has no NaN or infinities: they travel as the strings Arrow's parser reads back.

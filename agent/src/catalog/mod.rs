@@ -1,4 +1,10 @@
-//! Opening the configured catalog.
+//! Catalog access: the configured catalog (embedded SQLite file or Iceberg REST), opened
+//! once per agent and shared by its pipelines.
+//!
+//! - [`open_catalog`]: opens a catalog and checks that it answers (lists namespaces).
+//! - `rest`: the Iceberg REST client (OAuth2, vended credentials, S3).
+//! - [`CatalogHandle`]: what the other stages use: the `iceberg::Catalog` for loads and
+//!   creation, and the commit backend of [`crate::commit`].
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -9,9 +15,41 @@ use iceberg::{Catalog, CatalogBuilder};
 use iceberg_catalog_sql::SqlCatalogBuilder;
 use serde::Deserialize;
 
-use super::SinkError;
-use super::commit::{CommitBackend, RestBackend, SqlBackend};
-use super::rest::{RestCatalog, RestCatalogConfig, RestSession};
+pub mod rest;
+
+use crate::commit::{CommitBackend, RestBackend, SqlBackend};
+use rest::{RestCatalog, RestCatalogConfig, RestSession};
+
+/// Why a catalog could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    /// The catalog could not be opened or did not answer.
+    #[error("catalog {catalog:?} is unreachable ({detail}): {source}")]
+    Unreachable {
+        /// Catalog name from the config.
+        catalog: String,
+        /// Where we tried to reach it.
+        detail: String,
+        /// The cause.
+        source: Box<iceberg::Error>,
+    },
+    /// A REST catalog could not be opened (no answer, credential refused, wrong URI).
+    #[error("catalog {catalog:?}: {source}")]
+    Rest {
+        /// Catalog name from the config.
+        catalog: String,
+        /// The cause.
+        source: rest::RestError,
+    },
+    /// A local path of the embedded catalog is unusable.
+    #[error("catalog {catalog:?}: {message}")]
+    Local {
+        /// Catalog name from the config.
+        catalog: String,
+        /// What is wrong.
+        message: String,
+    },
+}
 
 /// An open catalog: the `Catalog` for reads and table creation, the backend our commit
 /// layer uses for snapshot commits and, for a REST catalog, its session.
@@ -19,7 +57,7 @@ use super::rest::{RestCatalog, RestCatalogConfig, RestSession};
 pub struct CatalogHandle {
     /// Loads, lists and creates tables.
     pub catalog: Arc<dyn Catalog>,
-    /// Applies commits (see [`super::commit`]).
+    /// Applies commits (see [`crate::commit`]).
     pub committer: Arc<dyn CommitBackend>,
     /// The REST session, for `type = "rest"` (token checks in `floe check`).
     pub rest: Option<RestSession>,
@@ -53,19 +91,26 @@ impl CatalogConfig {
 }
 
 /// Opens a catalog and checks that it answers (by listing namespaces).
-pub async fn open_catalog(name: &str, config: &CatalogConfig) -> Result<CatalogHandle, SinkError> {
+pub async fn open_catalog(
+    name: &str,
+    config: &CatalogConfig,
+) -> Result<CatalogHandle, CatalogError> {
     match config {
         CatalogConfig::Embedded { path, warehouse } => {
-            let db = absolute(path)?;
-            let wh = absolute(warehouse)?;
+            let local = |message: String| CatalogError::Local {
+                catalog: name.to_string(),
+                message,
+            };
+            let db = absolute(path).map_err(local)?;
+            let wh = absolute(warehouse).map_err(local)?;
             if let Some(dir) = db.parent() {
                 std::fs::create_dir_all(dir)
-                    .map_err(|e| SinkError::Io(format!("cannot create {}: {e}", dir.display())))?;
+                    .map_err(|e| local(format!("cannot create {}: {e}", dir.display())))?;
             }
             std::fs::create_dir_all(&wh)
-                .map_err(|e| SinkError::Io(format!("cannot create {}: {e}", wh.display())))?;
+                .map_err(|e| local(format!("cannot create {}: {e}", wh.display())))?;
             let detail = format!("sqlite file {}", db.display());
-            let unreachable = |source| SinkError::Unreachable {
+            let unreachable = |source| CatalogError::Unreachable {
                 catalog: name.to_string(),
                 detail: detail.clone(),
                 source: Box::new(source),
@@ -96,7 +141,7 @@ pub async fn open_catalog(name: &str, config: &CatalogConfig) -> Result<CatalogH
             })
         }
         CatalogConfig::Rest(rest) => {
-            let failed = |source| SinkError::Rest {
+            let failed = |source| CatalogError::Rest {
                 catalog: name.to_string(),
                 source,
             };
@@ -105,7 +150,7 @@ pub async fn open_catalog(name: &str, config: &CatalogConfig) -> Result<CatalogH
             catalog
                 .list_namespaces(None)
                 .await
-                .map_err(|source| SinkError::Unreachable {
+                .map_err(|source| CatalogError::Unreachable {
                     catalog: name.to_string(),
                     detail: format!("REST catalog at {}", rest.uri),
                     source: Box::new(source),
@@ -119,6 +164,16 @@ pub async fn open_catalog(name: &str, config: &CatalogConfig) -> Result<CatalogH
     }
 }
 
-fn absolute(p: &Path) -> Result<PathBuf, SinkError> {
-    std::path::absolute(p).map_err(|e| SinkError::Io(format!("bad path {}: {e}", p.display())))
+/// Whether a catalog error says the table (or its namespace) does not exist. The SQL
+/// catalog reports a missing table as an unexpected error with this message; that
+/// string is matched here, once, for every caller.
+pub fn is_not_found(e: &iceberg::Error) -> bool {
+    matches!(
+        e.kind(),
+        iceberg::ErrorKind::TableNotFound | iceberg::ErrorKind::NamespaceNotFound
+    ) || e.message().contains("No such table")
+}
+
+fn absolute(p: &Path) -> Result<PathBuf, String> {
+    std::path::absolute(p).map_err(|e| format!("bad path {}: {e}", p.display()))
 }

@@ -9,9 +9,11 @@
 //!
 //! One commit:
 //! 1. [`StagedSnapshot::write`] writes the manifests of the new files (once).
-//! 2. [`commit`] checks the fence (the table still stores the offsets our records start
-//!    from), writes a manifest list on top of the current `main`, and asks the backend to
-//!    swap, requiring `main` to still point at that parent.
+//! 2. [`commit`] checks the fence (the table still stores, for each partition this
+//!    commit covers, the offset our records start from), writes a manifest list on top of
+//!    the current `main`, and asks the backend to swap, requiring `main` to still point at
+//!    that parent. The snapshot stores the offsets of every partition: ours updated,
+//!    the others (other agents of the same pipeline) carried forward as found.
 //! 3. On a conflict it waits (exponential backoff), reloads the table and starts again at
 //!    2 — unless the caller needs the exact parent (upsert: its position deletes were
 //!    computed against it) and the table's data changed meanwhile; then it returns
@@ -20,6 +22,7 @@
 //!    commit id in the snapshots before retrying, so a commit never lands twice.
 
 mod backend;
+mod offsets;
 mod snapshot;
 
 use std::collections::HashMap;
@@ -30,9 +33,10 @@ use iceberg::table::Table;
 use iceberg::{Catalog, TableIdent};
 
 pub use backend::{CommitBackend, CommitError, RestBackend, SqlBackend};
+pub use offsets::{
+    COMMIT_KEY, GAP_KEY, OFFSETS_KEY, OffsetMap, OffsetsError, PIPELINE_KEY, WRITER_KEY,
+};
 pub use snapshot::StagedSnapshot;
-
-use crate::offsets::{COMMIT_KEY, OffsetMap};
 
 /// Attempts before a commit that keeps conflicting gives up.
 const MAX_ATTEMPTS: u32 = 12;
@@ -42,8 +46,9 @@ const MAX_ATTEMPTS: u32 = 12;
 pub struct Fence {
     /// Pipeline name (offsets are stored per pipeline).
     pub pipeline: String,
-    /// The offsets the buffered records start from.
-    pub expected: OffsetMap,
+    /// Per partition the commit covers: the offset its records start from (`None`: the
+    /// table stores nothing for it yet). Other partitions are not checked.
+    pub expected: crate::record::PartitionMap<Option<i64>>,
 }
 
 /// Why [`commit`] returned without committing.
@@ -51,17 +56,15 @@ pub struct Fence {
 pub enum CommitFailure {
     /// Another writer committed offsets of this pipeline: our records may be duplicates.
     #[error(
-        "fenced: another writer committed offsets of pipeline {pipeline:?} to {table} (table has {found}, this writer expected {expected})"
+        "fenced: another writer committed offsets of pipeline {pipeline:?} to {table} ({detail})"
     )]
     Fenced {
         /// Pipeline name.
         pipeline: String,
         /// Table identifier.
         table: String,
-        /// Offsets in the table.
-        found: String,
-        /// Offsets this writer started from.
-        expected: String,
+        /// The partitions whose offsets moved.
+        detail: String,
     },
     /// Another writer changed the schema since ours was derived: the data files carry
     /// field ids that may now mean other columns, so the records must be re-read.
@@ -88,10 +91,29 @@ pub enum CommitFailure {
     },
 }
 
+impl crate::error::Classify for CommitFailure {
+    fn class(&self) -> crate::error::ErrorClass {
+        use crate::error::ErrorClass::*;
+        match self {
+            CommitFailure::Fenced { .. }
+            | CommitFailure::SchemaChanged(_)
+            | CommitFailure::Stale(_) => Transient,
+            CommitFailure::Catalog { source, .. } => match source {
+                CommitError::Failed(_) => Fatal,
+                CommitError::Conflict(_) | CommitError::Unknown(_) => Transient,
+            },
+            CommitFailure::Iceberg { source, .. } => crate::error::iceberg_class(source),
+        }
+    }
+}
+
 /// Options of one commit.
 pub struct CommitOptions<'a> {
-    /// Summary properties (offsets, pipeline, writer id, commit id).
+    /// Summary properties (pipeline, writer id, commit id).
     pub properties: &'a HashMap<String, String>,
+    /// The offsets this commit moves (the partitions it covers); stored together with
+    /// the table's offsets of every other partition, as found at each attempt.
+    pub offsets: &'a OffsetMap,
     /// A new current schema committed with the files.
     pub new_schema: Option<&'a Schema>,
     /// The exactly-once check.
@@ -118,7 +140,12 @@ pub async fn commit(
     let mut attempt = 0;
     loop {
         attempt += 1;
-        check_fence(&base, options.fence)?;
+        let found = check_fence(&base, options.fence)?;
+        let mut properties = options.properties.clone();
+        properties.insert(
+            OFFSETS_KEY.to_string(),
+            found.merged(options.offsets).to_summary_value(),
+        );
         let schema_now = (
             base.metadata().current_schema_id(),
             base.metadata().last_column_id(),
@@ -130,7 +157,7 @@ pub async fn commit(
             return Err(CommitFailure::Stale(Box::new(base)));
         }
         let (requirements, updates) = staged
-            .updates(&base, options.properties, options.new_schema)
+            .updates(&base, &properties, options.new_schema)
             .await
             .map_err(|e| iceberg_failure(&ident, e))?;
         let error = match backend.commit(&base, requirements, updates).await {
@@ -160,22 +187,35 @@ pub async fn commit(
     }
 }
 
-fn check_fence(table: &Table, fence: &Fence) -> Result<(), CommitFailure> {
+/// Checks the covered partitions; returns every offset the table stores for the pipeline.
+fn check_fence(table: &Table, fence: &Fence) -> Result<OffsetMap, CommitFailure> {
     let found = OffsetMap::from_table(table.metadata(), &fence.pipeline).map_err(|e| {
         iceberg_failure(
             table.identifier(),
             iceberg::Error::new(iceberg::ErrorKind::DataInvalid, e.to_string()),
         )
     })?;
-    if found != fence.expected {
+    let moved: Vec<String> = fence
+        .expected
+        .iter()
+        .filter(|(tp, expected)| found.0.get(*tp) != expected.as_ref())
+        .map(|((topic, partition), expected)| {
+            let show = |o: Option<&i64>| o.map_or("none".to_string(), |o| o.to_string());
+            format!(
+                "{topic}/{partition}: table has {}, this writer expected {}",
+                show(found.0.get(&(topic.clone(), *partition))),
+                show(expected.as_ref())
+            )
+        })
+        .collect();
+    if !moved.is_empty() {
         return Err(CommitFailure::Fenced {
             pipeline: fence.pipeline.clone(),
             table: table.identifier().to_string(),
-            found: found.to_summary_value(),
-            expected: fence.expected.to_summary_value(),
+            detail: moved.join("; "),
         });
     }
-    Ok(())
+    Ok(found)
 }
 
 /// Whether a snapshot after `since` on `main` added or removed files.
@@ -252,8 +292,7 @@ mod tests {
     use iceberg::{NamespaceIdent, TableCreation, TableRequirement, TableUpdate};
 
     use super::*;
-    use crate::offsets::{OFFSETS_KEY, PIPELINE_KEY};
-    use crate::sink::{CatalogConfig, CatalogHandle, open_catalog};
+    use crate::catalog::{CatalogConfig, CatalogHandle, open_catalog};
 
     /// Passes commits to the real backend but reports the first one as "unknown",
     /// either after applying it (`apply_first`) or without sending it.
@@ -314,33 +353,52 @@ mod tests {
         (handle, table)
     }
 
-    fn props(offset: i64) -> HashMap<String, String> {
-        let mut offsets = OffsetMap::default();
-        offsets.0.insert((Arc::from("topic"), 0), offset);
+    fn props(pipeline: &str) -> HashMap<String, String> {
         HashMap::from([
-            (OFFSETS_KEY.to_string(), offsets.to_summary_value()),
-            (PIPELINE_KEY.to_string(), "p".to_string()),
+            (PIPELINE_KEY.to_string(), pipeline.to_string()),
             (COMMIT_KEY.to_string(), uuid::Uuid::now_v7().to_string()),
         ])
     }
 
-    async fn commit_once(
-        handle: &CatalogHandle,
-        backend: &dyn CommitBackend,
-    ) -> Result<Table, CommitFailure> {
-        let base = handle
+    fn offsets(partitions: &[(i32, i64)]) -> OffsetMap {
+        let mut m = OffsetMap::default();
+        for (p, o) in partitions {
+            m.0.insert((Arc::from("topic"), *p), *o);
+        }
+        m
+    }
+
+    fn fence(pipeline: &str, expected: &[(i32, Option<i64>)]) -> Fence {
+        Fence {
+            pipeline: pipeline.into(),
+            expected: expected
+                .iter()
+                .map(|(p, o)| ((Arc::from("topic"), *p), *o))
+                .collect(),
+        }
+    }
+
+    async fn load(handle: &CatalogHandle) -> Table {
+        handle
             .catalog
             .load_table(&TableIdent::from_strs(["ns", "t"]).unwrap())
             .await
-            .unwrap();
-        let fence = Fence {
-            pipeline: "p".into(),
-            expected: OffsetMap::from_table(base.metadata(), "p").unwrap(),
-        };
+            .unwrap()
+    }
+
+    /// Commits an empty snapshot of `pipeline` moving `moves` from `expected`, on `base`.
+    async fn commit_on(
+        handle: &CatalogHandle,
+        backend: &dyn CommitBackend,
+        base: Table,
+        pipeline: &str,
+        expected: &[(i32, Option<i64>)],
+        moves: &[(i32, i64)],
+    ) -> Result<Table, CommitFailure> {
         let mut staged = StagedSnapshot::write(&base, None, Vec::new(), Vec::new())
             .await
             .unwrap();
-        let properties = props(10);
+        let properties = props(pipeline);
         commit(
             handle.catalog.as_ref(),
             backend,
@@ -348,12 +406,21 @@ mod tests {
             &mut staged,
             CommitOptions {
                 properties: &properties,
+                offsets: &offsets(moves),
                 new_schema: None,
-                fence: &fence,
+                fence: &fence(pipeline, expected),
                 exact_parent: false,
             },
         )
         .await
+    }
+
+    async fn commit_once(
+        handle: &CatalogHandle,
+        backend: &dyn CommitBackend,
+    ) -> Result<Table, CommitFailure> {
+        let base = load(handle).await;
+        commit_on(handle, backend, base, "p", &[(0, None)], &[(0, 10)]).await
     }
 
     #[tokio::test]
@@ -392,49 +459,25 @@ mod tests {
     async fn a_conflict_is_rebased_and_a_moved_offset_is_fenced() {
         let dir = tempfile::tempdir().unwrap();
         let (handle, stale) = table(dir.path()).await;
-        // Another writer of a different pipeline commits first: ours rebases onto it.
-        let mut other = StagedSnapshot::write(&stale, None, Vec::new(), Vec::new())
-            .await
-            .unwrap();
-        let mut other_props = props(5);
-        other_props.insert(PIPELINE_KEY.to_string(), "other".into());
-        let fence_other = Fence {
-            pipeline: "other".into(),
-            expected: OffsetMap::default(),
-        };
-        commit(
-            handle.catalog.as_ref(),
-            handle.committer.as_ref(),
+        let backend = handle.committer.clone();
+        // Another pipeline commits first: ours rebases onto it.
+        commit_on(
+            &handle,
+            backend.as_ref(),
             stale.clone(),
-            &mut other,
-            CommitOptions {
-                properties: &other_props,
-                new_schema: None,
-                fence: &fence_other,
-                exact_parent: false,
-            },
+            "other",
+            &[(0, None)],
+            &[(0, 5)],
         )
         .await
         .unwrap();
-        let mut ours = StagedSnapshot::write(&stale, None, Vec::new(), Vec::new())
-            .await
-            .unwrap();
-        let fence = Fence {
-            pipeline: "p".into(),
-            expected: OffsetMap::default(),
-        };
-        let our_props = props(10);
-        let t = commit(
-            handle.catalog.as_ref(),
-            handle.committer.as_ref(),
+        let t = commit_on(
+            &handle,
+            backend.as_ref(),
             stale.clone(),
-            &mut ours,
-            CommitOptions {
-                properties: &our_props,
-                new_schema: None,
-                fence: &fence,
-                exact_parent: false,
-            },
+            "p",
+            &[(0, None)],
+            &[(0, 10)],
         )
         .await
         .unwrap();
@@ -443,22 +486,75 @@ mod tests {
             2,
             "rebased on the other writer's snapshot"
         );
-        // A zombie of pipeline `p` that still expects no offsets is refused.
-        let mut zombie = StagedSnapshot::write(&stale, None, Vec::new(), Vec::new())
-            .await
-            .unwrap();
-        let zombie_props = props(7);
-        let e = commit(
-            handle.catalog.as_ref(),
-            handle.committer.as_ref(),
+        // A zombie of pipeline `p` that still expects no offsets for partition 0 is refused.
+        let e = commit_on(
+            &handle,
+            backend.as_ref(),
             stale,
-            &mut zombie,
-            CommitOptions {
-                properties: &zombie_props,
-                new_schema: None,
-                fence: &fence,
-                exact_parent: false,
-            },
+            "p",
+            &[(0, None)],
+            &[(0, 7)],
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(e, CommitFailure::Fenced { .. }), "{e}");
+        assert!(e.to_string().contains("topic/0: table has 10"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn agents_of_one_pipeline_share_a_table_partition_by_partition() {
+        let dir = tempfile::tempdir().unwrap();
+        let (handle, stale) = table(dir.path()).await;
+        let backend = handle.committer.clone();
+        // Agent A owns partition 0, agent B partition 1; both prepared on the same base.
+        commit_on(
+            &handle,
+            backend.as_ref(),
+            stale.clone(),
+            "p",
+            &[(0, None)],
+            &[(0, 10)],
+        )
+        .await
+        .unwrap();
+        let t = commit_on(
+            &handle,
+            backend.as_ref(),
+            stale.clone(),
+            "p",
+            &[(1, None)],
+            &[(1, 20)],
+        )
+        .await
+        .expect("a commit on another partition is not fenced");
+        let stored = OffsetMap::from_table(t.metadata(), "p").unwrap();
+        assert_eq!(
+            stored,
+            offsets(&[(0, 10), (1, 20)]),
+            "A's offsets carried forward by B"
+        );
+        // A goes on from 10; B's zombie twin (still at none for 1) is refused.
+        let t = commit_on(
+            &handle,
+            backend.as_ref(),
+            load(&handle).await,
+            "p",
+            &[(0, Some(10))],
+            &[(0, 15)],
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            OffsetMap::from_table(t.metadata(), "p").unwrap(),
+            offsets(&[(0, 15), (1, 20)])
+        );
+        let e = commit_on(
+            &handle,
+            backend.as_ref(),
+            stale,
+            "p",
+            &[(1, None)],
+            &[(1, 25)],
         )
         .await
         .unwrap_err();

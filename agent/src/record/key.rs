@@ -8,10 +8,9 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::{Int32Type, Int64Type};
 use arrow_array::{Array, ArrayRef};
 use arrow_schema::DataType;
-use serde_json::{Map, Value};
 use twox_hash::XxHash3_128;
 
-use crate::source::KafkaRecord;
+use crate::record::json::{Obj, Value};
 
 /// The digest that identifies a row (collision odds about n² / 2¹²⁹: 10⁻²¹ for 10⁹ keys).
 pub type KeyHash = u128;
@@ -46,33 +45,30 @@ impl KeySpec {
         }
     }
 
-    /// The key of a record; `decoded` is its value as parsed (None for a tombstone).
-    /// The error explains why the record has no usable key (it goes to the dead letters).
+    /// The key of a record: `value` is its (final) value, `None` for a tombstone;
+    /// `message_key` the message key as stored in `_kafka_key`. The error explains why
+    /// the record has no usable key (it goes to the dead letters).
     pub fn of_record(
         &self,
-        record: &KafkaRecord,
-        decoded: Option<&Map<String, Value>>,
+        value: Option<Obj<'_>>,
+        message_key: Option<&str>,
     ) -> Result<KeyHash, String> {
         let mut buf = Vec::with_capacity(32);
         match self {
             KeySpec::MessageKey => {
-                let key = record
-                    .key
-                    .as_deref()
-                    .ok_or("upsert by message key: the message has no key")?;
-                let key = std::str::from_utf8(key).map_err(|_| "message key is not UTF-8")?;
+                let key = message_key.ok_or("upsert by message key: the message has no key")?;
                 put_str(&mut buf, key);
             }
             KeySpec::Fields(fields) => {
-                let Some(map) = decoded else {
+                let Some(map) = value else {
                     return Err(format!(
                         "tombstone on a table keyed by payload fields {fields:?}: a null value carries no field to find the row by (key the table by `_kafka_key` to delete with tombstones)"
                     ));
                 };
                 for f in fields {
                     match map.get(f) {
-                        Some(Value::String(s)) => put_str(&mut buf, s),
-                        Some(Value::Number(n)) if n.as_i64().is_some() => {
+                        Some(Value::String(s)) => put_str(&mut buf, &s.get()),
+                        Some(Value::Number(n)) if n.is_i64() => {
                             put_int(&mut buf, n.as_i64().unwrap_or_default())
                         }
                         None | Some(Value::Null) => {
@@ -81,7 +77,7 @@ impl KeySpec {
                         Some(other) => {
                             return Err(format!(
                                 "key field `{f}` must be a string or an integer, got {}",
-                                crate::decode::json_kind(other)
+                                other.kind_name()
                             ));
                         }
                     }
@@ -142,30 +138,17 @@ mod tests {
 
     use super::*;
 
-    fn record(key: Option<&str>) -> KafkaRecord {
-        KafkaRecord {
-            topic: Arc::from("t"),
-            partition: 0,
-            offset: 0,
-            timestamp_ms: None,
-            key: key.map(|k| k.as_bytes().to_vec()),
-            value: None,
-        }
-    }
+    use crate::record::json::JsonObject;
 
-    fn map(v: serde_json::Value) -> Map<String, Value> {
-        v.as_object().unwrap().clone()
+    fn map(v: serde_json::Value) -> JsonObject {
+        JsonObject::from_map(v.as_object().unwrap())
     }
 
     #[test]
     fn json_and_arrow_give_the_same_digest() {
         let spec = KeySpec::from_config(&["id".into(), "region".into()]);
-        let k = spec
-            .of_record(
-                &record(None),
-                Some(&map(serde_json::json!({"id": 7, "region": "eu", "x": 1}))),
-            )
-            .unwrap();
+        let v = map(serde_json::json!({"id": 7, "region": "eu", "x": 1}));
+        let k = spec.of_record(Some(v.view().root()), None).unwrap();
         let cols: Vec<ArrayRef> = vec![
             Arc::new(Int64Array::from(vec![7, 8])),
             Arc::new(StringArray::from(vec!["eu", "eu"])),
@@ -184,33 +167,46 @@ mod tests {
     #[test]
     fn parts_do_not_run_into_each_other() {
         let spec = KeySpec::from_config(&["a".into(), "b".into()]);
-        let r = record(None);
-        let k1 = spec.of_record(&r, Some(&map(serde_json::json!({"a": "x", "b": "yz"}))));
-        let k2 = spec.of_record(&r, Some(&map(serde_json::json!({"a": "xy", "b": "z"}))));
+        let k1 = spec.of_record(
+            Some(map(serde_json::json!({"a": "x", "b": "yz"})).view().root()),
+            None,
+        );
+        let k2 = spec.of_record(
+            Some(map(serde_json::json!({"a": "xy", "b": "z"})).view().root()),
+            None,
+        );
         assert_ne!(k1.unwrap(), k2.unwrap());
-        let k3 = spec.of_record(&r, Some(&map(serde_json::json!({"a": 1, "b": "z"}))));
-        let k4 = spec.of_record(&r, Some(&map(serde_json::json!({"a": "1", "b": "z"}))));
+        let k3 = spec.of_record(
+            Some(map(serde_json::json!({"a": 1, "b": "z"})).view().root()),
+            None,
+        );
+        let k4 = spec.of_record(
+            Some(map(serde_json::json!({"a": "1", "b": "z"})).view().root()),
+            None,
+        );
         assert_ne!(k3.unwrap(), k4.unwrap(), "1 and \"1\" are different keys");
     }
 
     #[test]
     fn unusable_keys_are_explained() {
         let spec = KeySpec::from_config(&["id".into()]);
-        let r = record(None);
-        let e = spec.of_record(&r, None).unwrap_err();
+        let e = spec.of_record(None, None).unwrap_err();
         assert!(e.contains("tombstone"), "{e}");
         let e = spec
-            .of_record(&r, Some(&map(serde_json::json!({"x": 1}))))
+            .of_record(Some(map(serde_json::json!({"x": 1})).view().root()), None)
             .unwrap_err();
         assert!(e.contains("missing"), "{e}");
         let e = spec
-            .of_record(&r, Some(&map(serde_json::json!({"id": 1.5}))))
+            .of_record(
+                Some(map(serde_json::json!({"id": 1.5})).view().root()),
+                None,
+            )
             .unwrap_err();
         assert!(e.contains("string or an integer"), "{e}");
         let by_message = KeySpec::from_config(&[MESSAGE_KEY.into()]);
         assert_eq!(by_message, KeySpec::MessageKey);
-        assert!(by_message.of_record(&record(None), None).is_err());
-        let tombstone = by_message.of_record(&record(Some("k")), None).unwrap();
+        assert!(by_message.of_record(None, None).is_err());
+        let tombstone = by_message.of_record(None, Some("k")).unwrap();
         let cols: Vec<ArrayRef> = vec![Arc::new(StringArray::from(vec!["k"]))];
         assert_eq!(KeySpec::of_columns(&cols).unwrap()[0], Some(tombstone));
     }

@@ -13,7 +13,7 @@ use iceberg::table::Table;
 use iceberg::{MetadataLocation, TableRequirement, TableUpdate};
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 
-use crate::sink::rest::{RestCatalog, RestError, RestSession};
+use crate::catalog::rest::{RestCatalog, RestError, RestSession};
 
 /// Why a commit did not land.
 #[derive(Debug, thiserror::Error)]

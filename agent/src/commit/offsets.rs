@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use iceberg::spec::TableMetadata;
 
-use crate::source::PartitionMap;
+use crate::record::PartitionMap;
 
 /// Summary key holding the offsets JSON.
 pub const OFFSETS_KEY: &str = "floe.offsets";
@@ -22,6 +22,9 @@ pub const PIPELINE_KEY: &str = "floe.pipeline";
 pub const WRITER_KEY: &str = "floe.writer-id";
 /// Summary key holding the unique id of the commit.
 pub const COMMIT_KEY: &str = "floe.commit-id";
+/// Summary key recording records lost to retention before they were read:
+/// `{"topic": {"partition": [stored offset, first offset read]}}`.
+pub const GAP_KEY: &str = "floe.offset-gaps";
 
 /// Next offset to read per topic-partition.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -51,6 +54,17 @@ impl OffsetMap {
                 .insert(partition.to_string(), *offset);
         }
         serde_json::to_string(&sorted).expect("offsets serialize")
+    }
+
+    /// These offsets with `update` laid over them (per partition, the larger one: stored
+    /// offsets never go back).
+    pub fn merged(&self, update: &OffsetMap) -> OffsetMap {
+        let mut out = self.clone();
+        for (tp, o) in &update.0 {
+            let e = out.0.entry(tp.clone()).or_insert(*o);
+            *e = (*e).max(*o);
+        }
+        out
     }
 
     /// Decodes what [`OffsetMap::to_summary_value`] wrote.

@@ -1,0 +1,77 @@
+//! Error classes: whose fault an error is and whether retrying can help.
+//!
+//! Every stage error answers [`Classify::class`], so the pipeline's recovery policy is
+//! one `match`: a bad record goes to the dead letters, a transient failure is retried
+//! with capped exponential backoff and jitter, a fatal one stops the pipeline.
+
+use std::time::Duration;
+
+/// What an error means for the pipeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// The record itself cannot become a row: dead-letter it and go on.
+    BadRecord,
+    /// An outside system failed for now (broker, catalog 5xx/429/timeout, object
+    /// store, registry): retry with backoff, keeping committed progress.
+    Transient,
+    /// Retrying cannot help (configuration, privileges, a bug): stop the pipeline.
+    Fatal,
+}
+
+/// An error that knows its class.
+pub trait Classify {
+    /// The class of this error.
+    fn class(&self) -> ErrorClass;
+
+    /// Whether trying the same thing again later can succeed.
+    fn retryable(&self) -> bool {
+        self.class() == ErrorClass::Transient
+    }
+}
+
+/// The class of an iceberg-rust error: data and feature errors are fatal, the rest
+/// (I/O, storage, catalog answers) transient unless the crate says otherwise.
+pub fn iceberg_class(e: &iceberg::Error) -> ErrorClass {
+    use iceberg::ErrorKind as K;
+    if e.retryable() {
+        return ErrorClass::Transient;
+    }
+    match e.kind() {
+        K::DataInvalid
+        | K::FeatureUnsupported
+        | K::NamespaceNotFound
+        | K::TableNotFound
+        | K::PreconditionFailed => ErrorClass::Fatal,
+        _ => ErrorClass::Transient,
+    }
+}
+
+/// Capped exponential backoff with jitter: `attempt` 1 waits about `base`, doubling
+/// up to `cap`; the wait is spread over its upper half so retries do not align.
+pub fn backoff(attempt: u32, base: Duration, cap: Duration) -> Duration {
+    let ms = (base.as_millis() as u64)
+        .saturating_mul(1 << attempt.saturating_sub(1).min(16))
+        .min(cap.as_millis() as u64)
+        .max(1);
+    let jitter = u64::from(uuid::Uuid::new_v4().as_u128() as u16) % (ms / 2 + 1);
+    Duration::from_millis(ms / 2 + jitter)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap_with_jitter() {
+        let base = Duration::from_millis(100);
+        let cap = Duration::from_secs(5);
+        for attempt in 1..30 {
+            let d = backoff(attempt, base, cap);
+            let full = (100u64 << (attempt - 1).min(16)).min(5000);
+            assert!(
+                d.as_millis() as u64 >= full / 2 && d.as_millis() as u64 <= full,
+                "{attempt}: {d:?}"
+            );
+        }
+    }
+}

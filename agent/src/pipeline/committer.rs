@@ -1,0 +1,428 @@
+//! The committer task: seals in, Iceberg snapshots out, one seal at a time.
+//!
+//! Per seal, every table that receives rows exists first (a new one is created with
+//! the offsets the seal starts from, so a crash between two tables' commits makes the
+//! pipeline read again for the later ones); then each table's rows are written as
+//! Parquet and committed with the offsets the seal covers. A transient failure is
+//! retried with backoff on the same seal; a fenced commit rewinds the pipeline; anything
+//! else stops it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
+use iceberg::spec::Schema;
+use tokio::sync::mpsc;
+
+use super::PipelineError;
+use super::intake::{Handoff, Seal, SealedTable};
+use crate::commit::OffsetMap;
+use crate::config::PipelineConfig;
+use crate::error::{Classify, ErrorClass, backoff};
+use crate::record::PartitionMap;
+use crate::sink::{SinkError, Staged, TableSink};
+use crate::source::KnownOffsets;
+use crate::{failpoint, telemetry};
+
+/// A table with no new rows still records the pipeline's progress every this many
+/// seals, so a restart does not re-read much for it.
+const OFFSETS_ONLY_EVERY: u32 = 10;
+
+/// What the committer tells the intake.
+#[derive(Debug)]
+pub(super) enum Report {
+    /// Table `table` now stores `offsets`.
+    Committed {
+        /// Table index.
+        table: usize,
+        /// What it stores for the pipeline.
+        offsets: OffsetMap,
+    },
+    /// Everything not committed is dropped: read again from the tables' offsets, with
+    /// records of `epoch` and later.
+    Rewind {
+        /// The new read epoch.
+        epoch: u64,
+        /// Per table: what it stores now.
+        tables: Vec<TableState>,
+    },
+    /// The pipeline cannot go on.
+    Failed(PipelineError),
+    /// The closing seal is committed.
+    Done,
+}
+
+/// A table as loaded from the catalog.
+#[derive(Debug)]
+pub(super) struct TableState {
+    /// Its stored offsets for the pipeline.
+    pub committed: OffsetMap,
+    /// Its current schema, if it exists.
+    pub schema: Option<Arc<Schema>>,
+    /// Whether it exists.
+    pub exists: bool,
+}
+
+struct CommitTable {
+    sink: TableSink,
+    /// What the table stores for this pipeline (authoritative: read from commits).
+    committed: OffsetMap,
+    rounds_without_commit: u32,
+}
+
+pub(super) struct Committer {
+    config: Arc<PipelineConfig>,
+    tables: Vec<CommitTable>,
+    known: Arc<KnownOffsets>,
+    reports: Sender<Report>,
+    epoch: u64,
+}
+
+/// Why a seal did not commit.
+enum SealError {
+    /// Another writer moved our partitions' offsets: rewind.
+    Fenced(String),
+    /// Stop the pipeline.
+    Fatal(PipelineError),
+}
+
+impl Committer {
+    pub(super) fn new(
+        config: Arc<PipelineConfig>,
+        sinks: Vec<TableSink>,
+        known: Arc<KnownOffsets>,
+        reports: Sender<Report>,
+    ) -> Committer {
+        let tables = sinks
+            .into_iter()
+            .map(|sink| CommitTable {
+                committed: sink.stored_offsets().unwrap_or_default(),
+                sink,
+                rounds_without_commit: 0,
+            })
+            .collect();
+        Committer {
+            config,
+            tables,
+            known,
+            reports,
+            epoch: 0,
+        }
+    }
+
+    fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    pub(super) async fn run(
+        mut self,
+        mut seals: mpsc::Receiver<Handoff>,
+    ) -> Result<(), PipelineError> {
+        while let Some(handoff) = seals.recv().await {
+            match handoff {
+                Handoff::Rewind { epoch, reason } => {
+                    if epoch < self.epoch {
+                        continue;
+                    }
+                    tracing::warn!(pipeline = %self.name(), %reason, "rewinding to the offsets stored in the table(s)");
+                    if let Err(e) = self.rewind().await {
+                        let _ = self.reports.send(Report::Failed(e));
+                        return Ok(());
+                    }
+                }
+                Handoff::Seal(seal) => {
+                    if seal.epoch < self.epoch {
+                        // Cut before a rewind: its records will be read again.
+                        continue;
+                    }
+                    let closing = seal.closing;
+                    match self.commit_seal(seal).await {
+                        Ok(()) => {}
+                        Err(SealError::Fenced(reason)) => {
+                            telemetry::fenced(self.name());
+                            tracing::warn!(pipeline = %self.name(), %reason, "commit fenced: reloading offsets from the tables and re-reading");
+                            if let Err(e) = self.rewind().await {
+                                let _ = self.reports.send(Report::Failed(e));
+                                return Ok(());
+                            }
+                            if closing {
+                                // Stopping: what was not committed is read again next time.
+                                let _ = self.reports.send(Report::Done);
+                                return Ok(());
+                            }
+                            continue;
+                        }
+                        Err(SealError::Fatal(e)) => {
+                            let _ = self.reports.send(Report::Failed(e));
+                            return Ok(());
+                        }
+                    }
+                    if closing {
+                        let _ = self.reports.send(Report::Done);
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reloads every table and tells the intake to read again from what they store.
+    async fn rewind(&mut self) -> Result<(), PipelineError> {
+        let mut states = Vec::with_capacity(self.tables.len());
+        for i in 0..self.tables.len() {
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                match self.reload(i).await {
+                    Ok(()) => break,
+                    Err(e) if e.class() == ErrorClass::Transient && attempt < MAX_STEP_ATTEMPTS => {
+                        let wait =
+                            backoff(attempt, Duration::from_millis(250), Duration::from_secs(30));
+                        telemetry::transient_retry(self.name(), "reload");
+                        tracing::warn!(pipeline = %self.name(), attempt, error = %e, "transient failure reloading a table: retrying");
+                        tokio::time::sleep(wait).await;
+                    }
+                    Err(e) => return Err(PipelineError::sink(self.name())(e)),
+                }
+            }
+            let t = &self.tables[i];
+            states.push(TableState {
+                committed: t.committed.clone(),
+                schema: t.sink.current_schema(),
+                exists: t.sink.exists(),
+            });
+        }
+        self.remember();
+        self.epoch += 1;
+        let _ = self.reports.send(Report::Rewind {
+            epoch: self.epoch,
+            tables: states,
+        });
+        Ok(())
+    }
+
+    async fn reload(&mut self, i: usize) -> Result<(), SinkError> {
+        let t = &mut self.tables[i];
+        t.sink.reload().await?;
+        t.committed = t.sink.stored_offsets()?;
+        Ok(())
+    }
+
+    /// Updates the offsets the position lookup falls back on.
+    fn remember(&self) {
+        let mut known = self.known.lock().expect("known offsets");
+        known.clear();
+        for (i, t) in self.tables.iter().enumerate() {
+            for (tp, o) in &t.committed.0 {
+                let entry = known
+                    .entry(tp.clone())
+                    .or_insert_with(|| vec![None; self.tables.len()]);
+                entry[i] = Some(*o);
+            }
+        }
+    }
+
+    async fn commit_seal(&mut self, seal: Seal) -> Result<(), SealError> {
+        let started = Instant::now();
+        let has_rows: Vec<bool> = seal.tables.iter().map(|t| t.buffered.rows > 0).collect();
+        if has_rows.iter().any(|r| *r) {
+            failpoint::hit(failpoint::BEFORE_WRITE);
+        }
+        // Schemas first: every table that receives rows exists (a new one starting at
+        // the seal's start) before any table commits.
+        for (i, sealed) in seal.tables.iter().enumerate() {
+            if !has_rows[i] {
+                continue;
+            }
+            let from = OffsetMap(seal.from.clone());
+            self.step(
+                i,
+                Step::Schema {
+                    sealed,
+                    from: &from,
+                },
+            )
+            .await?;
+        }
+        let gaps = gap_summary(&seal.gaps);
+        for (i, sealed) in seal.tables.iter().enumerate() {
+            let t = &mut self.tables[i];
+            let mut target = t.committed.clone();
+            for (tp, o) in &seal.next {
+                let c = target.0.entry(tp.clone()).or_insert(*o);
+                // Stored offsets never go back.
+                *c = (*c).max(*o);
+            }
+            if target == t.committed && !has_rows[i] {
+                continue;
+            }
+            if !has_rows[i] {
+                if !seal.closing && t.rounds_without_commit + 1 < OFFSETS_ONLY_EVERY {
+                    t.rounds_without_commit += 1;
+                    continue;
+                }
+                if !t.sink.exists() {
+                    continue;
+                }
+            }
+            let outcome = self
+                .step(
+                    i,
+                    Step::Commit {
+                        sealed,
+                        covers: &seal.next,
+                        target: &target,
+                        gaps: &gaps,
+                    },
+                )
+                .await?
+                .ok_or_else(|| {
+                    SealError::Fatal(PipelineError::internal(
+                        &self.config.name,
+                        "commit without outcome",
+                    ))
+                })?;
+            let t = &mut self.tables[i];
+            tracing::info!(pipeline = %self.config.name, table = %t.sink.ident(), snapshot_id = outcome.snapshot_id, files = outcome.files, delete_files = outcome.delete_files, rows = sealed.buffered.rows, ms = started.elapsed().as_millis() as u64, "committed");
+            telemetry::records_out(&self.config.name, sealed.buffered.rows as u64);
+            telemetry::committed(&self.config.name, outcome.files);
+            t.committed = target.clone();
+            t.rounds_without_commit = 0;
+            let _ = self.reports.send(Report::Committed {
+                table: i,
+                offsets: target,
+            });
+            failpoint::hit(failpoint::AFTER_COMMIT);
+        }
+        self.remember();
+        Ok(())
+    }
+
+    /// Creates the table or prepares the schema change the next commit carries.
+    async fn apply_schema(
+        &mut self,
+        i: usize,
+        sealed: &SealedTable,
+        from: &OffsetMap,
+    ) -> Result<(), SinkError> {
+        let t = &mut self.tables[i];
+        t.sink.apply_schema(&sealed.tracker, from).await?;
+        // A table created just now stores `from`.
+        t.committed = t.sink.stored_offsets()?;
+        Ok(())
+    }
+
+    async fn write_and_commit(
+        &mut self,
+        i: usize,
+        sealed: &SealedTable,
+        covers: &PartitionMap<i64>,
+        target: &OffsetMap,
+        gaps: &Option<String>,
+    ) -> Result<crate::sink::CommitOutcome, SinkError> {
+        let t = &mut self.tables[i];
+        let files = if sealed.buffered.rows > 0 {
+            let files = t.sink.write(&sealed.buffered).await?;
+            failpoint::hit(failpoint::AFTER_WRITE);
+            files
+        } else {
+            Staged::empty()
+        };
+        // The fence covers the partitions of this seal only: other agents' partitions
+        // are carried forward as found.
+        let expected: PartitionMap<Option<i64>> = covers
+            .keys()
+            .map(|tp| (tp.clone(), t.committed.0.get(tp).copied()))
+            .collect();
+        let mut extra = HashMap::new();
+        if let Some(g) = gaps {
+            extra.insert(crate::commit::GAP_KEY.to_string(), g.clone());
+        }
+        t.sink.commit(files, &expected, target, extra).await
+    }
+
+    /// Runs one step of a seal, retrying transient failures with backoff; a fence ends
+    /// the seal for a rewind.
+    async fn step(
+        &mut self,
+        table: usize,
+        step: Step<'_>,
+    ) -> Result<Option<crate::sink::CommitOutcome>, SealError> {
+        let what = match step {
+            Step::Schema { .. } => "schema",
+            Step::Commit { .. } => "commit",
+        };
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let result = match &step {
+                Step::Schema { sealed, from } => {
+                    self.apply_schema(table, sealed, from).await.map(|()| None)
+                }
+                Step::Commit {
+                    sealed,
+                    covers,
+                    target,
+                    gaps,
+                } => self
+                    .write_and_commit(table, sealed, covers, target, gaps)
+                    .await
+                    .map(Some),
+            };
+            match result {
+                Ok(v) => return Ok(v),
+                Err(SinkError::Fenced(reason)) => return Err(SealError::Fenced(reason)),
+                Err(e) if e.class() == ErrorClass::Transient && attempt < MAX_STEP_ATTEMPTS => {
+                    let wait =
+                        backoff(attempt, Duration::from_millis(250), Duration::from_secs(30));
+                    telemetry::transient_retry(self.name(), what);
+                    tracing::warn!(pipeline = %self.name(), table = %self.tables[table].sink.ident(), step = what, attempt, error = %e, retry_in_ms = wait.as_millis() as u64, "transient failure: retrying");
+                    tokio::time::sleep(wait).await;
+                    // The table may have moved on while it failed.
+                    if let Err(reload) = self.tables[table].sink.reload().await {
+                        tracing::warn!(pipeline = %self.name(), error = %reload, "reload after a failure failed too");
+                    }
+                }
+                Err(e) => return Err(SealError::Fatal(PipelineError::sink(self.name())(e))),
+            }
+        }
+    }
+}
+
+/// One retryable step of a seal for one table.
+enum Step<'a> {
+    /// Create the table or prepare its schema change.
+    Schema {
+        sealed: &'a SealedTable,
+        from: &'a OffsetMap,
+    },
+    /// Write the rows and commit them with the offsets.
+    Commit {
+        sealed: &'a SealedTable,
+        covers: &'a PartitionMap<i64>,
+        target: &'a OffsetMap,
+        gaps: &'a Option<String>,
+    },
+}
+
+/// Attempts of one step before a transient failure is given up on (about an hour with
+/// the 30 s cap).
+const MAX_STEP_ATTEMPTS: u32 = 120;
+
+/// `{"topic": {"partition": [stored, first read]}}` for the snapshot summary.
+fn gap_summary(gaps: &PartitionMap<(i64, i64)>) -> Option<String> {
+    if gaps.is_empty() {
+        return None;
+    }
+    let mut sorted: std::collections::BTreeMap<&str, std::collections::BTreeMap<String, [i64; 2]>> =
+        Default::default();
+    for ((topic, partition), (expected, found)) in gaps {
+        sorted
+            .entry(topic)
+            .or_default()
+            .insert(partition.to_string(), [*expected, *found]);
+    }
+    serde_json::to_string(&sorted).ok()
+}

@@ -1,0 +1,800 @@
+//! The intake thread: source events in, buffered rows and seals out.
+//!
+//! Per message: skip what is already buffered or stored, decode the key and the value
+//! (one parse), run the plugins, let each table's schema stage admit the row, append it
+//! to the table's Arrow buffer. Rejected records go to the dead-letter file with their
+//! original bytes. Everything here is blocking work (parsing, WebAssembly, fsync), which
+//! is why it runs on its own thread and not on an async worker.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Receiver;
+use tokio::sync::mpsc;
+
+use super::committer::Report;
+use super::{PipelineError, tracker_for};
+use crate::batch::{Buffered, ROW_OVERHEAD, RowBuffer, RowMeta};
+use crate::commit::OffsetMap;
+use crate::config::PipelineConfig;
+use crate::dead_letter::DeadLetterWriter;
+use crate::decode::{Decoded, Decoder};
+use crate::error::{Classify, ErrorClass, backoff};
+use crate::record::json::{Obj, Tape};
+use crate::record::{Message, PartitionMap, TopicPartition};
+use crate::schema::{Admission, SchemaTracker, TableSchema};
+use crate::source::{Source, SourceCommand, SourceError, SourceEvent, resume_position};
+use crate::telemetry;
+use crate::transform::{ChainInput, OnError, Produced, TransformChain, TransformError};
+
+/// Requests from the pipeline's owner.
+#[derive(Debug)]
+pub(super) enum Control {
+    /// Commit what is buffered and stop.
+    Shutdown,
+}
+
+/// What the intake hands to the committer, in order.
+pub(super) enum Handoff {
+    /// Buffered rows of every table and the offsets they cover.
+    Seal(Seal),
+    /// Drop everything not yet committed and position reading at the stored offsets,
+    /// once every earlier seal is committed (a plugin fault).
+    Rewind {
+        /// The epoch the request was made in.
+        epoch: u64,
+        /// Why (for the log).
+        reason: String,
+    },
+}
+
+/// Every table's buffer at one point of the stream.
+pub(super) struct Seal {
+    /// The read epoch the rows belong to (seals of an older epoch are dropped).
+    pub epoch: u64,
+    /// The last seal before stopping: also record progress in tables without rows.
+    pub closing: bool,
+    /// Per table, in pipeline order.
+    pub tables: Vec<SealedTable>,
+    /// Next offset per partition read so far (what the seal covers).
+    pub next: PartitionMap<i64>,
+    /// Where this seal's records start per partition (for a table created by it).
+    pub from: PartitionMap<i64>,
+    /// Records lost to retention before they were read, per partition (for the summary).
+    pub gaps: PartitionMap<(i64, i64)>,
+}
+
+/// One table's part of a seal.
+pub(super) struct SealedTable {
+    /// The rows.
+    pub buffered: Buffered,
+    /// The columns they were admitted into (the commit evolves the table to these).
+    pub tracker: SchemaTracker,
+}
+
+/// One output table as the intake sees it.
+pub(super) struct IntakeTable {
+    schema: TableSchema,
+    buffer: RowBuffer,
+    /// Next offset per partition the table stores (never decreases).
+    committed: OffsetMap,
+    /// Whether the table exists in the catalog.
+    exists: bool,
+}
+
+impl IntakeTable {
+    pub(super) fn new(schema: TableSchema, committed: OffsetMap, exists: bool) -> IntakeTable {
+        IntakeTable {
+            schema,
+            buffer: RowBuffer::new(),
+            committed,
+            exists,
+        }
+    }
+
+    /// Whether the table already holds the record at `offset` of `tp`.
+    fn holds(&self, tp: &TopicPartition, offset: i64) -> bool {
+        self.committed.0.get(tp).is_some_and(|&c| offset < c)
+    }
+}
+
+/// Bookkeeping of the read position.
+#[derive(Default)]
+pub(super) struct State {
+    /// Next offset expected per assigned partition.
+    next: PartitionMap<i64>,
+    /// Where the next seal's records start per partition.
+    from: PartitionMap<i64>,
+    /// `next` as of the last seal handed over.
+    last_sealed: PartitionMap<i64>,
+    assigned: HashSet<TopicPartition>,
+    gaps: PartitionMap<(i64, i64)>,
+    epoch: u64,
+    /// A rewind was requested: records are ignored until the committer answers.
+    rewinding: bool,
+    /// A stop was requested while rewinding: seal once the rewind is done.
+    close_after_rewind: bool,
+    closing: bool,
+    consecutive_faults: u32,
+    tape: Tape,
+    last_commit: Option<Instant>,
+    /// When the oldest buffered row arrived: the commit interval counts from there, so
+    /// a seal holds what arrived together rather than what a timer cut in two.
+    first_row_at: Option<Instant>,
+}
+
+/// The intake of one pipeline.
+pub(super) struct Intake {
+    pub config: Arc<PipelineConfig>,
+    pub decoder: Decoder,
+    pub chain: TransformChain,
+    pub dead_letters: DeadLetterWriter,
+    pub tables: Vec<IntakeTable>,
+    pub routes: HashMap<String, usize>,
+    pub source: Box<dyn Source>,
+    pub seals: mpsc::Sender<Handoff>,
+    pub reports: Receiver<Report>,
+    pub control: Receiver<Control>,
+    pub runtime: tokio::runtime::Handle,
+    pub state: State,
+}
+
+enum Flow {
+    Go,
+    Done,
+}
+
+/// A row ready for a table, before admission.
+struct Candidate<'a> {
+    message: &'a Message,
+    key: Option<&'a str>,
+    value: Option<Obj<'a>>,
+    declared: Option<&'a Arc<iceberg::spec::StructType>>,
+    /// Declared types are hints only (the value went through plugins).
+    hints_only: bool,
+}
+
+impl Intake {
+    fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    fn err_dl(&self, e: crate::dead_letter::DeadLetterError) -> PipelineError {
+        PipelineError::DeadLetter {
+            pipeline: self.name().to_string(),
+            source: Box::new(e),
+        }
+    }
+
+    /// Runs until the pipeline stops; the source is shut down on the way out.
+    pub(super) fn run(mut self) -> Result<(), PipelineError> {
+        let result = self.run_loop();
+        let source = std::mem::replace(&mut self.source, Box::new(Stopped));
+        source.shutdown();
+        result
+    }
+
+    fn run_loop(&mut self) -> Result<(), PipelineError> {
+        let interval = self.config.sink.commit_interval;
+        let events = self.source.events().clone();
+        let reports = self.reports.clone();
+        let control = self.control.clone();
+        let mut last_seal = Instant::now();
+        let started = Instant::now();
+        loop {
+            let since = self
+                .state
+                .first_row_at
+                .map_or(last_seal.elapsed(), |t| t.elapsed());
+            let wait = interval
+                .saturating_sub(since)
+                .min(Duration::from_millis(250));
+            crossbeam_channel::select! {
+                recv(reports) -> r => {
+                    let Ok(report) = r else {
+                        return Err(PipelineError::internal(self.name(), "the committer stopped"));
+                    };
+                    if let Flow::Done = self.on_report(report)? {
+                        return Ok(());
+                    }
+                }
+                recv(control) -> c => {
+                    if let Ok(Control::Shutdown) = c && !self.state.closing {
+                        if self.state.rewinding {
+                            self.state.close_after_rewind = true;
+                        } else {
+                            self.seal(true)?;
+                        }
+                    }
+                }
+                recv(events) -> e => match e {
+                    Ok(event) if !self.state.closing => self.on_event(event)?,
+                    Ok(_) => {}
+                    Err(_) => {
+                        if self.state.closing {
+                            continue;
+                        }
+                        return Err(self.source_err(SourceError::Stopped("source channel closed".into())));
+                    }
+                },
+                default(wait) => {}
+            }
+            let since = self.state.last_commit.unwrap_or(started).elapsed();
+            telemetry::seconds_since_last_commit(self.name(), since.as_secs_f64());
+            if self.state.closing || self.state.rewinding {
+                continue;
+            }
+            let due = match self.state.first_row_at {
+                Some(first) => first.elapsed() >= interval,
+                // Only offsets to record (records skipped or dead-lettered).
+                None => last_seal.elapsed() >= interval,
+            };
+            if self.buffer_full() || due {
+                self.seal(false)?;
+                last_seal = Instant::now();
+            }
+        }
+    }
+
+    fn source_err(&self, e: SourceError) -> PipelineError {
+        PipelineError::Source {
+            pipeline: self.name().to_string(),
+            source: Box::new(e),
+        }
+    }
+
+    fn buffer_full(&self) -> bool {
+        let bytes: u64 = self.tables.iter().map(|t| t.buffer.bytes()).sum();
+        let rows: usize = self.tables.iter().map(|t| t.buffer.rows()).sum();
+        bytes >= self.config.sink.flush_bytes || rows >= self.config.sink.flush_records
+    }
+
+    fn on_event(&mut self, event: SourceEvent) -> Result<(), PipelineError> {
+        match event {
+            SourceEvent::Records(epoch, messages) => {
+                if epoch == self.state.epoch && !self.state.rewinding {
+                    self.accept(messages)?;
+                }
+            }
+            SourceEvent::Assigned(assignments) => {
+                for a in assignments {
+                    for (t, stored) in self.tables.iter_mut().zip(&a.stored) {
+                        if let Some(o) = stored {
+                            let c = t.committed.0.entry(a.tp.clone()).or_insert(*o);
+                            *c = (*c).max(*o);
+                        }
+                    }
+                    match a.position {
+                        Some(p) => {
+                            self.state.next.insert(a.tp.clone(), p);
+                            self.state.from.insert(a.tp.clone(), p);
+                        }
+                        None => {
+                            self.state.next.remove(&a.tp);
+                            self.state.from.remove(&a.tp);
+                        }
+                    }
+                    self.state.assigned.insert(a.tp);
+                }
+            }
+            SourceEvent::Revoked(tps) => {
+                let revoked: HashSet<TopicPartition> = tps.into_iter().collect();
+                for t in &mut self.tables {
+                    t.buffer
+                        .retain(|tp| !revoked.contains(tp))
+                        .map_err(|e| PipelineError::internal(&self.config.name, e.to_string()))?;
+                }
+                for tp in &revoked {
+                    self.state.assigned.remove(tp);
+                    self.state.next.remove(tp);
+                    self.state.from.remove(tp);
+                    self.state.last_sealed.remove(tp);
+                    self.state.gaps.remove(tp);
+                }
+            }
+            SourceEvent::Gap {
+                tp,
+                expected,
+                found,
+            } => {
+                telemetry::offset_gap(self.name(), (found - expected).max(0) as u64);
+                self.state.gaps.insert(tp, (expected, found));
+            }
+            SourceEvent::Failed(reason) => {
+                return Err(self.source_err(SourceError::Stopped(reason)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Decodes, transforms and buffers a batch of messages.
+    fn accept(&mut self, messages: Vec<Message>) -> Result<(), PipelineError> {
+        telemetry::records_in(self.name(), messages.len() as u64);
+        self.prepare(&messages)?;
+        let fast = self.decoder.is_json() && self.chain.is_empty();
+        let mut decoded: Vec<(usize, Option<String>, Decoded)> = Vec::new();
+        for (i, m) in messages.iter().enumerate() {
+            let tp = m.topic_partition();
+            let next = self.state.next.entry(tp.clone()).or_insert(m.offset);
+            if m.offset < *next {
+                // Already buffered or stored (re-delivery after a rebalance or seek).
+                continue;
+            }
+            *next = m.offset + 1;
+            self.state.from.entry(tp).or_insert(m.offset);
+            let key = match self.decode_key(m)? {
+                Ok(k) => k,
+                Err(reason) => {
+                    self.dead_letter(m, "decode", &reason)?;
+                    continue;
+                }
+            };
+            let Some(bytes) = &m.value else {
+                // A tombstone is a row with only the Kafka columns; plugins never see it.
+                let key = key.as_deref().or_else(|| utf8_key(m));
+                self.offer(
+                    0,
+                    Candidate {
+                        message: m,
+                        key,
+                        value: None,
+                        declared: None,
+                        hints_only: false,
+                    },
+                )?;
+                continue;
+            };
+            if fast {
+                // The hot path: one parse into a reused tape, straight into the buffer.
+                let mut tape = std::mem::take(&mut self.state.tape);
+                let result = match tape.parse(bytes) {
+                    Ok(view) => self.offer(
+                        0,
+                        Candidate {
+                            message: m,
+                            key: utf8_key(m),
+                            value: Some(view.root()),
+                            declared: None,
+                            hints_only: false,
+                        },
+                    ),
+                    Err(e) => self.dead_letter(m, "decode", &e.to_string()),
+                };
+                self.state.tape = tape;
+                result?;
+                continue;
+            }
+            match self.decoder.decode_value(bytes) {
+                Ok(d) => decoded.push((i, key, d)),
+                Err(e) if e.class() == ErrorClass::BadRecord => {
+                    self.dead_letter(m, "decode", &e.to_string())?
+                }
+                Err(e) => return Err(self.decode_failed(m, e)),
+            }
+        }
+        if decoded.is_empty() {
+            return Ok(());
+        }
+        if self.chain.is_empty() {
+            for (i, key, d) in &decoded {
+                let m = &messages[*i];
+                self.offer(
+                    0,
+                    Candidate {
+                        message: m,
+                        key: key.as_deref().or_else(|| utf8_key(m)),
+                        value: Some(d.value.view().root()),
+                        declared: d.declared.as_ref(),
+                        hints_only: false,
+                    },
+                )?;
+            }
+            return Ok(());
+        }
+        self.transform(&messages, decoded)
+    }
+
+    /// Fetches the registry schemas a batch refers to, retrying while the registry is
+    /// unreachable (a transient failure: nothing is dead-lettered for it).
+    fn prepare(&mut self, messages: &[Message]) -> Result<(), PipelineError> {
+        let values = self
+            .decoder
+            .values_use_registry()
+            .then(|| messages.iter().filter_map(|m| m.value.as_deref()))
+            .into_iter()
+            .flatten();
+        let keys = self
+            .decoder
+            .keys_use_registry()
+            .then(|| messages.iter().filter_map(|m| m.key.as_deref()))
+            .into_iter()
+            .flatten();
+        let ids = self.decoder.missing_ids(values.chain(keys));
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.runtime.block_on(self.decoder.fetch(ids.clone())) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.class() == ErrorClass::Transient && !self.stop_requested() => {
+                    let wait =
+                        backoff(attempt, Duration::from_millis(200), Duration::from_secs(30));
+                    tracing::warn!(pipeline = %self.name(), error = %e, attempt, retry_in_ms = wait.as_millis() as u64, "schema registry unreachable: retrying");
+                    telemetry::transient_retry(self.name(), "registry");
+                    std::thread::sleep(wait);
+                }
+                Err(e) => {
+                    return Err(PipelineError::Decode {
+                        pipeline: self.name().to_string(),
+                        source: Box::new(e),
+                    });
+                }
+            }
+        }
+    }
+
+    fn stop_requested(&self) -> bool {
+        !self.control.is_empty()
+    }
+
+    /// The `_kafka_key` text of a message whose key is not a plain string, or why it
+    /// cannot be decoded (`Ok(None)`: the key is stored as it is, or there is none).
+    fn decode_key(&self, m: &Message) -> Result<Result<Option<String>, String>, PipelineError> {
+        let Some(key) = &m.key else {
+            return Ok(Ok(None));
+        };
+        if self.decoder.key_is_string() {
+            return Ok(match std::str::from_utf8(key) {
+                Ok(_) => Ok(None),
+                Err(_) => {
+                    Err("message key is not UTF-8 (the _kafka_key column is a string)".into())
+                }
+            });
+        }
+        match self.decoder.decode_key(key) {
+            Ok(text) => Ok(Ok(Some(text))),
+            Err(e) if e.class() == ErrorClass::BadRecord => Ok(Err(e.to_string())),
+            Err(e) => Err(self.decode_failed(m, e)),
+        }
+    }
+
+    /// A decode error that is not the record's fault alone (registry gone, or a schema
+    /// violation under `on_incompatible = "fail"`): the pipeline stops, naming the record.
+    fn decode_failed(&self, m: &Message, e: crate::decode::DecodeError) -> PipelineError {
+        PipelineError::DecodeFailed {
+            pipeline: self.name().to_string(),
+            topic: m.topic.to_string(),
+            partition: m.partition,
+            offset: m.offset,
+            source: Box::new(e),
+        }
+    }
+
+    /// Runs decoded records through the plugin chain and offers what comes out.
+    fn transform(
+        &mut self,
+        messages: &[Message],
+        decoded: Vec<(usize, Option<String>, Decoded)>,
+    ) -> Result<(), PipelineError> {
+        // The chain reads each record's parsed value with its Kafka metadata.
+        let inputs: Vec<ChainInput<'_>> = decoded
+            .iter()
+            .map(|(i, key, d)| {
+                let m = &messages[*i];
+                ChainInput {
+                    value: &d.value,
+                    topic: &m.topic,
+                    partition: m.partition,
+                    offset: m.offset,
+                    timestamp_ms: m.timestamp_ms,
+                    key: key.as_deref().map(str::as_bytes).or(m.key.as_deref()),
+                }
+            })
+            .collect();
+        let result = match self.chain.run(&inputs) {
+            Ok(r) => r,
+            Err(TransformError::Interrupted { .. }) => {
+                // Shutting down: nothing of this batch is kept; it is read again on restart.
+                return self.request_rewind("a plugin call was interrupted by shutdown".into());
+            }
+            Err(TransformError::Fault(fault)) => {
+                self.state.consecutive_faults += 1;
+                telemetry::records_failed(self.name(), "transform_fault");
+                if self.state.consecutive_faults >= self.config.max_consecutive_faults {
+                    tracing::error!(pipeline = %self.name(), %fault, faults = self.state.consecutive_faults, "plugin faulted too often: stopping");
+                    return Err(PipelineError::Transform {
+                        pipeline: self.name().to_string(),
+                        source: Box::new(fault.into()),
+                    });
+                }
+                tracing::warn!(pipeline = %self.name(), %fault, faults = self.state.consecutive_faults, "plugin fault: dropping uncommitted records, rebuilding the plugin, re-reading");
+                return self.request_rewind(fault.to_string());
+            }
+            Err(other) => {
+                return Err(PipelineError::Transform {
+                    pipeline: self.name().to_string(),
+                    source: Box::new(other),
+                });
+            }
+        };
+        drop(inputs);
+        self.state.consecutive_faults = 0;
+        for e in &result.errors {
+            let m = &messages[decoded[e.origin].0];
+            match e.policy {
+                OnError::DeadLetter => {
+                    telemetry::plugin_record_error(self.name(), &e.plugin, "dead_letter");
+                    self.dead_letter(
+                        m,
+                        "transform",
+                        &format!("plugin {}: {}", e.plugin, e.message),
+                    )?;
+                }
+                OnError::Drop => telemetry::plugin_record_error(self.name(), &e.plugin, "drop"),
+                OnError::Fail => {
+                    telemetry::plugin_record_error(self.name(), &e.plugin, "fail");
+                    return Err(PipelineError::RecordFailed {
+                        pipeline: self.name().to_string(),
+                        plugin: e.plugin.clone(),
+                        topic: m.topic.to_string(),
+                        partition: m.partition,
+                        offset: m.offset,
+                        message: e.message.clone(),
+                    });
+                }
+            }
+        }
+        for out in result.outputs {
+            let (i, key, d) = &decoded[out.origin];
+            let m = &messages[*i];
+            let table = match &out.route {
+                None => 0,
+                Some(stream) => match self.routes.get(stream) {
+                    Some(&t) => t,
+                    None => {
+                        let reason = format!(
+                            "routed to stream {stream:?}, which has no table in [pipelines.sink.streams]"
+                        );
+                        self.dead_letter(m, "transform", &reason)?;
+                        continue;
+                    }
+                },
+            };
+            // Unchanged by every plugin: the value parsed at decoding goes on.
+            let value = match &out.value {
+                Produced::Unchanged => &d.value,
+                Produced::New(v) => v,
+            };
+            let declared = d.declared.as_ref();
+            self.offer(
+                table,
+                Candidate {
+                    message: m,
+                    key: key.as_deref().or_else(|| utf8_key(m)),
+                    value: Some(value.view().root()),
+                    declared,
+                    hints_only: true,
+                },
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Lets table `t` admit a row and buffers it, or applies the verdict.
+    fn offer(&mut self, t: usize, c: Candidate<'_>) -> Result<(), PipelineError> {
+        let m = c.message;
+        let tp = m.topic_partition();
+        let table = &mut self.tables[t];
+        if table.holds(&tp, m.offset) {
+            return Ok(());
+        }
+        let (declare, hints) = match (c.declared, c.hints_only) {
+            (Some(d), false) => (Some(d), Some(&**d)),
+            (Some(d), true) => (None, Some(&**d)),
+            (None, _) => (None, None),
+        };
+        let verdict = table.schema.admit(c.value, c.key, declare, hints);
+        let admitted = match verdict {
+            Admission::Admit(a) => a,
+            Admission::Reject { stage, reason } => return self.dead_letter(m, stage, &reason),
+            Admission::Fail(rejection) => {
+                return Err(PipelineError::Incompatible {
+                    pipeline: self.name().to_string(),
+                    topic: m.topic.to_string(),
+                    partition: m.partition,
+                    offset: m.offset,
+                    conflict: Box::new(rejection),
+                });
+            }
+        };
+        let value = match &admitted.rewritten {
+            Some(v) => Some(v.view().root()),
+            None => c.value,
+        };
+        let cost = value.map_or(0, |v| v.raw().len() as u64)
+            + c.key.map_or(0, |k| k.len() as u64)
+            + ROW_OVERHEAD;
+        let meta = RowMeta {
+            partition: m.partition,
+            offset: m.offset,
+            timestamp_ms: m.timestamp_ms,
+            key: c.key,
+        };
+        let table = &mut self.tables[t];
+        table
+            .buffer
+            .append(&table.schema.tracker, &tp, meta, value, admitted.key, cost)
+            .map_err(|e| PipelineError::internal(&self.config.name, e.to_string()))?;
+        self.state.first_row_at.get_or_insert_with(Instant::now);
+        Ok(())
+    }
+
+    fn dead_letter(
+        &mut self,
+        m: &Message,
+        stage: &'static str,
+        reason: &str,
+    ) -> Result<(), PipelineError> {
+        tracing::debug!(pipeline = %self.name(), topic = %m.topic, partition = m.partition, offset = m.offset, stage, reason, "dead-lettered");
+        telemetry::records_failed(self.name(), stage);
+        self.dead_letters
+            .write(m, stage, reason)
+            .map_err(|e| self.err_dl(e))?;
+        Ok(())
+    }
+
+    /// Hands every table's buffer and the offsets it covers to the committer.
+    fn seal(&mut self, closing: bool) -> Result<(), PipelineError> {
+        let any_rows = self.tables.iter().any(|t| !t.buffer.is_empty());
+        if !closing && !any_rows && self.state.next == self.state.last_sealed {
+            return Ok(());
+        }
+        // Dead letters up to here are durable before any commit moves offsets past them.
+        self.dead_letters.sync().map_err(|e| self.err_dl(e))?;
+        let mut tables = Vec::with_capacity(self.tables.len());
+        for t in &mut self.tables {
+            let buffered = t
+                .buffer
+                .take()
+                .map_err(|e| PipelineError::internal(&self.config.name, e.to_string()))?;
+            let tracker = t.schema.tracker.clone();
+            if buffered.rows > 0 {
+                // From now on rows are checked against the types this seal commits.
+                t.schema.tracker.lock_all();
+            }
+            tables.push(SealedTable { buffered, tracker });
+        }
+        let seal = Seal {
+            epoch: self.state.epoch,
+            closing,
+            tables,
+            next: self.state.next.clone(),
+            from: std::mem::replace(&mut self.state.from, self.state.next.clone()),
+            gaps: std::mem::take(&mut self.state.gaps),
+        };
+        self.state.last_sealed = self.state.next.clone();
+        self.state.first_row_at = None;
+        if closing {
+            self.state.closing = true;
+        }
+        self.seals
+            .blocking_send(Handoff::Seal(seal))
+            .map_err(|_| PipelineError::internal(self.name(), "the committer stopped"))
+    }
+
+    /// Asks the committer to rewind once every earlier seal is done.
+    fn request_rewind(&mut self, reason: String) -> Result<(), PipelineError> {
+        self.state.rewinding = true;
+        self.state.first_row_at = None;
+        for t in &mut self.tables {
+            let _ = t.buffer.take();
+        }
+        self.seals
+            .blocking_send(Handoff::Rewind {
+                epoch: self.state.epoch,
+                reason,
+            })
+            .map_err(|_| PipelineError::internal(self.name(), "the committer stopped"))
+    }
+
+    fn on_report(&mut self, report: Report) -> Result<Flow, PipelineError> {
+        match report {
+            Report::Committed { table, offsets } => {
+                let t = &mut self.tables[table];
+                t.exists = true;
+                for (tp, o) in offsets.0 {
+                    let c = t.committed.0.entry(tp).or_insert(o);
+                    *c = (*c).max(o);
+                }
+                self.state.last_commit = Some(Instant::now());
+                let resume = self.resume();
+                self.dead_letters.forget_below(&resume);
+                let group: Vec<(TopicPartition, i64)> = self
+                    .state
+                    .assigned
+                    .iter()
+                    .filter_map(|tp| resume.get(tp).map(|o| (tp.clone(), *o)))
+                    .collect();
+                if !group.is_empty() {
+                    self.source
+                        .command(SourceCommand::CommitGroupOffsets(group));
+                }
+            }
+            Report::Rewind { epoch, tables } => {
+                let options = self.tables[0].schema.tracker.options().clone();
+                for (t, state) in self.tables.iter_mut().zip(tables) {
+                    t.buffer = RowBuffer::new();
+                    t.schema.tracker = tracker_for(state.schema.as_deref(), &options);
+                    t.committed = state.committed;
+                    t.exists = state.exists;
+                }
+                self.state.epoch = epoch;
+                self.state.rewinding = false;
+                let resume = self.resume();
+                let mut positions = Vec::new();
+                self.state.next.clear();
+                self.state.from.clear();
+                for tp in &self.state.assigned {
+                    let p = resume.get(tp).copied();
+                    if let Some(o) = p {
+                        self.state.next.insert(tp.clone(), o);
+                        self.state.from.insert(tp.clone(), o);
+                    }
+                    positions.push((tp.clone(), p));
+                }
+                self.state.last_sealed = self.state.next.clone();
+                self.source
+                    .command(SourceCommand::Seek { epoch, positions });
+                if self.state.close_after_rewind {
+                    self.seal(true)?;
+                }
+            }
+            Report::Failed(e) => return Err(e),
+            Report::Done => return Ok(Flow::Done),
+        }
+        Ok(Flow::Go)
+    }
+
+    /// Where reading continues per partition: the smallest offset any table stores (a
+    /// table that exists without the partition needs it from the start).
+    fn resume(&self) -> PartitionMap<i64> {
+        let mut out = PartitionMap::default();
+        let partitions: HashSet<&TopicPartition> = self
+            .tables
+            .iter()
+            .flat_map(|t| t.committed.0.keys())
+            .collect();
+        let exists: Vec<bool> = self.tables.iter().map(|t| t.exists).collect();
+        for tp in partitions {
+            let stored: Vec<Option<i64>> = self
+                .tables
+                .iter()
+                .map(|t| t.committed.0.get(tp).copied())
+                .collect();
+            if let Some(o) = resume_position(&stored, &exists) {
+                out.insert(tp.clone(), o);
+            }
+        }
+        out
+    }
+}
+
+/// The key of a message with `key_format = "string"`, as stored (checked UTF-8 before).
+fn utf8_key(m: &Message) -> Option<&str> {
+    m.key.as_deref().and_then(|k| std::str::from_utf8(k).ok())
+}
+
+/// Placeholder after the source was shut down.
+struct Stopped;
+
+impl Source for Stopped {
+    fn events(&self) -> &Receiver<SourceEvent> {
+        static NEVER: std::sync::OnceLock<Receiver<SourceEvent>> = std::sync::OnceLock::new();
+        NEVER.get_or_init(crossbeam_channel::never)
+    }
+    fn command(&self, _command: SourceCommand) {}
+    fn shutdown(self: Box<Self>) {}
+}

@@ -1,0 +1,237 @@
+//! One pipeline: the stages wired together.
+//!
+//! ```text
+//! source thread --events--> intake thread ----seals---> committer task
+//!   (Kafka poll,             (decode, transform,           (Parquet, Iceberg commit,
+//!    rebalances)              schema, Arrow buffers)        offsets, fences)
+//!        ^                        |   ^                          |
+//!        +------ seek, group -----+   +-------- reports ---------+
+//!                offsets                (committed, rewind, failed)
+//! ```
+//!
+//! - [`intake`]: reads source events and turns messages into buffered rows, one parse
+//!   per record; cuts a *seal* (every table's buffer plus the offsets it covers) at the
+//!   commit interval or a size threshold and hands it over.
+//! - [`committer`]: writes and commits seals in order, at most one in flight, while the
+//!   intake goes on reading: Parquet encoding never stops consumption. A full hand-off
+//!   blocks the intake, whose full event channel makes the source pause its partitions.
+//! - Every rewind (a fenced commit, a plugin fault) goes through the committer, so a
+//!   seal already handed over is committed or dropped before reading starts again.
+//!
+//! A record leaves a buffer only by being committed (or dead-lettered and synced before
+//! the seal that covers it), so the offsets stored in a table never pass data that is
+//! not durable. With several tables (plugins routing records to streams), every table
+//! stores the offsets it covers: reading resumes from the smallest and each table skips
+//! records it already holds.
+
+mod committer;
+mod errors;
+mod intake;
+mod lookup;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, watch};
+
+pub use errors::PipelineError;
+
+use crate::catalog::CatalogHandle;
+use crate::config::PipelineConfig;
+use crate::dead_letter::DeadLetterWriter;
+use crate::decode::{Decoder, InvalidPolicy};
+use crate::schema::{OnIncompatible, SchemaTracker, TableSchema};
+use crate::sink::TableSink;
+use crate::source::{KafkaSource, KnownOffsets, Source};
+use crate::transform::{TransformChain, TransformEngine};
+
+/// Runs one pipeline against Kafka until `shutdown` turns true or an error stops it.
+pub async fn run_pipeline(
+    config: PipelineConfig,
+    catalog: CatalogHandle,
+    engine: Option<TransformEngine>,
+    writer_id: String,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), PipelineError> {
+    let name = config.name.clone();
+    let tables = open_tables(&config, &catalog, &writer_id).await?;
+    let known: Arc<KnownOffsets> = Arc::default();
+    lookup::remember(&known, &tables);
+    let positions = Arc::new(lookup::TablePositions::new(
+        &config,
+        catalog.clone(),
+        known.clone(),
+    ));
+    let source = KafkaSource::start(&name, &config.source, positions).map_err(|source| {
+        PipelineError::Source {
+            pipeline: name.clone(),
+            source: Box::new(source),
+        }
+    })?;
+    run_with_source(config, tables, engine, Box::new(source), known, shutdown).await
+}
+
+/// Runs one pipeline with any [`Source`] (in-process tests use a scripted one), on
+/// catalog `catalog`.
+pub async fn run_pipeline_with_source(
+    config: PipelineConfig,
+    catalog: CatalogHandle,
+    engine: Option<TransformEngine>,
+    writer_id: String,
+    source: Box<dyn Source>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), PipelineError> {
+    let tables = open_tables(&config, &catalog, &writer_id).await?;
+    let known: Arc<KnownOffsets> = Arc::default();
+    lookup::remember(&known, &tables);
+    run_with_source(config, tables, engine, source, known, shutdown).await
+}
+
+/// Opens the pipeline's tables: index 0 is the default table, then one per stream.
+async fn open_tables(
+    config: &PipelineConfig,
+    catalog: &CatalogHandle,
+    writer_id: &str,
+) -> Result<Vec<TableSink>, PipelineError> {
+    let sink_err = PipelineError::sink(&config.name);
+    let mut tables = Vec::new();
+    for table in table_names(config) {
+        let sink = TableSink::open(catalog, &config.sink, &table, &config.name, writer_id)
+            .await
+            .map_err(sink_err)?;
+        tables.push(sink);
+    }
+    Ok(tables)
+}
+
+/// The pipeline's table names, default table first.
+fn table_names(config: &PipelineConfig) -> Vec<String> {
+    let mut names = vec![config.sink.table.clone()];
+    names.extend(config.sink.streams.values().cloned());
+    names
+}
+
+async fn run_with_source(
+    config: PipelineConfig,
+    sinks: Vec<TableSink>,
+    engine: Option<TransformEngine>,
+    source: Box<dyn Source>,
+    known: Arc<KnownOffsets>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), PipelineError> {
+    let name = config.name.clone();
+    let decoder = Decoder::new(&config.decode)
+        .map_err(|source| PipelineError::Decode {
+            pipeline: name.clone(),
+            source: Box::new(source),
+        })?
+        .on_invalid(match config.schema.on_incompatible {
+            OnIncompatible::DeadLetter => InvalidPolicy::DeadLetter,
+            OnIncompatible::Fail => InvalidPolicy::Fail,
+            OnIncompatible::Coerce => InvalidPolicy::Coerce,
+        });
+    let chain = match (&engine, config.transforms.is_empty()) {
+        (_, true) => TransformChain::empty(),
+        (Some(engine), false) => TransformChain::new(&config.name, engine, &config.transforms)
+            .map(|c| c.with_max_consecutive_faults(config.max_consecutive_faults))
+            .map_err(|source| PipelineError::Transform {
+                pipeline: name.clone(),
+                source: Box::new(source),
+            })?,
+        (None, false) => {
+            return Err(PipelineError::internal(
+                &name,
+                "plugins are configured but no WebAssembly engine was built",
+            ));
+        }
+    };
+    let dead_letters =
+        DeadLetterWriter::open(&config.name, &config.dead_letter).map_err(|source| {
+            PipelineError::DeadLetter {
+                pipeline: name.clone(),
+                source: Box::new(source),
+            }
+        })?;
+    let options = Arc::new(config.schema.options());
+    let mut routes = HashMap::new();
+    for (i, stream) in config.sink.streams.keys().enumerate() {
+        routes.insert(stream.clone(), i + 1);
+    }
+    let mut tables = Vec::with_capacity(sinks.len());
+    for sink in &sinks {
+        let tracker = sink.tracker().with_options(options.clone());
+        tables.push(intake::IntakeTable::new(
+            TableSchema::new(
+                tracker,
+                config.schema.on_incompatible,
+                sink.key_spec().cloned(),
+            ),
+            sink.stored_offsets().map_err(PipelineError::sink(&name))?,
+            sink.exists(),
+        ));
+    }
+    tracing::info!(pipeline = %name, tables = ?table_names(&config), "starting: positions come from the offsets stored in the table(s)");
+
+    let config = Arc::new(config);
+    let (seal_tx, seal_rx) = mpsc::channel(1);
+    let (report_tx, report_rx) = crossbeam_channel::unbounded();
+    let (control_tx, control_rx) = crossbeam_channel::unbounded();
+    let committer = tokio::spawn(
+        committer::Committer::new(config.clone(), sinks, known, report_tx).run(seal_rx),
+    );
+    let intake = intake::Intake {
+        config: config.clone(),
+        decoder,
+        chain,
+        dead_letters,
+        tables,
+        routes,
+        source,
+        seals: seal_tx,
+        reports: report_rx,
+        control: control_rx,
+        runtime: tokio::runtime::Handle::current(),
+        state: intake::State::default(),
+    };
+    let intake = tokio::task::spawn_blocking(move || intake.run());
+
+    // Wait for a stop request or for one side to end; then let the other side finish.
+    let stop = async {
+        loop {
+            if *shutdown.borrow() {
+                return;
+            }
+            if shutdown.changed().await.is_err() {
+                return;
+            }
+        }
+    };
+    tokio::pin!(intake);
+    tokio::pin!(stop);
+    let intake_result = tokio::select! {
+        _ = &mut stop => {
+            tracing::info!(pipeline = %name, "shutting down: committing what is buffered");
+            let _ = control_tx.send(intake::Control::Shutdown);
+            (&mut intake).await
+        }
+        done = &mut intake => done,
+    };
+    let committed = committer.await;
+    let intake_result =
+        intake_result.map_err(|e| PipelineError::internal(&name, format!("intake thread: {e}")))?;
+    let committer_result =
+        committed.map_err(|e| PipelineError::internal(&name, format!("committer task: {e}")))?;
+    intake_result.and(committer_result)
+}
+
+/// A new tracker for a table's current schema (after a rewind).
+fn tracker_for(
+    schema: Option<&iceberg::spec::Schema>,
+    options: &Arc<crate::schema::SchemaOptions>,
+) -> SchemaTracker {
+    match schema {
+        Some(s) => SchemaTracker::from_table(s),
+        None => SchemaTracker::new(),
+    }
+    .with_options(options.clone())
+}

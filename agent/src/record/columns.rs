@@ -1,0 +1,51 @@
+//! The metadata columns the agent adds to every row, in table order.
+
+use std::sync::Arc;
+
+use iceberg::spec::{NestedField, NestedFieldRef, PrimitiveType, Type};
+
+/// Kafka partition of the message (int, required).
+pub const PARTITION: &str = "_kafka_partition";
+/// Kafka offset of the message (long, required).
+pub const OFFSET: &str = "_kafka_offset";
+/// Message timestamp (timestamptz).
+pub const TIMESTAMP: &str = "_kafka_timestamp";
+/// Message key as text (string).
+pub const KEY: &str = "_kafka_key";
+/// Upsert tables only: `insert` or `update` (string).
+pub const OP: &str = "_op";
+
+/// Columns the agent adds to rows; payload fields with these names are ignored.
+/// `_op` exists in upsert tables only.
+pub const RESERVED: [&str; 5] = [PARTITION, OFFSET, TIMESTAMP, KEY, OP];
+
+/// Whether `name` is one of the agent's own top-level columns.
+pub fn is_reserved(name: &str) -> bool {
+    RESERVED.contains(&name)
+}
+
+/// The four `_kafka_*` fields of a new table, with ids from `id`.
+pub fn kafka_fields(id: &mut impl FnMut() -> i32) -> Vec<NestedFieldRef> {
+    vec![
+        Arc::new(NestedField::required(
+            id(),
+            PARTITION,
+            Type::Primitive(PrimitiveType::Int),
+        )),
+        Arc::new(NestedField::required(
+            id(),
+            OFFSET,
+            Type::Primitive(PrimitiveType::Long),
+        )),
+        Arc::new(NestedField::optional(
+            id(),
+            TIMESTAMP,
+            Type::Primitive(PrimitiveType::Timestamptz),
+        )),
+        Arc::new(NestedField::optional(
+            id(),
+            KEY,
+            Type::Primitive(PrimitiveType::String),
+        )),
+    ]
+}

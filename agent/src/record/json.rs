@@ -1,0 +1,985 @@
+//! JSON records parsed once: the text and a flat token tape over it.
+//!
+//! Every stage after decoding reads a record through this representation: the schema
+//! stage walks the tape to check and learn types, the batch stage walks it again to
+//! append Arrow values, the upsert key is read from it, and plugins get its text. The
+//! bytes are parsed exactly once per record; no tree of allocated values is built.
+//!
+//! The tokenizer is iterative (an explicit stack, no recursion on untrusted depth) and
+//! strict (RFC 8259: no trailing commas, no leading zeros, no control characters in
+//! strings, escapes and surrogate pairs checked). Duplicate keys in one object are an
+//! error: readers disagree on which one wins, so such a record is rejected with the
+//! key's name rather than stored one way or the other.
+//!
+//! [`JsonWriter`] builds text and tape together (decoders of other formats, patches).
+
+use std::borrow::Cow;
+use std::fmt;
+
+/// Nesting deeper than this is refused by the tokenizer (a hard limit; the schema stage
+/// applies the configurable, lower one).
+pub const MAX_DEPTH: usize = 128;
+
+/// Why bytes are not one acceptable JSON object.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JsonError {
+    /// Not valid JSON, with where and why.
+    #[error("value is not valid JSON: {reason} at byte {at}")]
+    Syntax {
+        /// What is wrong.
+        reason: &'static str,
+        /// Byte offset.
+        at: usize,
+    },
+    /// Valid JSON, but not an object, so it cannot be a row.
+    #[error("value is a JSON {0}, expected an object")]
+    NotAnObject(&'static str),
+    /// One object names a key twice.
+    #[error("value has the key {0:?} twice in one object")]
+    DuplicateKey(String),
+    /// Nesting deeper than [`MAX_DEPTH`].
+    #[error("value is nested more than {MAX_DEPTH} levels deep")]
+    TooDeep,
+    /// The text is longer than 4 GiB (offsets are 32-bit).
+    #[error("value is larger than 4 GiB")]
+    TooLarge,
+    /// A patch names a path through a value that is not an object.
+    #[error("cannot set {0}: a value on the path is not an object")]
+    PatchPath(String),
+}
+
+fn syntax(reason: &'static str, at: usize) -> JsonError {
+    JsonError::Syntax { reason, at }
+}
+
+/// The kind of one token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Kind {
+    /// `{`; `len` is the tape index of the matching [`Kind::End`].
+    Object,
+    /// `[`; `len` is the tape index of the matching [`Kind::End`].
+    Array,
+    /// `}` or `]`.
+    End,
+    /// An object key (a string token whose value follows).
+    Key,
+    /// A string value.
+    String,
+    /// A number value.
+    Number,
+    /// `true`.
+    True,
+    /// `false`.
+    False,
+    /// `null`.
+    Null,
+}
+
+/// One token: its kind, where its text starts and how long it is (for containers, the
+/// index of the closing token instead).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Tok {
+    kind: Kind,
+    /// Strings and keys: contains a backslash escape. Numbers: has a fraction or exponent.
+    flag: bool,
+    pos: u32,
+    len: u32,
+}
+
+/// A parsed JSON object that owns its text and tape.
+#[derive(Clone, PartialEq, Eq)]
+pub struct JsonObject {
+    bytes: Vec<u8>,
+    tape: Vec<Tok>,
+}
+
+impl fmt::Debug for JsonObject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "JsonObject({})", String::from_utf8_lossy(&self.bytes))
+    }
+}
+
+/// A tape that can be reused from record to record (no allocation per record).
+#[derive(Debug, Default)]
+pub struct Tape {
+    toks: Vec<Tok>,
+    stack: Vec<usize>,
+}
+
+impl Tape {
+    /// An empty tape.
+    pub fn new() -> Tape {
+        Tape::default()
+    }
+
+    /// Parses `bytes` (one JSON object) into this tape and returns a view of it.
+    pub fn parse<'a>(&'a mut self, bytes: &'a [u8]) -> Result<JsonView<'a>, JsonError> {
+        tokenize(bytes, &mut self.toks, &mut self.stack)?;
+        Ok(JsonView {
+            bytes,
+            tape: &self.toks,
+        })
+    }
+}
+
+impl JsonObject {
+    /// Parses one JSON object.
+    pub fn parse(bytes: Vec<u8>) -> Result<JsonObject, JsonError> {
+        let mut tape = Vec::new();
+        tokenize(&bytes, &mut tape, &mut Vec::new())?;
+        Ok(JsonObject { bytes, tape })
+    }
+
+    /// The object's JSON text.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// Its JSON text, without the tape.
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.bytes
+    }
+
+    /// A borrowed view for reading.
+    pub fn view(&self) -> JsonView<'_> {
+        JsonView {
+            bytes: &self.bytes,
+            tape: &self.tape,
+        }
+    }
+
+    /// Bytes held (text plus tape), for memory accounting.
+    pub fn memory_bytes(&self) -> usize {
+        self.bytes.capacity() + self.tape.capacity() * std::mem::size_of::<Tok>()
+    }
+
+    /// The same object with `ops` applied; `self` is unchanged.
+    pub fn apply(&self, ops: &[PatchOp]) -> Result<JsonObject, JsonError> {
+        patch::apply(self.view(), ops)
+    }
+
+    /// The object as a `serde_json` value (tests, tools; not on the hot path).
+    pub fn to_serde(&self) -> serde_json::Value {
+        Value::Object(self.view().root()).to_serde()
+    }
+
+    /// An object from a `serde_json` map (tests, tools; not on the hot path).
+    pub fn from_map(map: &serde_json::Map<String, serde_json::Value>) -> JsonObject {
+        let bytes = serde_json::to_vec(map).expect("JSON values serialize");
+        JsonObject::parse(bytes).expect("serde_json writes valid JSON")
+    }
+}
+
+/// One edit of a patch (a plugin's answer that changes a few fields).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PatchOp {
+    /// Sets the field at `path` to one JSON value given as text; missing intermediate
+    /// objects are created, a non-object on the path is an error.
+    Set {
+        /// Field names from the top level down.
+        path: Vec<String>,
+        /// JSON text of the value.
+        value: Vec<u8>,
+    },
+    /// Removes the field at `path` if it is there.
+    Remove {
+        /// Field names from the top level down.
+        path: Vec<String>,
+    },
+}
+
+/// A borrowed, parsed JSON object (a [`JsonObject`] or a reused [`Tape`]).
+#[derive(Clone, Copy)]
+pub struct JsonView<'a> {
+    bytes: &'a [u8],
+    tape: &'a [Tok],
+}
+
+impl fmt::Debug for JsonView<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "JsonView({})", String::from_utf8_lossy(self.bytes))
+    }
+}
+
+impl<'a> JsonView<'a> {
+    /// The top-level object.
+    pub fn root(&self) -> Obj<'a> {
+        Obj { view: *self, at: 0 }
+    }
+
+    /// The whole text.
+    pub fn bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+
+    /// An owned copy.
+    pub fn to_object(&self) -> JsonObject {
+        JsonObject {
+            bytes: self.bytes.to_vec(),
+            tape: self.tape.to_vec(),
+        }
+    }
+
+    fn value_at(&self, i: usize) -> Value<'a> {
+        let t = self.tape[i];
+        match t.kind {
+            Kind::Object => Value::Object(Obj { view: *self, at: i }),
+            Kind::Array => Value::Array(Arr { view: *self, at: i }),
+            Kind::String | Kind::Key => Value::String(Str {
+                quoted: self.text(t.pos as usize, t.len as usize),
+                escaped: t.flag,
+            }),
+            Kind::Number => Value::Number(Num {
+                text: self.text(t.pos as usize, t.len as usize),
+                fraction: t.flag,
+            }),
+            Kind::True => Value::Bool(true),
+            Kind::False => Value::Bool(false),
+            Kind::Null | Kind::End => Value::Null,
+        }
+    }
+
+    fn text(&self, pos: usize, len: usize) -> &'a str {
+        // The tokenizer checked that the whole text is UTF-8 and that token boundaries
+        // are ASCII characters, so every token's span is valid UTF-8.
+        std::str::from_utf8(&self.bytes[pos..pos + len]).unwrap_or_default()
+    }
+
+    /// Index after the value starting at `i`.
+    fn skip(&self, i: usize) -> usize {
+        match self.tape[i].kind {
+            Kind::Object | Kind::Array => self.tape[i].len as usize + 1,
+            _ => i + 1,
+        }
+    }
+
+    /// Byte range of the value at `i` in the text.
+    fn span(&self, i: usize) -> std::ops::Range<usize> {
+        let t = self.tape[i];
+        match t.kind {
+            Kind::Object | Kind::Array => {
+                let end = self.tape[t.len as usize];
+                t.pos as usize..end.pos as usize + 1
+            }
+            _ => t.pos as usize..(t.pos + t.len) as usize,
+        }
+    }
+}
+
+/// One JSON value, borrowed.
+#[derive(Debug, Clone, Copy)]
+pub enum Value<'a> {
+    /// `null`.
+    Null,
+    /// `true` / `false`.
+    Bool(bool),
+    /// A number, as written.
+    Number(Num<'a>),
+    /// A string.
+    String(Str<'a>),
+    /// An object.
+    Object(Obj<'a>),
+    /// An array.
+    Array(Arr<'a>),
+}
+
+impl<'a> Value<'a> {
+    /// Whether this is `null`.
+    pub fn is_null(&self) -> bool {
+        matches!(self, Value::Null)
+    }
+
+    /// A short name of its kind, for error messages.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Value::Null => "null",
+            Value::Bool(_) => "boolean",
+            Value::Number(n) if n.is_i64() => "integer",
+            Value::Number(_) => "number with fraction",
+            Value::String(_) => "string",
+            Value::Array(_) => "array",
+            Value::Object(_) => "object",
+        }
+    }
+
+    /// The value's JSON text as written in the record.
+    pub fn raw(&self) -> &'a str {
+        match self {
+            Value::Null => "null",
+            Value::Bool(true) => "true",
+            Value::Bool(false) => "false",
+            Value::Number(n) => n.text,
+            Value::String(s) => s.quoted,
+            Value::Object(o) => o.view.text_range(o.view.span(o.at)),
+            Value::Array(a) => a.view.text_range(a.view.span(a.at)),
+        }
+    }
+
+    /// The value as an owned `serde_json` value (tests and error paths only).
+    pub fn to_serde(&self) -> serde_json::Value {
+        match self {
+            Value::Null => serde_json::Value::Null,
+            Value::Bool(b) => serde_json::Value::Bool(*b),
+            Value::Number(n) => match n.as_i64() {
+                Some(i) => serde_json::Value::from(i),
+                None => match n.text.parse::<u64>() {
+                    Ok(u) if !n.fraction => serde_json::Value::from(u),
+                    // Rust's parser rounds correctly (serde_json's default one may not).
+                    _ => serde_json::Number::from_f64(n.as_f64())
+                        .map_or(serde_json::Value::Null, serde_json::Value::Number),
+                },
+            },
+            Value::String(s) => serde_json::Value::String(s.get().into_owned()),
+            Value::Object(o) => serde_json::Value::Object(
+                o.iter()
+                    .map(|(k, v)| (k.get().into_owned(), v.to_serde()))
+                    .collect(),
+            ),
+            Value::Array(a) => serde_json::Value::Array(a.iter().map(|v| v.to_serde()).collect()),
+        }
+    }
+}
+
+impl<'a> JsonView<'a> {
+    fn text_range(&self, r: std::ops::Range<usize>) -> &'a str {
+        self.text(r.start, r.end - r.start)
+    }
+}
+
+/// A number as written in the record.
+#[derive(Debug, Clone, Copy)]
+pub struct Num<'a> {
+    text: &'a str,
+    fraction: bool,
+}
+
+impl<'a> Num<'a> {
+    /// The number's text.
+    pub fn text(&self) -> &'a str {
+        self.text
+    }
+
+    /// Whether it is written as an integer that fits an i64.
+    pub fn is_i64(&self) -> bool {
+        self.as_i64().is_some()
+    }
+
+    /// Its value as an i64, when written as an integer that fits.
+    pub fn as_i64(&self) -> Option<i64> {
+        if self.fraction {
+            return None;
+        }
+        self.text.parse().ok()
+    }
+
+    /// Its value as the nearest f64 (integers beyond 2^53 round, like any JSON reader).
+    pub fn as_f64(&self) -> f64 {
+        self.text.parse().unwrap_or(f64::NAN)
+    }
+
+    /// Whether it has a fraction or an exponent.
+    pub fn has_fraction(&self) -> bool {
+        self.fraction
+    }
+}
+
+/// A string as written in the record (escapes resolved on demand).
+#[derive(Debug, Clone, Copy)]
+pub struct Str<'a> {
+    /// The text with its quotes.
+    quoted: &'a str,
+    escaped: bool,
+}
+
+impl<'a> Str<'a> {
+    /// The string's value.
+    pub fn get(&self) -> Cow<'a, str> {
+        if self.escaped {
+            Cow::Owned(unescape(self.raw()))
+        } else {
+            Cow::Borrowed(self.raw())
+        }
+    }
+
+    /// The text between the quotes, escapes as written.
+    pub fn raw(&self) -> &'a str {
+        &self.quoted[1..self.quoted.len() - 1]
+    }
+
+    /// The text with its quotes (valid JSON).
+    pub fn quoted(&self) -> &'a str {
+        self.quoted
+    }
+
+    /// Whether the string equals `s` (without allocating when there are no escapes).
+    pub fn eq_str(&self, s: &str) -> bool {
+        if self.escaped {
+            unescape(self.raw()) == s
+        } else {
+            self.raw() == s
+        }
+    }
+}
+
+/// An object, borrowed.
+#[derive(Debug, Clone, Copy)]
+pub struct Obj<'a> {
+    view: JsonView<'a>,
+    at: usize,
+}
+
+impl<'a> Obj<'a> {
+    /// Its fields in order.
+    pub fn iter(&self) -> ObjIter<'a> {
+        ObjIter {
+            view: self.view,
+            i: self.at + 1,
+            end: self.view.tape[self.at].len as usize,
+        }
+    }
+
+    /// The value of `key`, if present.
+    pub fn get(&self, key: &str) -> Option<Value<'a>> {
+        self.iter().find(|(k, _)| k.eq_str(key)).map(|(_, v)| v)
+    }
+
+    /// Whether it has no fields.
+    pub fn is_empty(&self) -> bool {
+        self.at + 1 == self.view.tape[self.at].len as usize
+    }
+
+    /// The object's JSON text.
+    pub fn raw(&self) -> &'a str {
+        self.view.text_range(self.view.span(self.at))
+    }
+}
+
+/// Fields of an object.
+pub struct ObjIter<'a> {
+    view: JsonView<'a>,
+    i: usize,
+    end: usize,
+}
+
+impl<'a> Iterator for ObjIter<'a> {
+    type Item = (Str<'a>, Value<'a>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.i >= self.end {
+            return None;
+        }
+        let Value::String(key) = self.view.value_at(self.i) else {
+            return None;
+        };
+        let value = self.view.value_at(self.i + 1);
+        self.i = self.view.skip(self.i + 1);
+        Some((key, value))
+    }
+}
+
+/// An array, borrowed.
+#[derive(Debug, Clone, Copy)]
+pub struct Arr<'a> {
+    view: JsonView<'a>,
+    at: usize,
+}
+
+impl<'a> Arr<'a> {
+    /// Its items in order.
+    pub fn iter(&self) -> ArrIter<'a> {
+        ArrIter {
+            view: self.view,
+            i: self.at + 1,
+            end: self.view.tape[self.at].len as usize,
+        }
+    }
+
+    /// Whether it has no items.
+    pub fn is_empty(&self) -> bool {
+        self.at + 1 == self.view.tape[self.at].len as usize
+    }
+
+    /// Number of items (walks the array).
+    pub fn len(&self) -> usize {
+        self.iter().count()
+    }
+}
+
+/// Items of an array.
+pub struct ArrIter<'a> {
+    view: JsonView<'a>,
+    i: usize,
+    end: usize,
+}
+
+impl<'a> Iterator for ArrIter<'a> {
+    type Item = Value<'a>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.i >= self.end {
+            return None;
+        }
+        let v = self.view.value_at(self.i);
+        self.i = self.view.skip(self.i);
+        Some(v)
+    }
+}
+
+/// Resolves the escapes of a string's raw text (validated by the tokenizer).
+fn unescape(raw: &str) -> String {
+    let mut out = String::with_capacity(raw.len());
+    let mut chars = raw.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('n') => out.push('\n'),
+            Some('t') => out.push('\t'),
+            Some('r') => out.push('\r'),
+            Some('b') => out.push('\u{8}'),
+            Some('f') => out.push('\u{c}'),
+            Some('u') => {
+                let hex: String = chars.by_ref().take(4).collect();
+                let hi = u32::from_str_radix(&hex, 16).unwrap_or(0xFFFD);
+                let code = if (0xD800..0xDC00).contains(&hi) {
+                    // A high surrogate is followed by `\uXXXX` with the low one (checked).
+                    let _ = chars.next();
+                    let _ = chars.next();
+                    let lo: String = chars.by_ref().take(4).collect();
+                    let lo = u32::from_str_radix(&lo, 16).unwrap_or(0xDC00);
+                    0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00)
+                } else {
+                    hi
+                };
+                out.push(char::from_u32(code).unwrap_or('\u{FFFD}'));
+            }
+            Some(other) => out.push(other),
+            None => {}
+        }
+    }
+    out
+}
+
+/// Tokenizes one JSON object into `tape`.
+fn tokenize(bytes: &[u8], tape: &mut Vec<Tok>, stack: &mut Vec<usize>) -> Result<(), JsonError> {
+    tape.clear();
+    stack.clear();
+    if bytes.len() > u32::MAX as usize {
+        return Err(JsonError::TooLarge);
+    }
+    if let Err(e) = std::str::from_utf8(bytes) {
+        return Err(syntax("invalid UTF-8", e.valid_up_to()));
+    }
+    let mut i = skip_ws(bytes, 0);
+    match bytes.get(i) {
+        Some(b'{') => {}
+        None => return Err(syntax("empty input", i)),
+        Some(_) => {
+            return Err(match value_kind_name(bytes, i) {
+                Some(kind) => {
+                    // Still report bad JSON as such: `[1,` is not "an array".
+                    let mut scratch = Vec::new();
+                    let mut stack2 = Vec::new();
+                    match tokenize_any(bytes, i, &mut scratch, &mut stack2) {
+                        Ok(_) => JsonError::NotAnObject(kind),
+                        Err(e) => e,
+                    }
+                }
+                None => syntax("expected a value", i),
+            });
+        }
+    }
+    i = tokenize_any(bytes, i, tape, stack)?;
+    let end = skip_ws(bytes, i);
+    if end != bytes.len() {
+        return Err(syntax("trailing characters", end));
+    }
+    Ok(())
+}
+
+fn value_kind_name(bytes: &[u8], i: usize) -> Option<&'static str> {
+    Some(match bytes[i] {
+        b'[' => "array",
+        b'"' => "string",
+        b't' | b'f' => "boolean",
+        b'n' => "null",
+        b'-' | b'0'..=b'9' => {
+            let rest = &bytes[i..];
+            let end = rest
+                .iter()
+                .position(|b| !matches!(b, b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9'))
+                .unwrap_or(rest.len());
+            if rest[..end].iter().any(|b| matches!(b, b'.' | b'e' | b'E')) {
+                "number with fraction"
+            } else {
+                "integer"
+            }
+        }
+        _ => return None,
+    })
+}
+
+fn skip_ws(bytes: &[u8], mut i: usize) -> usize {
+    while let Some(b' ' | b'\n' | b'\r' | b'\t') = bytes.get(i) {
+        i += 1;
+    }
+    i
+}
+
+/// What the tokenizer expects next inside the innermost container.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    /// A value (array item or object field value).
+    Value,
+    /// A key or `}` (right after `{`).
+    FirstKey,
+    /// A key (after a comma).
+    Key,
+    /// A value or `]` (right after `[`).
+    FirstItem,
+    /// `,` or the closing bracket.
+    CommaOrEnd,
+}
+
+/// Tokenizes one value starting at `i`; returns the index after it.
+fn tokenize_any(
+    bytes: &[u8],
+    mut i: usize,
+    tape: &mut Vec<Tok>,
+    stack: &mut Vec<usize>,
+) -> Result<usize, JsonError> {
+    let mut expect = Expect::Value;
+    loop {
+        i = skip_ws(bytes, i);
+        let Some(&b) = bytes.get(i) else {
+            return Err(syntax("unexpected end of input", i));
+        };
+        match expect {
+            Expect::CommaOrEnd => {
+                let open = *stack.last().expect("inside a container");
+                let in_object = tape[open].kind == Kind::Object;
+                match (b, in_object) {
+                    (b',', true) => {
+                        expect = Expect::Key;
+                        i += 1;
+                        continue;
+                    }
+                    (b',', false) => {
+                        expect = Expect::Value;
+                        i += 1;
+                        continue;
+                    }
+                    (b'}', true) | (b']', false) => {
+                        close(bytes, tape, stack, i, in_object)?;
+                        i += 1;
+                        if stack.is_empty() {
+                            return Ok(i);
+                        }
+                        expect = Expect::CommaOrEnd;
+                        continue;
+                    }
+                    _ => return Err(syntax("expected ',' or a closing bracket", i)),
+                }
+            }
+            Expect::FirstKey | Expect::Key => {
+                if b == b'}' && expect == Expect::FirstKey {
+                    close(bytes, tape, stack, i, true)?;
+                    i += 1;
+                    if stack.is_empty() {
+                        return Ok(i);
+                    }
+                    expect = Expect::CommaOrEnd;
+                    continue;
+                }
+                if b != b'"' {
+                    return Err(syntax("expected a string key", i));
+                }
+                let (end, escaped) = scan_string(bytes, i)?;
+                tape.push(Tok {
+                    kind: Kind::Key,
+                    flag: escaped,
+                    pos: i as u32,
+                    len: (end - i) as u32,
+                });
+                i = skip_ws(bytes, end);
+                if bytes.get(i) != Some(&b':') {
+                    return Err(syntax("expected ':' after a key", i));
+                }
+                i += 1;
+                expect = Expect::Value;
+                continue;
+            }
+            Expect::FirstItem if b == b']' => {
+                close(bytes, tape, stack, i, false)?;
+                i += 1;
+                if stack.is_empty() {
+                    return Ok(i);
+                }
+                expect = Expect::CommaOrEnd;
+                continue;
+            }
+            Expect::Value | Expect::FirstItem => {}
+        }
+        // A value.
+        match b {
+            b'{' | b'[' => {
+                if stack.len() >= MAX_DEPTH {
+                    return Err(JsonError::TooDeep);
+                }
+                stack.push(tape.len());
+                let object = b == b'{';
+                tape.push(Tok {
+                    kind: if object { Kind::Object } else { Kind::Array },
+                    flag: false,
+                    pos: i as u32,
+                    len: 0,
+                });
+                i += 1;
+                expect = if object {
+                    Expect::FirstKey
+                } else {
+                    Expect::FirstItem
+                };
+                continue;
+            }
+            b'"' => {
+                let (end, escaped) = scan_string(bytes, i)?;
+                tape.push(Tok {
+                    kind: Kind::String,
+                    flag: escaped,
+                    pos: i as u32,
+                    len: (end - i) as u32,
+                });
+                i = end;
+            }
+            b't' | b'f' | b'n' => {
+                let (word, kind): (&[u8], Kind) = match b {
+                    b't' => (b"true", Kind::True),
+                    b'f' => (b"false", Kind::False),
+                    _ => (b"null", Kind::Null),
+                };
+                if !bytes[i..].starts_with(word) {
+                    return Err(syntax("invalid literal", i));
+                }
+                tape.push(Tok {
+                    kind,
+                    flag: false,
+                    pos: i as u32,
+                    len: word.len() as u32,
+                });
+                i += word.len();
+            }
+            b'-' | b'0'..=b'9' => {
+                let (end, fraction) = scan_number(bytes, i)?;
+                tape.push(Tok {
+                    kind: Kind::Number,
+                    flag: fraction,
+                    pos: i as u32,
+                    len: (end - i) as u32,
+                });
+                i = end;
+            }
+            _ => return Err(syntax("expected a value", i)),
+        }
+        if stack.is_empty() {
+            return Ok(i);
+        }
+        expect = Expect::CommaOrEnd;
+    }
+}
+
+/// Closes the innermost container at byte `i`, checking its keys are unique.
+fn close(
+    bytes: &[u8],
+    tape: &mut Vec<Tok>,
+    stack: &mut Vec<usize>,
+    i: usize,
+    object: bool,
+) -> Result<(), JsonError> {
+    let open = stack.pop().expect("inside a container");
+    let end = tape.len();
+    tape[open].len = end as u32;
+    tape.push(Tok {
+        kind: Kind::End,
+        flag: false,
+        pos: i as u32,
+        len: 1,
+    });
+    if object {
+        check_unique_keys(bytes, tape, open)?;
+    }
+    Ok(())
+}
+
+/// Duplicate keys: a linear scan for small objects, a hash set for wide ones.
+fn check_unique_keys(bytes: &[u8], tape: &[Tok], open: usize) -> Result<(), JsonError> {
+    const LINEAR: usize = 16;
+    let end = tape[open].len as usize;
+    let raw = |t: &Tok| &bytes[t.pos as usize + 1..(t.pos + t.len) as usize - 1];
+    let mut small: [Option<&Tok>; LINEAR] = [None; LINEAR];
+    let mut count = 0;
+    let mut wide: Option<std::collections::HashSet<Cow<'_, [u8]>>> = None;
+    let mut any_escaped = false;
+    let mut i = open + 1;
+    while i < end {
+        let key = &tape[i];
+        any_escaped |= key.flag;
+        if let Some(set) = &mut wide {
+            if !set.insert(key_bytes(raw(key), key.flag)) {
+                return Err(duplicate(raw(key)));
+            }
+        } else if count < LINEAR {
+            let this = raw(key);
+            for other in small[..count].iter().flatten() {
+                let same = if any_escaped {
+                    key_bytes(this, key.flag) == key_bytes(raw(other), other.flag)
+                } else {
+                    raw(other) == this
+                };
+                if same {
+                    return Err(duplicate(this));
+                }
+            }
+            small[count] = Some(key);
+            count += 1;
+        } else {
+            let mut set: std::collections::HashSet<Cow<'_, [u8]>> = small
+                .iter()
+                .flatten()
+                .map(|t| key_bytes(raw(t), t.flag))
+                .collect();
+            if !set.insert(key_bytes(raw(key), key.flag)) {
+                return Err(duplicate(raw(key)));
+            }
+            wide = Some(set);
+        }
+        i += 1;
+        i = match tape[i].kind {
+            Kind::Object | Kind::Array => tape[i].len as usize + 1,
+            _ => i + 1,
+        };
+    }
+    Ok(())
+}
+
+fn key_bytes(raw: &[u8], escaped: bool) -> Cow<'_, [u8]> {
+    if escaped {
+        Cow::Owned(unescape(std::str::from_utf8(raw).unwrap_or_default()).into_bytes())
+    } else {
+        Cow::Borrowed(raw)
+    }
+}
+
+fn duplicate(raw: &[u8]) -> JsonError {
+    let text = std::str::from_utf8(raw).unwrap_or_default();
+    JsonError::DuplicateKey(unescape(text))
+}
+
+/// Scans a string starting at its opening quote; returns the index after the closing
+/// quote and whether it has escapes.
+fn scan_string(bytes: &[u8], start: usize) -> Result<(usize, bool), JsonError> {
+    let mut i = start + 1;
+    let mut escaped = false;
+    loop {
+        let Some(&b) = bytes.get(i) else {
+            return Err(syntax("unterminated string", start));
+        };
+        match b {
+            b'"' => return Ok((i + 1, escaped)),
+            b'\\' => {
+                escaped = true;
+                match bytes.get(i + 1) {
+                    Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => i += 2,
+                    Some(b'u') => {
+                        let code = hex4(bytes, i + 2).ok_or_else(|| syntax("bad \\u escape", i))?;
+                        i += 6;
+                        if (0xD800..0xDC00).contains(&code) {
+                            let low = (bytes.get(i) == Some(&b'\\')
+                                && bytes.get(i + 1) == Some(&b'u'))
+                            .then(|| hex4(bytes, i + 2))
+                            .flatten()
+                            .filter(|c| (0xDC00..0xE000).contains(c));
+                            if low.is_none() {
+                                return Err(syntax("lone surrogate in \\u escape", i));
+                            }
+                            i += 6;
+                        } else if (0xDC00..0xE000).contains(&code) {
+                            return Err(syntax("lone surrogate in \\u escape", i));
+                        }
+                    }
+                    _ => return Err(syntax("invalid escape", i)),
+                }
+            }
+            0x00..=0x1F => return Err(syntax("control character in string", i)),
+            _ => i += 1,
+        }
+    }
+}
+
+fn hex4(bytes: &[u8], at: usize) -> Option<u32> {
+    let digits = bytes.get(at..at + 4)?;
+    let mut v = 0;
+    for &d in digits {
+        v = v * 16 + (d as char).to_digit(16)?;
+    }
+    Some(v)
+}
+
+/// Scans a number; returns the index after it and whether it has a fraction or exponent.
+fn scan_number(bytes: &[u8], start: usize) -> Result<(usize, bool), JsonError> {
+    let mut i = start;
+    let digit = |i: usize| bytes.get(i).is_some_and(u8::is_ascii_digit);
+    if bytes.get(i) == Some(&b'-') {
+        i += 1;
+    }
+    match bytes.get(i) {
+        Some(b'0') => {
+            i += 1;
+            if digit(i) {
+                return Err(syntax("leading zero in number", start));
+            }
+        }
+        Some(b'1'..=b'9') => {
+            while digit(i) {
+                i += 1;
+            }
+        }
+        _ => return Err(syntax("invalid number", start)),
+    }
+    let mut fraction = false;
+    if bytes.get(i) == Some(&b'.') {
+        fraction = true;
+        i += 1;
+        if !digit(i) {
+            return Err(syntax("invalid number", start));
+        }
+        while digit(i) {
+            i += 1;
+        }
+    }
+    if let Some(b'e' | b'E') = bytes.get(i) {
+        fraction = true;
+        i += 1;
+        if let Some(b'+' | b'-') = bytes.get(i) {
+            i += 1;
+        }
+        if !digit(i) {
+            return Err(syntax("invalid number", start));
+        }
+        while digit(i) {
+            i += 1;
+        }
+    }
+    Ok((i, fraction))
+}
+
+mod patch;
+mod writer;
+
+pub use writer::JsonWriter;
+
+#[cfg(test)]
+mod tests;

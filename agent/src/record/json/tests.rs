@@ -1,0 +1,312 @@
+use proptest::prelude::*;
+use serde_json::json;
+
+use super::*;
+
+fn parse(text: &str) -> Result<JsonObject, JsonError> {
+    JsonObject::parse(text.as_bytes().to_vec())
+}
+
+fn to_serde(o: &JsonObject) -> serde_json::Value {
+    Value::Object(o.view().root()).to_serde()
+}
+
+#[test]
+fn reads_fields_in_order_with_kinds() {
+    let o = parse(r#" {"a": 1, "b": [true, null, -2.5e3], "c": {"d": "x\"y\u00e9"}, "e": {}} "#)
+        .unwrap();
+    let root = o.view().root();
+    let names: Vec<String> = root.iter().map(|(k, _)| k.get().into_owned()).collect();
+    assert_eq!(names, ["a", "b", "c", "e"]);
+    let Some(Value::Number(n)) = root.get("a") else {
+        panic!("a is a number")
+    };
+    assert_eq!((n.as_i64(), n.has_fraction()), (Some(1), false));
+    let Some(Value::Array(b)) = root.get("b") else {
+        panic!("b is an array")
+    };
+    let kinds: Vec<&str> = b.iter().map(|v| v.kind_name()).collect();
+    assert_eq!(kinds, ["boolean", "null", "number with fraction"]);
+    let Some(Value::Object(c)) = root.get("c") else {
+        panic!("c is an object")
+    };
+    let Some(Value::String(d)) = c.get("d") else {
+        panic!("d is a string")
+    };
+    assert_eq!(d.get(), "x\"yé");
+    assert_eq!(d.raw(), r#"x\"y\u00e9"#);
+    assert_eq!(
+        to_serde(&o),
+        json!({"a": 1, "b": [true, null, -2500.0], "c": {"d": "x\"yé"}, "e": {}})
+    );
+    let Some(Value::Object(e)) = root.get("e") else {
+        panic!()
+    };
+    assert!(e.is_empty());
+    assert_eq!(root.get("b").unwrap().raw(), "[true, null, -2.5e3]");
+}
+
+#[test]
+fn rejects_what_is_not_one_object_with_reason() {
+    assert_eq!(parse("[1,2]"), Err(JsonError::NotAnObject("array")));
+    assert_eq!(parse("42"), Err(JsonError::NotAnObject("integer")));
+    assert_eq!(
+        parse("4.5"),
+        Err(JsonError::NotAnObject("number with fraction"))
+    );
+    assert_eq!(parse("\"s\""), Err(JsonError::NotAnObject("string")));
+    assert_eq!(parse("null"), Err(JsonError::NotAnObject("null")));
+    for bad in [
+        "",
+        "{",
+        "{\"a\"}",
+        "{\"a\":}",
+        "{\"a\":1,}",
+        "{\"a\":01}",
+        "{\"a\":1.}",
+        "{\"a\":.5}",
+        "{\"a\":tru}",
+        "{\"a\":\"\\x\"}",
+        "{\"a\":\"\\ud800\"}",
+        "{\"a\":\"\u{1}\"}",
+        "{} x",
+        "{\"a\":1}}",
+        "[1,",
+        "{\"a\":[1,]}",
+        "{'a':1}",
+    ] {
+        let e = parse(bad).unwrap_err();
+        assert!(matches!(e, JsonError::Syntax { .. }), "{bad:?} gave {e:?}");
+        assert!(e.to_string().contains("not valid JSON"), "{e}");
+    }
+    assert!(matches!(
+        JsonObject::parse(vec![b'{', b'"', 0xff, b'"', b':', b'1', b'}']),
+        Err(JsonError::Syntax {
+            reason: "invalid UTF-8",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn duplicate_keys_are_refused_also_when_escaped_or_wide() {
+    assert_eq!(
+        parse(r#"{"a": 1, "b": {"a": 2}, "a": 3}"#),
+        Err(JsonError::DuplicateKey("a".into()))
+    );
+    assert_eq!(
+        parse(r#"{"a": 1, "\u0061": 2}"#),
+        Err(JsonError::DuplicateKey("a".into()))
+    );
+    let wide: Vec<String> = (0..40).map(|i| format!("\"k{i}\": {i}")).collect();
+    assert!(parse(&format!("{{{}}}", wide.join(","))).is_ok());
+    assert_eq!(
+        parse(&format!("{{{}, \"k3\": 0}}", wide.join(","))),
+        Err(JsonError::DuplicateKey("k3".into()))
+    );
+}
+
+#[test]
+fn depth_is_bounded_without_recursion() {
+    let deep = format!(
+        "{}{}",
+        "{\"a\":".repeat(200),
+        "1".to_string() + &"}".repeat(200)
+    );
+    assert_eq!(parse(&deep), Err(JsonError::TooDeep));
+    let ok = format!("{}1{}", "{\"a\":".repeat(100), "}".repeat(100));
+    assert!(parse(&ok).is_ok());
+    // A million open brackets neither overflow a stack nor allocate a million levels.
+    let bomb = "[".repeat(1_000_000);
+    assert!(parse(&format!("{{\"a\":{bomb}")).is_err());
+}
+
+#[test]
+fn numbers_keep_their_text() {
+    let o = parse(r#"{"big": 18446744073709551616, "i": -9223372036854775808, "f": 1e2, "z": -0}"#)
+        .unwrap();
+    let root = o.view().root();
+    let num = |k: &str| match root.get(k) {
+        Some(Value::Number(n)) => n,
+        other => panic!("{other:?}"),
+    };
+    assert!(
+        !num("big").is_i64(),
+        "beyond i64: read as a float like other readers"
+    );
+    assert_eq!(num("big").as_f64(), 18446744073709551616.0);
+    assert_eq!(num("i").as_i64(), Some(i64::MIN));
+    assert!(num("f").has_fraction());
+    assert_eq!(num("f").text(), "1e2");
+    assert_eq!(num("z").as_i64(), Some(0));
+}
+
+#[test]
+fn writer_builds_text_and_tape_that_read_back() {
+    let mut w = JsonWriter::new();
+    w.begin_object();
+    w.key("s");
+    w.string("a\"b\n\u{1}");
+    w.key("n");
+    w.i64(-7);
+    w.key("f");
+    w.f64(1.0);
+    w.key("nan");
+    w.f64(f64::NAN);
+    w.key("list");
+    w.begin_array();
+    w.bool(true);
+    w.null();
+    w.begin_object();
+    w.end_object();
+    w.end_array();
+    w.end_object();
+    let o = w.finish();
+    let text = std::str::from_utf8(o.as_bytes()).unwrap();
+    assert_eq!(
+        text,
+        r#"{"s":"a\"b\n\u0001","n":-7,"f":1.0,"nan":"NaN","list":[true,null,{}]}"#
+    );
+    // The tape the writer built equals the one the tokenizer builds from the text.
+    assert_eq!(o, JsonObject::parse(o.as_bytes().to_vec()).unwrap());
+}
+
+#[test]
+fn copied_values_keep_a_valid_tape() {
+    let src = parse(r#"{"x": {"y": [1, {"z": "\u00e9"}]}, "k": "v"}"#).unwrap();
+    let mut w = JsonWriter::new();
+    w.begin_object();
+    w.key("copy");
+    w.value(src.view().root().get("x").unwrap());
+    w.key("k");
+    w.value(src.view().root().get("k").unwrap());
+    w.end_object();
+    let o = w.finish();
+    assert_eq!(o, JsonObject::parse(o.as_bytes().to_vec()).unwrap());
+    assert_eq!(
+        to_serde(&o),
+        json!({"copy": {"y": [1, {"z": "é"}]}, "k": "v"})
+    );
+}
+
+#[test]
+fn patches_set_and_remove_nested_fields() {
+    let o = parse(r#"{"a": 1, "user": {"email": "x@y", "name": "n"}, "tags": ["t"]}"#).unwrap();
+    let p = |path: &str| path.split('.').map(str::to_string).collect::<Vec<_>>();
+    let patched = o
+        .apply(&[
+            PatchOp::Remove {
+                path: p("user.email"),
+            },
+            PatchOp::Set {
+                path: p("a"),
+                value: b"\"one\"".to_vec(),
+            },
+            PatchOp::Set {
+                path: p("geo.country.code"),
+                value: b" \"FR\" ".to_vec(),
+            },
+            PatchOp::Remove { path: p("missing") },
+        ])
+        .unwrap();
+    assert_eq!(
+        to_serde(&patched),
+        json!({"a": "one", "user": {"name": "n"}, "tags": ["t"], "geo": {"country": {"code": "FR"}}})
+    );
+    assert_eq!(
+        patched,
+        JsonObject::parse(patched.as_bytes().to_vec()).unwrap()
+    );
+    assert_eq!(to_serde(&o)["a"], 1, "the original is unchanged");
+    let e = o
+        .apply(&[PatchOp::Set {
+            path: p("a.b"),
+            value: b"1".to_vec(),
+        }])
+        .unwrap_err();
+    assert!(matches!(e, JsonError::PatchPath(_)), "{e}");
+    assert!(
+        o.apply(&[PatchOp::Set {
+            path: p("a"),
+            value: b"{bad".to_vec()
+        }])
+        .is_err()
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    /// The tokenizer accepts exactly the objects serde_json accepts (duplicate keys
+    /// aside), and reads them back to the same values.
+    #[test]
+    fn agrees_with_serde_json(text in r#"[{}\[\]":,0-9a-c. \\u\-eE+tfnrl]{0,40}"#) {
+        let ours = parse(&text);
+        let theirs = serde_json::from_str::<serde_json::Value>(&text);
+        match (&ours, &theirs) {
+            (Ok(o), Ok(v)) => prop_assert!(same(&to_serde(o), v), "{:?} vs {:?}", to_serde(o), v),
+            (Err(JsonError::DuplicateKey(_)), Ok(_)) => {}
+            (Err(JsonError::NotAnObject(_)), Ok(v)) => prop_assert!(!v.is_object()),
+            (Err(_), Err(_)) => {}
+            _ => prop_assert!(false, "{text:?}: ours {ours:?}, serde_json {theirs:?}"),
+        }
+    }
+
+    /// Arbitrary bytes never panic.
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+        let _ = JsonObject::parse(bytes);
+    }
+
+    /// Whatever the writer writes, the tokenizer reads back identically.
+    #[test]
+    fn writer_and_tokenizer_agree(v in arb_object()) {
+        let o = JsonObject::from_map(v.as_object().unwrap());
+        let mut w = JsonWriter::new();
+        w.value(Value::Object(o.view().root()));
+        let copied = w.finish();
+        prop_assert_eq!(&copied, &o);
+        prop_assert_eq!(to_serde(&copied), v);
+    }
+}
+
+/// Equal, with floats compared to the last bit or two (serde_json's default float
+/// parser does not always round correctly; Rust's does).
+fn same(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+    use serde_json::Value as V;
+    match (a, b) {
+        (V::Number(x), V::Number(y)) if x.is_f64() || y.is_f64() => {
+            let (x, y) = (
+                x.as_f64().unwrap_or(f64::NAN),
+                y.as_f64().unwrap_or(f64::NAN),
+            );
+            x == y || (x - y).abs() <= x.abs().max(y.abs()) * 4.0 * f64::EPSILON
+        }
+        (V::Array(x), V::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(a, b)| same(a, b))
+        }
+        (V::Object(x), V::Object(y)) => {
+            x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| same(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
+fn arb_object() -> impl Strategy<Value = serde_json::Value> {
+    let leaf = prop_oneof![
+        Just(serde_json::Value::Null),
+        any::<bool>().prop_map(serde_json::Value::Bool),
+        any::<i64>().prop_map(|i| json!(i)),
+        (-1e6f64..1e6).prop_map(|f| json!(f)),
+        "[a-z\"\\\\\n\u{e9}]{0,6}".prop_map(serde_json::Value::String),
+    ];
+    let value = leaf.prop_recursive(3, 24, 4, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::Array),
+            proptest::collection::btree_map("[a-d]{1,2}", inner, 0..4)
+                .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+        ]
+    });
+    proptest::collection::btree_map("[a-e]{1,3}", value, 0..5)
+        .prop_map(|m| serde_json::Value::Object(m.into_iter().collect()))
+}

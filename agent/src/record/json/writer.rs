@@ -1,0 +1,267 @@
+//! Building a [`JsonObject`] (text and tape together) without parsing.
+
+use super::{Arr, JsonObject, Kind, Obj, Tok, Value};
+
+/// Writes one JSON object, producing its text and tape at once. Used by decoders of
+/// other formats (Avro, Protobuf) and by patches. The caller writes a well-formed
+/// object (keys unique, every `begin` closed); misuse panics in debug builds only.
+#[derive(Debug, Default)]
+pub struct JsonWriter {
+    bytes: Vec<u8>,
+    tape: Vec<Tok>,
+    /// Open containers: tape index and whether a member was written.
+    stack: Vec<(usize, bool)>,
+    /// A key was written; its value comes next without a comma.
+    after_key: bool,
+}
+
+impl JsonWriter {
+    /// An empty writer.
+    pub fn new() -> JsonWriter {
+        JsonWriter::default()
+    }
+
+    /// An empty writer with room for `bytes` bytes of text.
+    pub fn with_capacity(bytes: usize) -> JsonWriter {
+        JsonWriter {
+            bytes: Vec::with_capacity(bytes),
+            tape: Vec::with_capacity(bytes / 8),
+            ..JsonWriter::default()
+        }
+    }
+
+    fn separate(&mut self) {
+        if self.after_key {
+            self.after_key = false;
+            return;
+        }
+        if let Some((_, written)) = self.stack.last_mut() {
+            if *written {
+                self.bytes.push(b',');
+            }
+            *written = true;
+        }
+    }
+
+    fn push(&mut self, kind: Kind, flag: bool, start: usize) {
+        self.tape.push(Tok {
+            kind,
+            flag,
+            pos: start as u32,
+            len: (self.bytes.len() - start) as u32,
+        });
+    }
+
+    fn open(&mut self, kind: Kind, bracket: u8) {
+        self.separate();
+        self.stack.push((self.tape.len(), false));
+        self.tape.push(Tok {
+            kind,
+            flag: false,
+            pos: self.bytes.len() as u32,
+            len: 0,
+        });
+        self.bytes.push(bracket);
+    }
+
+    fn close(&mut self, bracket: u8) {
+        let (open, _) = self.stack.pop().expect("a container is open");
+        debug_assert!(!self.after_key, "a key without a value");
+        let end = self.tape.len();
+        self.tape[open].len = end as u32;
+        self.tape.push(Tok {
+            kind: Kind::End,
+            flag: false,
+            pos: self.bytes.len() as u32,
+            len: 1,
+        });
+        self.bytes.push(bracket);
+    }
+
+    /// `{`.
+    pub fn begin_object(&mut self) {
+        self.open(Kind::Object, b'{');
+    }
+
+    /// `}`.
+    pub fn end_object(&mut self) {
+        self.close(b'}');
+    }
+
+    /// `[`.
+    pub fn begin_array(&mut self) {
+        self.open(Kind::Array, b'[');
+    }
+
+    /// `]`.
+    pub fn end_array(&mut self) {
+        self.close(b']');
+    }
+
+    /// An object key (its value must follow).
+    pub fn key(&mut self, key: &str) {
+        self.separate();
+        let start = self.bytes.len();
+        let escaped = write_string(&mut self.bytes, key);
+        self.push(Kind::Key, escaped, start);
+        self.bytes.push(b':');
+        self.after_key = true;
+    }
+
+    /// An object key given as quoted JSON text (copied as is).
+    pub(super) fn key_quoted(&mut self, quoted: &str, escaped: bool) {
+        self.separate();
+        let start = self.bytes.len();
+        self.bytes.extend_from_slice(quoted.as_bytes());
+        self.push(Kind::Key, escaped, start);
+        self.bytes.push(b':');
+        self.after_key = true;
+    }
+
+    /// `null`.
+    pub fn null(&mut self) {
+        self.literal(Kind::Null, b"null");
+    }
+
+    /// `true` or `false`.
+    pub fn bool(&mut self, b: bool) {
+        if b {
+            self.literal(Kind::True, b"true");
+        } else {
+            self.literal(Kind::False, b"false");
+        }
+    }
+
+    fn literal(&mut self, kind: Kind, text: &[u8]) {
+        self.separate();
+        let start = self.bytes.len();
+        self.bytes.extend_from_slice(text);
+        self.push(kind, false, start);
+    }
+
+    /// An integer.
+    pub fn i64(&mut self, v: i64) {
+        self.separate();
+        let start = self.bytes.len();
+        self.bytes
+            .extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
+        self.push(Kind::Number, false, start);
+    }
+
+    /// A float, always written with a fraction or exponent (`1.0`, not `1`), so that it
+    /// reads back as a floating-point value. NaN and the infinities, which JSON has no
+    /// numbers for, are written as the strings `"NaN"`, `"inf"`, `"-inf"`.
+    pub fn f64(&mut self, v: f64) {
+        if !v.is_finite() {
+            let text = if v.is_nan() {
+                "NaN"
+            } else if v > 0.0 {
+                "inf"
+            } else {
+                "-inf"
+            };
+            return self.string(text);
+        }
+        self.separate();
+        let start = self.bytes.len();
+        self.bytes
+            .extend_from_slice(ryu::Buffer::new().format_finite(v).as_bytes());
+        self.push(Kind::Number, true, start);
+    }
+
+    /// A string.
+    pub fn string(&mut self, s: &str) {
+        self.separate();
+        let start = self.bytes.len();
+        let escaped = write_string(&mut self.bytes, s);
+        self.push(Kind::String, escaped, start);
+    }
+
+    /// A copy of a value of another parsed object (text and tape, no parsing).
+    pub fn value(&mut self, v: Value<'_>) {
+        match v {
+            Value::Null => self.null(),
+            Value::Bool(b) => self.bool(b),
+            Value::Number(n) => {
+                self.separate();
+                let start = self.bytes.len();
+                self.bytes.extend_from_slice(n.text().as_bytes());
+                self.push(Kind::Number, n.has_fraction(), start);
+            }
+            Value::String(s) => {
+                self.separate();
+                let start = self.bytes.len();
+                self.bytes.extend_from_slice(s.quoted().as_bytes());
+                self.push(Kind::String, s.escaped, start);
+            }
+            Value::Object(Obj { view, at }) | Value::Array(Arr { view, at }) => {
+                self.separate();
+                let span = view.span(at);
+                let end = view.tape[at].len as usize;
+                let byte_shift = self.bytes.len() as i64 - span.start as i64;
+                let tape_shift = self.tape.len() as i64 - at as i64;
+                self.bytes.extend_from_slice(&view.bytes[span]);
+                for t in &view.tape[at..=end] {
+                    let mut t = *t;
+                    t.pos = (t.pos as i64 + byte_shift) as u32;
+                    if matches!(t.kind, Kind::Object | Kind::Array) {
+                        t.len = (t.len as i64 + tape_shift) as u32;
+                    }
+                    self.tape.push(t);
+                }
+            }
+        }
+    }
+
+    /// The finished object. Panics if the writer does not hold exactly one closed object.
+    pub fn finish(self) -> JsonObject {
+        assert!(
+            self.stack.is_empty() && self.tape.first().map(|t| t.kind) == Some(Kind::Object),
+            "JsonWriter::finish: not one complete object"
+        );
+        JsonObject {
+            bytes: self.bytes,
+            tape: self.tape,
+        }
+    }
+
+    /// The text written so far (for writers of non-object values, e.g. keys).
+    pub fn into_text(self) -> Vec<u8> {
+        self.bytes
+    }
+}
+
+/// Writes `s` as a JSON string; returns whether an escape was written.
+pub(super) fn write_string(out: &mut Vec<u8>, s: &str) -> bool {
+    out.push(b'"');
+    let mut escaped = false;
+    let bytes = s.as_bytes();
+    let mut from = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let esc: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0x08 => b"\\b",
+            0x0c => b"\\f",
+            0x00..=0x1f => b"",
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[from..i]);
+        if esc.is_empty() {
+            const HEX: &[u8; 16] = b"0123456789abcdef";
+            out.extend_from_slice(b"\\u00");
+            out.push(HEX[(b >> 4) as usize]);
+            out.push(HEX[(b & 15) as usize]);
+        } else {
+            out.extend_from_slice(esc);
+        }
+        escaped = true;
+        from = i + 1;
+    }
+    out.extend_from_slice(&bytes[from..]);
+    out.push(b'"');
+    escaped
+}

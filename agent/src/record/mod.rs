@@ -1,0 +1,60 @@
+//! Records as they travel through the stages, below every stage.
+//!
+//! - [`Message`]: one Kafka message as read (its original bytes travel to the
+//!   dead-letter path whatever happens to the record later).
+//! - [`TopicPartition`] and [`PartitionMap`]: per-partition bookkeeping.
+//! - [`columns`]: the `_kafka_*` metadata columns every table gets, and their Iceberg fields.
+
+pub mod columns;
+pub mod json;
+pub mod key;
+pub mod values;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// A topic-partition.
+pub type TopicPartition = (Arc<str>, i32);
+
+/// A map keyed by topic-partition. Looked up for every record, so it uses a fast
+/// (non-DoS-resistant) hasher; the keys come from the broker, not from message data.
+pub type PartitionMap<V> = HashMap<TopicPartition, V, foldhash::fast::RandomState>;
+
+/// One Kafka message as read, with everything the dead-letter path and the metadata
+/// columns need.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// Topic name.
+    pub topic: Arc<str>,
+    /// Partition.
+    pub partition: i32,
+    /// Offset.
+    pub offset: i64,
+    /// Message timestamp in milliseconds since the epoch, if the broker gave one.
+    pub timestamp_ms: Option<i64>,
+    /// Message key bytes.
+    pub key: Option<Vec<u8>>,
+    /// Message value bytes; `None` for a tombstone.
+    pub value: Option<Vec<u8>>,
+}
+
+impl Message {
+    /// Its topic-partition.
+    pub fn topic_partition(&self) -> TopicPartition {
+        (self.topic.clone(), self.partition)
+    }
+}
+
+/// A short name of a JSON value's kind, for error messages.
+pub fn json_kind(v: &serde_json::Value) -> &'static str {
+    use serde_json::Value;
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(n) if n.is_f64() => "number with fraction",
+        Value::Number(_) => "integer",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}

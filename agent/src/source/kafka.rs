@@ -1,0 +1,499 @@
+//! The Kafka source: one thread polls a `BaseConsumer`.
+//!
+//! - Records go to the pipeline in batches over a bounded channel. When the channel is
+//!   full the thread pauses its partitions and keeps polling (so the group sees it alive
+//!   and rebalances are served), and resumes them once the pipeline has caught up: a slow
+//!   pipeline applies backpressure instead of growing memory.
+//! - The rebalance callback never waits for the pipeline: it positions newly assigned
+//!   partitions from the tables (read fresh through a [`PositionLookup`]), and queues the
+//!   assignment or revocation as an event in order with the records.
+//! - Cooperative incremental rebalancing (`cooperative-sticky`) is the default; the
+//!   eager protocol (set through `properties`) works too.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
+use rdkafka::message::Message as _;
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+
+use super::{
+    PositionLookup, Source, SourceCommand, SourceConfig, SourceError, SourceEvent, StartPosition,
+    is_fatal,
+};
+use crate::record::{Message, PartitionMap, TopicPartition};
+
+/// How many records one event carries at most.
+const MAX_EVENT_RECORDS: usize = 4096;
+
+/// Events queued by the rebalance callback and the poll loop, delivered in order.
+type Pending = Arc<Mutex<VecDeque<SourceEvent>>>;
+
+struct Context {
+    pipeline: String,
+    start: StartPosition,
+    lookup: Arc<dyn PositionLookup>,
+    pending: Pending,
+    /// Partitions just positioned at a stored offset: the first record read tells
+    /// whether retention removed records in between.
+    positioned: Arc<Mutex<PartitionMap<i64>>>,
+}
+
+impl ClientContext for Context {
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        for (topic, t) in &statistics.topics {
+            for (partition, p) in &t.partitions {
+                // librdkafka reports -1 for partitions it does not fetch (and the internal -1 partition).
+                if *partition >= 0 && p.consumer_lag >= 0 {
+                    crate::telemetry::consumer_lag(
+                        &self.pipeline,
+                        topic,
+                        *partition,
+                        p.consumer_lag,
+                    );
+                }
+            }
+        }
+    }
+}
+
+impl Context {
+    fn offset_for(&self, position: Option<i64>) -> Offset {
+        match (position, self.start) {
+            (Some(o), _) => Offset::Offset(o),
+            (None, StartPosition::Earliest) => Offset::Beginning,
+            (None, StartPosition::Latest) => Offset::End,
+        }
+    }
+
+    fn push(&self, event: SourceEvent) {
+        self.pending
+            .lock()
+            .expect("pending events")
+            .push_back(event);
+    }
+}
+
+impl ConsumerContext for Context {
+    // Never waits for the pipeline; reads positions from the tables (bounded time).
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
+        let cooperative = matches!(
+            consumer.rebalance_protocol(),
+            RebalanceProtocol::Cooperative
+        );
+        let tps: Vec<TopicPartition> = tpl
+            .elements()
+            .iter()
+            .map(|e| (Arc::<str>::from(e.topic()), e.partition()))
+            .collect();
+        match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                let assigned = self.lookup.lookup(&tps);
+                let mut positioned = self.positioned.lock().expect("positioned");
+                for a in &assigned {
+                    let (topic, partition) = &a.tp;
+                    if let Err(e) =
+                        tpl.set_partition_offset(topic, *partition, self.offset_for(a.position))
+                    {
+                        tracing::error!(pipeline = %self.pipeline, %topic, partition, error = %e, "cannot set start offset");
+                    }
+                    if let Some(o) = a.position {
+                        positioned.insert(a.tp.clone(), o);
+                    }
+                }
+                drop(positioned);
+                let result = if cooperative {
+                    consumer.incremental_assign(tpl)
+                } else {
+                    consumer.assign(tpl)
+                };
+                if let Err(e) = result {
+                    self.push(SourceEvent::Failed(format!("assign failed: {e}")));
+                    return;
+                }
+                tracing::info!(pipeline = %self.pipeline, partitions = assigned.len(), cooperative, "partitions assigned");
+                crate::telemetry::rebalanced(&self.pipeline, "assigned");
+                self.push(SourceEvent::Assigned(assigned));
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                let lost = consumer.assignment_lost();
+                tracing::info!(pipeline = %self.pipeline, partitions = tps.len(), lost, "partitions revoked");
+                crate::telemetry::rebalanced(&self.pipeline, "revoked");
+                self.push(SourceEvent::Revoked(tps));
+                let result = if cooperative {
+                    consumer.incremental_unassign(tpl)
+                } else {
+                    consumer.unassign()
+                };
+                if let Err(e) = result {
+                    tracing::warn!(pipeline = %self.pipeline, error = %e, "unassign failed");
+                }
+            }
+            other => {
+                tracing::error!(pipeline = %self.pipeline, error = ?other, "rebalance error");
+                let all = consumer
+                    .assignment()
+                    .map(|a| {
+                        a.elements()
+                            .iter()
+                            .map(|e| (Arc::<str>::from(e.topic()), e.partition()))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                self.push(SourceEvent::Revoked(all));
+                let _ = consumer.unassign();
+            }
+        }
+    }
+}
+
+/// Handle to a running consumer thread.
+pub struct KafkaSource {
+    events: Receiver<SourceEvent>,
+    commands: Sender<SourceCommand>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl KafkaSource {
+    /// Checks the brokers and topics, subscribes and starts the consumer thread.
+    pub fn start(
+        pipeline: &str,
+        config: &SourceConfig,
+        lookup: Arc<dyn PositionLookup>,
+    ) -> Result<KafkaSource, SourceError> {
+        let (tx, rx) = crossbeam_channel::bounded(16);
+        let pending: Pending = Arc::default();
+        let positioned: Arc<Mutex<PartitionMap<i64>>> = Arc::default();
+        let context = Context {
+            pipeline: pipeline.to_string(),
+            start: config.start,
+            lookup,
+            pending: pending.clone(),
+            positioned: positioned.clone(),
+        };
+        let consumer: BaseConsumer<Context> =
+            config.client_config().create_with_context(context)?;
+        let metadata = consumer
+            .fetch_metadata(None, Duration::from_secs(15))
+            .map_err(|source| SourceError::Unreachable {
+                servers: config.bootstrap_servers.clone(),
+                source,
+            })?;
+        for topic in &config.topics {
+            let found = metadata
+                .topics()
+                .iter()
+                .any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty());
+            if !found {
+                return Err(SourceError::MissingTopic(topic.clone()));
+            }
+        }
+        match &config.topic_pattern {
+            // librdkafka treats a subscription starting with '^' as a regex.
+            Some(p) => consumer.subscribe(&[&format!("^{}", p.trim_start_matches('^'))])?,
+            None => {
+                consumer.subscribe(&config.topics.iter().map(String::as_str).collect::<Vec<_>>())?
+            }
+        }
+        let (cmd_tx, cmd_rx) = crossbeam_channel::unbounded();
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut poller = Poller {
+            pipeline: pipeline.to_string(),
+            consumer,
+            events: tx,
+            commands: cmd_rx,
+            stop: stop.clone(),
+            start: config.start,
+            pending,
+            positioned,
+            epoch: 0,
+            topics: HashMap::new(),
+            paused: false,
+        };
+        let thread = std::thread::Builder::new()
+            .name(format!("floe-source-{pipeline}"))
+            .spawn(move || poller.run())
+            .map_err(|e| SourceError::Stopped(e.to_string()))?;
+        Ok(KafkaSource {
+            events: rx,
+            commands: cmd_tx,
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Source for KafkaSource {
+    fn events(&self) -> &Receiver<SourceEvent> {
+        &self.events
+    }
+
+    fn command(&self, command: SourceCommand) {
+        let _ = self.commands.send(command);
+    }
+
+    fn shutdown(mut self: Box<Self>) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for KafkaSource {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+struct Poller {
+    pipeline: String,
+    consumer: BaseConsumer<Context>,
+    events: Sender<SourceEvent>,
+    commands: Receiver<SourceCommand>,
+    stop: Arc<AtomicBool>,
+    start: StartPosition,
+    pending: Pending,
+    positioned: Arc<Mutex<PartitionMap<i64>>>,
+    epoch: u64,
+    topics: HashMap<String, Arc<str>>,
+    paused: bool,
+}
+
+impl Poller {
+    fn run(&mut self) {
+        while !self.stop.load(Ordering::SeqCst) {
+            while let Ok(cmd) = self.commands.try_recv() {
+                self.run_command(cmd);
+            }
+            if !self.deliver() {
+                break;
+            }
+            if self.paused {
+                // Serve the group (rebalances, liveness) without taking more records.
+                if self.consumer.poll(Duration::from_millis(50)).is_some() {
+                    tracing::debug!(pipeline = %self.pipeline, "record polled while paused");
+                }
+                continue;
+            }
+            let batch = self.poll_batch();
+            if !batch.is_empty() {
+                self.queue(SourceEvent::Records(self.epoch, batch));
+            }
+        }
+        // A failure queued just before stopping still reaches the pipeline.
+        while let Some(event) = self.pending.lock().expect("pending events").pop_front() {
+            if matches!(event, SourceEvent::Failed(_))
+                && self
+                    .events
+                    .send_timeout(event, Duration::from_secs(5))
+                    .is_err()
+            {
+                break;
+            }
+        }
+        self.consumer.unsubscribe();
+    }
+
+    fn queue(&self, event: SourceEvent) {
+        self.pending
+            .lock()
+            .expect("pending events")
+            .push_back(event);
+    }
+
+    /// Moves queued events to the pipeline without blocking; pauses the partitions while
+    /// the pipeline is behind. Returns false once the pipeline is gone.
+    fn deliver(&mut self) -> bool {
+        loop {
+            let Some(event) = self.pending.lock().expect("pending events").pop_front() else {
+                break;
+            };
+            match self.events.try_send(event) {
+                Ok(()) => {}
+                Err(TrySendError::Full(event)) => {
+                    self.pending
+                        .lock()
+                        .expect("pending events")
+                        .push_front(event);
+                    self.set_paused(true);
+                    return true;
+                }
+                Err(TrySendError::Disconnected(_)) => return false,
+            }
+        }
+        self.set_paused(false);
+        true
+    }
+
+    fn set_paused(&mut self, paused: bool) {
+        if self.paused == paused {
+            return;
+        }
+        let Ok(assignment) = self.consumer.assignment() else {
+            return;
+        };
+        let result = if paused {
+            self.consumer.pause(&assignment)
+        } else {
+            self.consumer.resume(&assignment)
+        };
+        match result {
+            Ok(()) => {
+                self.paused = paused;
+                tracing::debug!(pipeline = %self.pipeline, paused, "backpressure");
+            }
+            Err(e) => tracing::warn!(pipeline = %self.pipeline, error = %e, "pause/resume failed"),
+        }
+    }
+
+    fn poll_batch(&mut self) -> Vec<Message> {
+        let mut batch = Vec::new();
+        let mut timeout = Duration::from_millis(100);
+        while batch.len() < MAX_EVENT_RECORDS {
+            match self.consumer.poll(timeout) {
+                None => break,
+                Some(Ok(m)) => {
+                    let topic = match self.topics.get(m.topic()) {
+                        Some(t) => t.clone(),
+                        None => {
+                            let t: Arc<str> = Arc::from(m.topic());
+                            self.topics.insert(m.topic().to_string(), t.clone());
+                            t
+                        }
+                    };
+                    let message = Message {
+                        topic,
+                        partition: m.partition(),
+                        offset: m.offset(),
+                        timestamp_ms: m.timestamp().to_millis(),
+                        key: m.key().map(<[u8]>::to_vec),
+                        value: m.payload().map(<[u8]>::to_vec),
+                    };
+                    self.check_gap(&message);
+                    batch.push(message);
+                }
+                Some(Err(e)) => {
+                    if is_fatal(&e) {
+                        self.queue(SourceEvent::Failed(e.to_string()));
+                        self.stop.store(true, Ordering::SeqCst);
+                        break;
+                    }
+                    tracing::warn!(pipeline = %self.pipeline, error = %e, "Kafka consumer error (librdkafka retries)");
+                    break;
+                }
+            }
+            timeout = Duration::ZERO;
+        }
+        batch
+    }
+
+    /// The first record after positioning a partition: if it is past the position and
+    /// the log now starts past it too, retention removed records we never read.
+    fn check_gap(&self, m: &Message) {
+        let tp = m.topic_partition();
+        let Some(expected) = self.positioned.lock().expect("positioned").remove(&tp) else {
+            return;
+        };
+        if m.offset <= expected {
+            return;
+        }
+        // Offsets also jump over transaction markers: only the log start is proof.
+        let low = self
+            .consumer
+            .fetch_watermarks(&m.topic, m.partition, Duration::from_secs(10))
+            .map(|(low, _)| low);
+        match low {
+            Ok(low) if low > expected => {
+                tracing::error!(pipeline = %self.pipeline, topic = %m.topic, partition = m.partition, expected, found = m.offset, lost = m.offset - expected, "records were removed from Kafka before they were read (retention or DeleteRecords): resuming at the oldest record");
+                self.queue(SourceEvent::Gap {
+                    tp,
+                    expected,
+                    found: m.offset,
+                });
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(pipeline = %self.pipeline, error = %e, "cannot read the log start to check for a gap")
+            }
+        }
+    }
+
+    fn run_command(&mut self, cmd: SourceCommand) {
+        match cmd {
+            SourceCommand::Seek { epoch, positions } => {
+                self.epoch = epoch;
+                let assigned: std::collections::HashSet<(String, i32)> = self
+                    .consumer
+                    .assignment()
+                    .map(|a| {
+                        a.elements()
+                            .iter()
+                            .map(|e| (e.topic().to_string(), e.partition()))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let mut tpl = TopicPartitionList::new();
+                for ((topic, partition), offset) in &positions {
+                    if !assigned.contains(&(topic.to_string(), *partition)) {
+                        continue;
+                    }
+                    let to = match (offset, self.start) {
+                        (Some(o), _) => Offset::Offset(*o),
+                        (None, StartPosition::Earliest) => Offset::Beginning,
+                        (None, StartPosition::Latest) => Offset::End,
+                    };
+                    let _ = tpl.add_partition_offset(topic, *partition, to);
+                    if let Some(o) = offset {
+                        self.positioned
+                            .lock()
+                            .expect("positioned")
+                            .insert((topic.clone(), *partition), *o);
+                    }
+                }
+                if tpl.count() == 0 {
+                    return;
+                }
+                // Records already fetched before the seek carry the old epoch and are dropped.
+                match self.consumer.seek_partitions(tpl, Duration::from_secs(10)) {
+                    Ok(result) => {
+                        for e in result.elements() {
+                            if let Err(err) = e.error() {
+                                self.seek_failed(format!("{}/{}: {err}", e.topic(), e.partition()));
+                            }
+                        }
+                    }
+                    Err(e) => self.seek_failed(e.to_string()),
+                }
+            }
+            SourceCommand::CommitGroupOffsets(list) => {
+                let mut tpl = TopicPartitionList::new();
+                for ((topic, partition), offset) in &list {
+                    let _ = tpl.add_partition_offset(topic, *partition, Offset::Offset(*offset));
+                }
+                if let Err(e) = self.consumer.commit(&tpl, CommitMode::Async) {
+                    tracing::debug!(pipeline = %self.pipeline, error = %e, "group offset commit failed (monitoring only)");
+                }
+            }
+        }
+    }
+
+    /// A seek that did not happen would let reading continue past records the pipeline
+    /// dropped: stop instead (the pipeline restarts from the tables).
+    fn seek_failed(&mut self, reason: String) {
+        tracing::error!(pipeline = %self.pipeline, %reason, "seek failed after a rewind");
+        self.queue(SourceEvent::Failed(format!("seek failed: {reason}")));
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
