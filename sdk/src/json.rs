@@ -20,8 +20,8 @@
 //! assert_eq!(keys, ["id", "user", "ok"]);
 //! ```
 //!
-//! When a key appears more than once in an object, the last one counts, as in
-//! `serde_json` and in the agent.
+//! Keys are looked up by their first occurrence: the agent refuses records in which an
+//! object names a key twice, so a plugin never sees one.
 //!
 //! [`ObjectWriter`] builds a new object from pieces (raw JSON text of existing values
 //! or serializable values), and [`set`] / [`remove`] edit object text the way the
@@ -231,21 +231,17 @@ impl<'a> Json<'a> {
         Some(current)
     }
 
-    /// The value of one key of this object (the last one if the key repeats); `None`
-    /// if this is not an object or has no such key. The key is taken literally.
+    /// The value of one key of this object; `None` if this is not an object or has no
+    /// such key. The key is taken literally. Only the text up to the key is scanned.
     pub fn field(&self, key: &str) -> Option<Json<'a>> {
         if self.kind() != Kind::Object {
             return None;
         }
-        let mut found = None;
-        for m in Members::new(self.text) {
-            if key_eq(&self.text[m.key.0..m.key.1], key) {
-                found = Some(Json {
-                    text: &self.text[m.value.0..m.value.1],
-                });
-            }
-        }
-        found
+        Members::new(self.text)
+            .find(|m| key_eq(&self.text[m.key.0..m.key.1], key))
+            .map(|m| Json {
+                text: &self.text[m.value.0..m.value.1],
+            })
     }
 
     /// The members of this object in text order (nothing if it is not an object).
@@ -447,9 +443,24 @@ fn ws(b: &[u8], mut i: usize) -> usize {
     i
 }
 
+/// Whether any byte of `word` is `byte` (non-zero if so).
+fn has_byte(word: u64, byte: u8) -> u64 {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    let x = word ^ (ONES * u64::from(byte));
+    x.wrapping_sub(ONES) & !x & (ONES << 7)
+}
+
 /// The position after the closing quote of the string starting at `i`.
 fn string_end(b: &[u8], i: usize) -> Option<usize> {
     let mut j = i + 1;
+    // Eight bytes at a time while none is a quote or a backslash.
+    while let Some(chunk) = b.get(j..j + 8) {
+        let word = u64::from_le_bytes(chunk.try_into().ok()?);
+        if has_byte(word, b'"') | has_byte(word, b'\\') != 0 {
+            break;
+        }
+        j += 8;
+    }
     while j < b.len() {
         match b[j] {
             b'"' => return Some(j + 1),
@@ -504,10 +515,12 @@ fn key_eq(raw: &[u8], key: &str) -> bool {
         return false;
     }
     let inner = &raw[1..raw.len() - 1];
-    if !inner.contains(&b'\\') {
+    // An escape always takes more bytes than the character it stands for: a text as
+    // long as the key has none, and a shorter one cannot be the key.
+    if inner.len() <= key.len() {
         return inner == key.as_bytes();
     }
-    unescape(raw).is_some_and(|s| s == key)
+    inner.contains(&b'\\') && unescape(raw).is_some_and(|s| s == key)
 }
 
 /// The string a JSON string literal (quotes included) stands for.
@@ -894,13 +907,38 @@ mod tests {
     fn escaped_keys_and_repeated_keys() {
         let r = j(r#"{"a\u0062": 1, "x": 1, "x": 2, "é": 3}"#);
         assert_eq!(r.get(["ab"]).unwrap().as_i64(), Some(1));
-        assert_eq!(r.get("x").unwrap().as_i64(), Some(2), "the last one counts");
+        assert_eq!(
+            r.get("x").unwrap().as_i64(),
+            Some(1),
+            "the first one is found"
+        );
         assert_eq!(r.get("é").unwrap().as_i64(), Some(3));
         let keys: Vec<String> = r
             .fields()
             .map(|(k, _)| k.as_str().unwrap().into_owned())
             .collect();
         assert_eq!(keys, ["ab", "x", "x", "é"]);
+    }
+
+    #[test]
+    fn long_strings_with_escapes_are_skipped_whole() {
+        let long = format!(
+            r#"{{"a": "{}\"{}\\", "b": "{}", "c": 1}}"#,
+            "x".repeat(37),
+            "y".repeat(9),
+            "é".repeat(20)
+        );
+        let r = j(&long);
+        assert_eq!(r.get("c").unwrap().as_i64(), Some(1));
+        assert!(
+            r.get("a")
+                .unwrap()
+                .as_str()
+                .unwrap()
+                .ends_with("yyyyyyyyy\\")
+        );
+        assert_eq!(r.get("b").unwrap().as_str().unwrap().chars().count(), 20);
+        assert_eq!(r.fields().count(), 3);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use clap::Parser;
-use floe::record::json::JsonObject;
+use floe::record::json::{JsonObject, PatchOp};
 use floe::transform::{
     ChainInput, Limits, OnError, PluginsConfig, TransformChain, TransformConfig, TransformEngine,
 };
@@ -32,6 +32,10 @@ struct Args {
     /// Rounds per scenario (the best one counts).
     #[arg(long, default_value_t = 5)]
     rounds: usize,
+    /// Only the scenarios whose name contains this, and no load times (for profiling
+    /// one with `FLOE_WASM_PERFMAP=1 perf record`).
+    #[arg(long)]
+    only: Option<String>,
 }
 
 fn record(i: usize) -> Value {
@@ -56,6 +60,7 @@ const REDACT: (&str, &str) = (
 hash = ["user"]
 salt = "pepper""#,
 );
+const DROP: (&str, &str) = ("redact", r#"drop = ["tags"]"#);
 const RENAME: (&str, &str) = (
     "rename",
     r#"fields = { ts = "event_time", amount = "amount_eur" }"#,
@@ -111,12 +116,46 @@ fn main() -> Result<()> {
         args.rounds
     );
 
-    println!("\nload time per plugin (compile, or load from the cache; then instantiate + init)");
+    println!("\nthe agent's own JSON work per record (record::json), for comparison");
+    let t = Instant::now();
+    for v in &values {
+        std::hint::black_box(JsonObject::parse(v.as_bytes().to_vec())?);
+    }
+    let parse = t.elapsed().as_nanos() as f64 / values.len() as f64;
+    let set = [PatchOp::Set {
+        path: vec!["user".into()],
+        value: format!("\"{}\"", "0123456789abcdef".repeat(4)).into_bytes(),
+    }];
+    let remove = [PatchOp::Remove {
+        path: vec!["tags".into()],
+    }];
+    let t = Instant::now();
+    for v in &values {
+        std::hint::black_box(v.apply(&set)?);
+    }
+    let set_ns = t.elapsed().as_nanos() as f64 / values.len() as f64;
+    let t = Instant::now();
+    for v in &values {
+        std::hint::black_box(v.apply(&remove)?);
+    }
+    let remove_ns = t.elapsed().as_nanos() as f64 / values.len() as f64;
     println!(
-        "{:<14} {:>10} {:>12} {:>14}",
-        "plugin", "cold ms", "cached ms", "instantiate ms"
+        "parse {parse:.0} ns, apply one set {set_ns:.0} ns, apply one remove {remove_ns:.0} ns"
     );
-    for (plugin, with) in [PASS, FILTER, REDACT, RENAME] {
+
+    println!(
+        "\nload time per plugin (compile, or load from the cache; then a chain: load from the cache, instantiate, init)"
+    );
+    println!(
+        "{:<14} {:>10} {:>12} {:>10}",
+        "plugin", "cold ms", "cached ms", "chain ms"
+    );
+    let measure_loads = if args.only.is_some() {
+        &[][..]
+    } else {
+        &[PASS, FILTER, REDACT, RENAME][..]
+    };
+    for &(plugin, with) in measure_loads {
         let cache = tempfile::tempdir()?;
         let c = config(plugin, with)?;
         let cold = {
@@ -131,12 +170,12 @@ fn main() -> Result<()> {
         let cached = t.elapsed();
         let t = Instant::now();
         TransformChain::new("bench", &e, std::slice::from_ref(&c))?;
-        let whole = t.elapsed();
+        let chain = t.elapsed();
         println!(
-            "{plugin:<14} {:>10.1} {:>12.2} {:>14.2}",
+            "{plugin:<14} {:>10.1} {:>12.2} {:>10.2}",
             ms(cold),
             ms(cached),
-            ms(whole.saturating_sub(cached))
+            ms(chain)
         );
     }
 
@@ -147,7 +186,8 @@ fn main() -> Result<()> {
         ("passthrough", vec![PASS]),
         ("passthrough, in a runtime", vec![PASS]),
         ("filter (keeps 60 %)", vec![FILTER]),
-        ("redact (patch)", vec![REDACT]),
+        ("redact, drop only (patch)", vec![DROP]),
+        ("redact, drop + hash (patch)", vec![REDACT]),
         ("rename (rewrite)", vec![RENAME]),
         ("3 x passthrough", vec![PASS, PASS, PASS]),
         ("filter + redact + rename", vec![FILTER, REDACT, RENAME]),
@@ -158,6 +198,13 @@ fn main() -> Result<()> {
         "scenario", "ns/record", "records/s", "out/in"
     );
     for (name, plugins) in scenarios {
+        if args
+            .only
+            .as_ref()
+            .is_some_and(|o| !name.contains(o.as_str()))
+        {
+            continue;
+        }
         let configs = plugins
             .iter()
             .map(|(p, w)| config(p, w))

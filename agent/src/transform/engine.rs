@@ -87,6 +87,10 @@ impl TransformEngine {
         let mut config = Config::new();
         config.consume_fuel(true);
         config.epoch_interruption(true);
+        // `FLOE_WASM_PERFMAP=1`: name plugin functions for `perf` (/tmp/perf-PID.map).
+        if std::env::var_os("FLOE_WASM_PERFMAP").is_some_and(|v| v == "1") {
+            config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
         let mut pool = PoolingAllocationConfig::default();
         let instances = instances.max(1) * 2; // room to rebuild an instance while the old one drops
         pool.total_component_instances(instances)

@@ -61,7 +61,7 @@ serde = {{ version = "1", features = ["derive"] }}
 
 [profile.release]
 strip = true
-opt-level = "s"
+codegen-units = 1
 "#
         ),
     )?;

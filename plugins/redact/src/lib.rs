@@ -35,8 +35,6 @@
 //! record); only when a `mask` or `hash` path lies inside another one does the plugin
 //! rebuild the record itself, to apply them one after the other.
 
-use std::fmt::Write as _;
-
 use floe_sdk::path::FieldPath;
 use floe_sdk::{Answer, Emit, Error, Patch, Record, Value, map};
 use serde::Deserialize;
@@ -118,12 +116,17 @@ pub fn hash_value(salt: &str, value: &Value) -> String {
         Value::String(s) => hasher.update(s.as_bytes()),
         other => hasher.update(other.to_string().as_bytes()),
     }
-    let digest = hasher.finalize();
-    let mut hex = String::with_capacity(digest.len() * 2);
-    for byte in digest {
-        let _ = write!(hex, "{byte:02x}");
-    }
-    hex
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    hasher
+        .finalize()
+        .iter()
+        .flat_map(|b| {
+            [
+                HEX[(b >> 4) as usize] as char,
+                HEX[(b & 0xf) as usize] as char,
+            ]
+        })
+        .collect()
 }
 
 /// `"***"` + the last 4 characters of `text`, or `"***"` alone for short text.

@@ -38,7 +38,7 @@
 
 use std::collections::HashMap;
 
-use floe_sdk::json::{Json, Kind, ObjectWriter};
+use floe_sdk::json::{Json, Key, Kind, ObjectWriter};
 use floe_sdk::path::FieldPath;
 use floe_sdk::{Answer, Emit, Error, Map, Record, Value, error, map};
 use serde::Deserialize;
@@ -46,13 +46,22 @@ use serde::Deserialize;
 /// Renames and moves the configured fields.
 #[map(Rename)]
 fn rename(record: &Record, config: &Config) -> Result<Answer, Error> {
-    if !config.renames.iter().any(|m| record.get(&m.from).is_some()) {
-        return Ok(Answer::UNCHANGED);
-    }
     match &config.in_place {
         Some(groups) => config.rename_in_place(record, groups),
+        None if !config.renames.iter().any(|m| record.get(&m.from).is_some()) => {
+            Ok(Answer::UNCHANGED)
+        }
         None => config.rebuild(record),
     }
+}
+
+/// What one pass over an object found for one rename.
+#[derive(Debug, Clone, Copy, Default)]
+struct Found {
+    /// The source key is there.
+    source: bool,
+    /// The target key is there: whether its value is null.
+    target: Option<bool>,
 }
 
 /// The parsed config.
@@ -69,6 +78,9 @@ struct Config {
 struct Move {
     from: FieldPath,
     to: FieldPath,
+    /// The last keys of `from` and `to`.
+    from_key: String,
+    to_key: String,
 }
 
 impl Move {
@@ -155,9 +167,12 @@ impl TryFrom<RawConfig> for Config {
                     "rename: `{other}` and `{from}` are both renamed to `{to}`"
                 ));
             }
+            let (from, to) = (parse_path(&from)?, parse_path(&to)?);
             renames.push(Move {
-                from: parse_path(&from)?,
-                to: parse_path(&to)?,
+                from_key: from.key().to_string(),
+                to_key: to.key().to_string(),
+                from,
+                to,
             });
         }
         check_overlaps(
@@ -190,73 +205,98 @@ impl TryFrom<RawConfig> for Config {
     }
 }
 
+/// The object a group renames in, if `root` has it.
+fn object_of<'a>(group: &Group, root: Json<'a>) -> Option<Json<'a>> {
+    if group.parent.is_empty() {
+        Some(root)
+    } else {
+        root.get(group.parent.as_slice())
+            .filter(|o| o.kind() == Kind::Object)
+    }
+}
+
 impl Config {
-    /// Renames inside objects by rewriting only those objects' text.
+    /// Renames inside objects by rewriting only those objects' text: one pass over each
+    /// object to see what is there, one over what it found to write it.
     fn rename_in_place(&self, record: &Record, groups: &[Group]) -> Result<Answer, Error> {
         let root = record.value();
-        let object_of = |group: &Group| -> Option<Json<'_>> {
-            let object = if group.parent.is_empty() {
-                Some(root)
-            } else {
-                root.get(group.parent.as_slice())
-            };
-            object.filter(|o| o.kind() == Kind::Object)
-        };
-        // Targets in the way, checked in config order on the record as it came.
+        let mut found = vec![Found::default(); self.renames.len()];
+        let mut members: Vec<Vec<(Key<'_>, Json<'_>)>> = Vec::with_capacity(groups.len());
+        for group in groups {
+            let fields: Vec<(Key<'_>, Json<'_>)> = object_of(group, root)
+                .map(|o| o.fields().collect())
+                .unwrap_or_default();
+            for (key, value) in &fields {
+                for &i in &group.moves {
+                    let m = &self.renames[i];
+                    if key.is(&m.from_key) {
+                        found[i].source = true;
+                    } else if key.is(&m.to_key) {
+                        found[i].target = Some(value.is_null());
+                    }
+                }
+            }
+            members.push(fields);
+        }
+        if !found.iter().any(|f| f.source) {
+            return Ok(Answer::UNCHANGED);
+        }
+        // Targets in the way, in config order.
         for (i, m) in self.renames.iter().enumerate() {
+            if !found[i].source || found[i].target != Some(false) || self.overwrite {
+                continue;
+            }
             let group = groups
                 .iter()
                 .find(|g| g.moves.contains(&i))
                 .expect("grouped");
-            let Some(object) = object_of(group) else {
-                continue;
-            };
-            if object.field(m.from.key()).is_none() {
-                continue;
-            }
-            let target_is_moved = group.moves.iter().any(|&j| {
-                self.renames[j].from.key() == m.to.key() && object.field(m.to.key()).is_some()
-            });
-            let taken = object.field(m.to.key()).is_some_and(|v| !v.is_null());
-            if taken && !target_is_moved && !self.overwrite {
+            let target_moves_away = group
+                .moves
+                .iter()
+                .any(|&j| found[j].source && self.renames[j].from_key == m.to_key);
+            if !target_moves_away {
                 return Err(exists_error(&m.to));
             }
         }
         let mut text: Option<Vec<u8>> = None;
-        for group in groups {
-            let current = text.as_deref().unwrap_or(record.json());
-            let current_root = Json::new(current);
-            let object = if group.parent.is_empty() {
-                Some(current_root)
-            } else {
-                current_root.get(group.parent.as_slice())
-            };
-            let Some(object) = object.filter(|o| o.kind() == Kind::Object) else {
-                continue;
-            };
+        for (group, original) in groups.iter().zip(&members) {
             let moves: Vec<&Move> = group
                 .moves
                 .iter()
+                .filter(|&&j| found[j].source)
                 .map(|&j| &self.renames[j])
-                .filter(|m| object.field(m.from.key()).is_some())
                 .collect();
             if moves.is_empty() {
                 continue;
             }
-            let mut out = ObjectWriter::with_capacity(object.bytes().len() + 16);
-            for (key, value) in object.fields() {
-                if let Some(m) = moves.iter().find(|m| key.is(m.from.key())) {
-                    out.raw(m.to.key(), value);
-                } else if !moves.iter().any(|m| key.is(m.to.key())) {
-                    out.raw_member(key, value);
+            let new_text = {
+                let current = text.as_deref().unwrap_or(record.json());
+                let rescanned: Vec<(Key<'_>, Json<'_>)>;
+                let fields = match &text {
+                    None => original,
+                    Some(t) => {
+                        rescanned = object_of(group, Json::new(t))
+                            .map(|o| o.fields().collect())
+                            .unwrap_or_default();
+                        &rescanned
+                    }
+                };
+                let mut out = ObjectWriter::with_capacity(current.len() + 16);
+                for (key, value) in fields {
+                    if let Some(m) = moves.iter().find(|m| key.is(&m.from_key)) {
+                        out.raw(&m.to_key, *value);
+                    } else if !moves.iter().any(|m| key.is(&m.to_key)) {
+                        out.raw_member(*key, *value);
+                    }
                 }
-            }
-            let rewritten = out.finish();
-            text = Some(if group.parent.is_empty() {
-                rewritten
-            } else {
-                floe_sdk::json::set(current, group.parent.as_slice(), &rewritten)?
-            });
+                let rewritten = out.finish();
+                if group.parent.is_empty() {
+                    rewritten
+                } else {
+                    floe_sdk::json::set(current, group.parent.as_slice(), &rewritten)?
+                }
+            };
+            text = Some(new_text);
         }
         Ok(match text {
             Some(text) => Emit::json(text).into(),
