@@ -59,13 +59,16 @@ pub enum FloeError {
     /// The WebAssembly engine could not start.
     #[error(transparent)]
     Transform(Box<transform::TransformError>),
-    /// A pipeline stopped with an error.
+    /// A pipeline stopped with an error (the first one, when several did).
     #[error(transparent)]
     Pipeline(#[from] pipeline::PipelineError),
 }
 
-/// Runs every pipeline of `config` until `shutdown` completes (then commits what is
-/// buffered and returns) or a pipeline fails (then stops the others and returns its error).
+/// Runs every pipeline of `config` until `shutdown` completes (then each commits what is
+/// buffered and returns). A pipeline that fails stops alone: the others keep running
+/// (unless `[agent] on_pipeline_failure = "stop"`), and the call returns the first
+/// error once every pipeline has ended. A panic in a pipeline is its failure, not the
+/// process's.
 pub async fn run(
     config: config::Config,
     shutdown: impl Future<Output = ()>,
@@ -97,17 +100,23 @@ pub async fn run(
     } else {
         None
     };
+    let on_failure = config.agent.on_pipeline_failure;
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
+    let mut names = HashMap::new();
     for p in config.pipelines {
         let catalog = catalogs[&p.sink.catalog].clone();
-        tasks.spawn(pipeline::run_pipeline(
-            p,
-            catalog,
-            engine.clone(),
-            writer_id.clone(),
-            stop_rx.clone(),
-        ));
+        let name = p.name.clone();
+        let id = tasks
+            .spawn(pipeline::run_pipeline(
+                p,
+                catalog,
+                engine.clone(),
+                writer_id.clone(),
+                stop_rx.clone(),
+            ))
+            .id();
+        names.insert(id, name);
     }
     tokio::pin!(shutdown);
     let mut first_error = None;
@@ -118,13 +127,25 @@ pub async fn run(
                 stopping = true;
                 let _ = stop_tx.send(true);
             }
-            Some(done) = tasks.join_next() => {
-                let result = done.unwrap_or_else(|e| panic!("pipeline task panicked: {e}"));
+            Some(done) = tasks.join_next_with_id() => {
+                let (name, result) = match done {
+                    Ok((id, r)) => (names.get(&id).cloned().unwrap_or_default(), r),
+                    Err(e) => {
+                        let name = names.get(&e.id()).cloned().unwrap_or_default();
+                        let error = pipeline::PipelineError::Internal {
+                            pipeline: name.clone(),
+                            message: format!("the pipeline task ended abnormally: {e}"),
+                        };
+                        (name, Err(error))
+                    }
+                };
                 if let Err(e) = result {
-                    tracing::error!(error = %e, "pipeline stopped");
+                    tracing::error!(pipeline = %name, error = %e, remaining = tasks.len(), "pipeline stopped");
                     first_error.get_or_insert(e);
-                    stopping = true;
-                    let _ = stop_tx.send(true);
+                    if on_failure == config::OnPipelineFailure::Stop && !stopping {
+                        stopping = true;
+                        let _ = stop_tx.send(true);
+                    }
                 }
             }
         }

@@ -308,9 +308,11 @@ impl Committer {
         from: &OffsetMap,
     ) -> Result<(), SinkError> {
         let t = &mut self.tables[i];
-        t.sink.apply_schema(&sealed.tracker, from).await?;
-        // A table created just now stores `from`.
-        t.committed = t.sink.stored_offsets()?;
+        if t.sink.apply_schema(&sealed.tracker, from).await? {
+            // A table created just now stores `from`. (A table someone else created
+            // meanwhile keeps what we expect of it: the fence checks that.)
+            t.committed = t.sink.stored_offsets()?;
+        }
         Ok(())
     }
 

@@ -174,7 +174,8 @@ impl TableSink {
         }
     }
 
-    /// Creates the table, or adds the columns the tracker learned.
+    /// Creates the table (returns true), or prepares the columns the tracker learned for
+    /// the next commit (returns false).
     /// A new table starts with a snapshot carrying `initial` offsets (the pipeline's
     /// position before this commit), so that a crash before its first data commit makes
     /// the pipeline read that data again.
@@ -182,13 +183,13 @@ impl TableSink {
         &mut self,
         tracker: &SchemaTracker,
         initial: &OffsetMap,
-    ) -> Result<(), SinkError> {
+    ) -> Result<bool, SinkError> {
         let Some(table) = &self.table else {
             self.create(tracker).await?;
             let expected = initial.0.keys().map(|tp| (tp.clone(), None)).collect();
             self.commit(Staged::empty(), &expected, initial, HashMap::new())
                 .await?;
-            return Ok(());
+            return Ok(true);
         };
         // The new schema is committed with the data that needs it, in one snapshot.
         let metadata = table.metadata();
@@ -207,7 +208,7 @@ impl TableSink {
                 .collect();
             tracing::info!(pipeline = %self.pipeline, table = %self.ident, columns = ?changed, "schema changes with the next commit");
         }
-        Ok(())
+        Ok(false)
     }
 
     async fn create(&mut self, tracker: &SchemaTracker) -> Result<(), SinkError> {
