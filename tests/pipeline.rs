@@ -52,7 +52,13 @@ async fn stored(ws: &Workspace, table: &str, pipeline: &str) -> Result<Vec<(i32,
 async fn dead_letters_are_not_written_twice_when_records_are_read_again() -> Result<()> {
     let (ws, config) = workspace("dedupe")?;
     let values: Vec<String> = (0..10)
-        .map(|i| if i % 4 == 1 { "{bad".to_string() } else { json(i) })
+        .map(|i| {
+            if i % 4 == 1 {
+                "{bad".to_string()
+            } else {
+                json(i)
+            }
+        })
         .collect();
     let refs: Vec<Option<&str>> = values.iter().map(|v| Some(v.as_str())).collect();
     let p = ScriptedPipeline::start(&config).await?;
@@ -60,7 +66,10 @@ async fn dead_letters_are_not_written_twice_when_records_are_read_again() -> Res
     p.push(messages("t", 0, 0, &refs));
     p.stop().await??;
     let letters = DeadLetterWriter::read_all(&ws.path("dead-letter.ndjson"))?;
-    assert_eq!(letters.iter().map(|l| l.offset).collect::<Vec<_>>(), [1, 5, 9]);
+    assert_eq!(
+        letters.iter().map(|l| l.offset).collect::<Vec<_>>(),
+        [1, 5, 9]
+    );
 
     // A restart that reads everything again (the group position was lost, say): the
     // table says it holds up to 10, the dead letters are already in the file.
@@ -106,7 +115,10 @@ async fn a_fenced_zombie_rewinds_to_the_table_and_duplicates_nothing() -> Result
         if let Some(SourceCommand::Seek { epoch, positions }) = zombie.seeks().pop() {
             break (epoch, positions);
         }
-        anyhow::ensure!(std::time::Instant::now() < deadline, "no seek after the fence");
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "no seek after the fence"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert_eq!(seek.0, 1);
@@ -128,8 +140,18 @@ async fn revoking_a_partition_mid_batch_drops_only_its_records() -> Result<()> {
     p.assign("t", &[(0, None, vec![None]), (1, None, vec![None])]);
     let a: Vec<String> = (0..5).map(json).collect();
     let b: Vec<String> = (100..105).map(json).collect();
-    p.push(messages("t", 0, 0, &a.iter().map(|v| Some(v.as_str())).collect::<Vec<_>>()));
-    p.push(messages("t", 1, 0, &b.iter().map(|v| Some(v.as_str())).collect::<Vec<_>>()));
+    p.push(messages(
+        "t",
+        0,
+        0,
+        &a.iter().map(|v| Some(v.as_str())).collect::<Vec<_>>(),
+    ));
+    p.push(messages(
+        "t",
+        1,
+        0,
+        &b.iter().map(|v| Some(v.as_str())).collect::<Vec<_>>(),
+    ));
     p.revoke(vec![(Arc::from("t"), 1)]);
     p.push(messages("t", 0, 5, &[Some(&json(5))]));
     p.stop().await??;
@@ -185,9 +207,17 @@ async fn routed_tables_each_hold_every_record_once_and_offsets_never_go_back() -
         let default = ws.read(reader, "ns", "routed", "id")?;
         let eu = ws.read(reader, "ns", "routed_eu", "id")?;
         let want = |r: i64| (0..20).filter(|i| i % 2 == r).collect::<BTreeSet<i64>>();
-        assert_eq!(ids(default.rows()).into_iter().collect::<BTreeSet<_>>(), want(1), "{reader}");
+        assert_eq!(
+            ids(default.rows()).into_iter().collect::<BTreeSet<_>>(),
+            want(1),
+            "{reader}"
+        );
         assert_eq!(default.rows().len(), 10, "{reader}: no duplicates");
-        assert_eq!(ids(eu.rows()).into_iter().collect::<BTreeSet<_>>(), want(0), "{reader}");
+        assert_eq!(
+            ids(eu.rows()).into_iter().collect::<BTreeSet<_>>(),
+            want(0),
+            "{reader}"
+        );
         assert_eq!(eu.rows().len(), 10, "{reader}: no duplicates");
     }
     let catalog = ws.catalog().await?;

@@ -2,19 +2,28 @@
 //!
 //! # Layout
 //!
-//! Modules follow a record from Kafka to Iceberg:
+//! Modules follow a record from Kafka to Iceberg; no two stages import each other.
 //!
-//! - [`config`]: the TOML file; every stage's settings, validated all at once.
-//! - [`source`]: Kafka consumer group (rdkafka), positioned from the table's offsets.
-//! - [`decode`]: message bytes (JSON, or Avro with a schema registry) -> JSON object.
-//! - [`transform`]: the configured plugin chain (empty until the WebAssembly host lands).
-//! - [`schema`]: Iceberg schema inferred from records, evolved by adding columns.
-//! - [`batch`]: buffered records -> Arrow batches with Iceberg field ids.
-//! - [`sink`]: Parquet files and the Iceberg commit, fenced for exactly-once.
-//! - [`offsets`]: the Kafka offsets each snapshot carries in its summary.
+//! - [`record`]: below every stage: the Kafka [`record::Message`], topic-partition maps,
+//!   the `_kafka_*` columns, JSON parsed once into a token tape ([`record::json`]), the
+//!   text formats of Iceberg values ([`record::values`]) and upsert key digests.
+//! - [`source`]: the Kafka consumer group (rdkafka) behind the [`source::Source`] seam;
+//!   partitions are positioned from the offsets stored in the tables.
+//! - [`decode`]: message bytes (JSON, Avro, Protobuf, JSON Schema; schema registry) ->
+//!   a parsed JSON object, or a reason to reject it.
+//! - [`transform`]: the configured chain of WebAssembly plugins (wasmtime, sandboxed).
+//! - [`schema`]: admits, rejects or fails each row; infers and evolves the Iceberg schema.
+//! - [`batch`]: admitted rows -> Arrow record batches, built as rows arrive.
+//! - [`catalog`]: the embedded SQLite catalog or an Iceberg REST catalog.
+//! - [`commit`]: snapshots with data and delete files, the offsets they carry, the
+//!   per-partition fence, and the catalog backends that swap them in.
+//! - [`sink`]: the table writer (Parquet files, upsert deletes) on top of the commit layer.
 //! - [`dead_letter`]: where records that cannot become rows go, with their bytes.
-//! - [`pipeline`]: wires the stages; [`run`] starts every pipeline of a config.
-//! - [`telemetry`]: logs and Prometheus metrics.
+//! - [`pipeline`]: wires the stages: an intake thread (decode -> transform -> schema ->
+//!   batch) hands seals to a committer task, so reading never waits for Parquet or the
+//!   catalog; [`run`] starts every pipeline of a config.
+//! - [`telemetry`]: logs and Prometheus metrics. [`error`]: error classes and backoff.
+//! - [`config`]: the TOML file; every stage's settings, validated all at once.
 //! - [`check`]: `floe check`, a dry run of every pipeline's connections and privileges.
 //!
 //! ```no_run
@@ -34,6 +43,7 @@ pub mod decode;
 pub mod error;
 pub mod failpoint;
 pub mod pipeline;
+pub mod probe;
 pub mod record;
 pub mod schema;
 pub mod sink;
