@@ -114,7 +114,7 @@ pub enum OnError {
     /// Write the original message to the dead-letter file, with the plugin and its message.
     #[default]
     DeadLetter,
-    /// Drop the record (counted in `floe_plugin_records_dropped_total`).
+    /// Drop the record (counted in `floe_plugin_records_failed_total{policy="drop"}`).
     Drop,
     /// Stop the pipeline.
     Fail,
