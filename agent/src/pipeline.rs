@@ -189,6 +189,7 @@ pub async fn run_pipeline(
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), PipelineError> {
     let name = config.name.clone();
+    telemetry::health::pipeline_started(&name, config.sink.commit_interval);
     let sink_err = PipelineError::sink(&name);
     let mut table_names = vec![config.sink.table.clone()];
     let mut routes = HashMap::new();
@@ -273,8 +274,8 @@ pub async fn run_pipeline(
                         Err(e) => Err(e),
                     },
                     Some(SourceEvent::Records(..)) => Ok(()),
-                    Some(SourceEvent::Assigned(tps)) => { p.assigned = tps; Ok(()) }
-                    Some(SourceEvent::Revoked) => { p.discard_buffers(); Ok(()) }
+                    Some(SourceEvent::Assigned(tps)) => { telemetry::rebalanced(&name, "assigned"); telemetry::health::partitions_assigned(&name, tps.len()); p.assigned = tps; Ok(()) }
+                    Some(SourceEvent::Revoked) => { telemetry::rebalanced(&name, "revoked"); telemetry::health::partitions_assigned(&name, 0); p.discard_buffers(); Ok(()) }
                     Some(SourceEvent::Failed(reason)) => Err(PipelineError::Source { pipeline: name.clone(), source: Box::new(SourceError::Stopped(reason)) }),
                     None => Err(PipelineError::Source { pipeline: name.clone(), source: Box::new(SourceError::Stopped("channel closed".into())) }),
                 };
@@ -288,6 +289,10 @@ pub async fn run_pipeline(
         }
     };
     source.shutdown();
+    telemetry::health::pipeline_stopped(
+        &name,
+        result.as_ref().err().map(|e| e.to_string()).as_deref(),
+    );
     result
 }
 
@@ -347,6 +352,9 @@ impl Pipeline {
             if record.offset < *next {
                 // Already committed or buffered (re-delivery after a rebalance or seek).
                 continue;
+            }
+            if record.offset > *next {
+                telemetry::offset_gap(&self.config.name, (record.offset - *next) as u64);
             }
             *next = record.offset + 1;
             let (row, origin) = match self.decode_key(record)? {
@@ -662,6 +670,7 @@ impl Pipeline {
     ) -> Result<(), PipelineError> {
         tracing::debug!(pipeline = %self.config.name, topic = %record.topic, partition = record.partition, offset = record.offset, stage, reason, "dead-lettered");
         telemetry::records_failed(&self.config.name, stage);
+        telemetry::dead_letter(&self.config.name, stage);
         self.dead_letters
             .write(record, stage, reason)
             .map_err(|e| self.dl_err(e))?;
@@ -757,6 +766,11 @@ impl Pipeline {
                     tracing::info!(pipeline = %self.config.name, table = %t.sink.ident(), snapshot_id = outcome.snapshot_id, files = outcome.files, delete_files = outcome.delete_files, rows, ms = started.elapsed().as_millis() as u64, "committed");
                     telemetry::records_out(&self.config.name, rows as u64);
                     telemetry::committed(&self.config.name, outcome.files);
+                    telemetry::commit_duration(&self.config.name, started.elapsed());
+                    telemetry::health::table_committed(
+                        &self.config.name,
+                        &t.sink.ident().to_string(),
+                    );
                     t.committed = target;
                     t.rounds_without_commit = 0;
                     t.discard();
@@ -764,6 +778,7 @@ impl Pipeline {
                     failpoint::hit(failpoint::AFTER_COMMIT);
                 }
                 Err(SinkError::Fenced(reason)) => {
+                    telemetry::fenced(&self.config.name);
                     tracing::warn!(pipeline = %self.config.name, table = %t.sink.ident(), %reason, "commit fenced: reloading offsets from the tables and re-reading");
                     for t in &mut self.tables {
                         t.sink.reload().await.map_err(PipelineError::sink(&name))?;
@@ -793,6 +808,7 @@ impl Pipeline {
                 .collect();
             source.command(SourceCommand::CommitGroupOffsets(group));
         }
+        telemetry::health::flush_completed(&name);
         Ok(())
     }
 }
