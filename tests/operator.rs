@@ -175,7 +175,9 @@ async fn top_health_and_metrics_of_a_running_agent() -> Result<()> {
         "{text}"
     );
     assert!(
-        scrape.sum("floe_bytes_committed_total", &p).is_some(),
+        scrape
+            .sum("floe_bytes_committed_total", &p)
+            .is_some_and(|b| b > 0.0),
         "{text}"
     );
 

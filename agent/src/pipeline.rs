@@ -760,6 +760,7 @@ impl Pipeline {
                 synced = true;
             }
             let t = &mut self.tables[i];
+            let bytes = files.data_bytes();
             match t.sink.commit(files, &t.committed, &target).await {
                 Ok(outcome) => {
                     let rows = t.buffer.len();
@@ -767,6 +768,7 @@ impl Pipeline {
                     telemetry::records_out(&self.config.name, rows as u64);
                     telemetry::committed(&self.config.name, outcome.files);
                     telemetry::commit_duration(&self.config.name, started.elapsed());
+                    telemetry::bytes_committed(&self.config.name, bytes);
                     telemetry::health::table_committed(
                         &self.config.name,
                         &t.sink.ident().to_string(),

@@ -57,6 +57,11 @@ impl Staged {
     pub fn empty() -> Self {
         Staged::default()
     }
+
+    /// Bytes of the data files written (for `floe_bytes_committed_total`).
+    pub fn data_bytes(&self) -> u64 {
+        self.data.iter().map(DataFile::file_size_in_bytes).sum()
+    }
 }
 
 /// What a commit did.
