@@ -288,6 +288,9 @@ impl Committer {
             tracing::info!(pipeline = %self.config.name, table = %t.sink.ident(), snapshot_id = outcome.snapshot_id, files = outcome.files, delete_files = outcome.delete_files, rows = sealed.buffered.rows, ms = started.elapsed().as_millis() as u64, "committed");
             telemetry::records_out(&self.config.name, sealed.buffered.rows as u64);
             telemetry::committed(&self.config.name, outcome.files);
+            telemetry::bytes_committed(&self.config.name, outcome.bytes);
+            telemetry::commit_duration(&self.config.name, started.elapsed());
+            telemetry::health::table_committed(&self.config.name, &t.sink.ident().to_string());
             t.committed = target.clone();
             t.rounds_without_commit = 0;
             let _ = self.reports.send(Report::Committed {
@@ -297,6 +300,7 @@ impl Committer {
             failpoint::hit(failpoint::AFTER_COMMIT);
         }
         self.remember();
+        telemetry::health::flush_completed(&self.config.name);
         Ok(())
     }
 

@@ -277,6 +277,7 @@ impl Intake {
                     }
                     self.state.assigned.insert(a.tp);
                 }
+                telemetry::health::partitions_assigned(self.name(), self.state.assigned.len());
             }
             SourceEvent::Revoked(tps) => {
                 let revoked: HashSet<TopicPartition> = tps.into_iter().collect();
@@ -292,6 +293,7 @@ impl Intake {
                     self.state.last_sealed.remove(tp);
                     self.state.gaps.remove(tp);
                 }
+                telemetry::health::partitions_assigned(self.name(), self.state.assigned.len());
             }
             SourceEvent::Gap {
                 tp,
@@ -418,12 +420,17 @@ impl Intake {
         loop {
             attempt += 1;
             match self.runtime.block_on(self.decoder.fetch(ids.clone())) {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    if attempt > 1 {
+                        telemetry::health::recovered(self.name());
+                    }
+                    return Ok(());
+                }
                 Err(e) if e.class() == ErrorClass::Transient && !self.stop_requested() => {
                     let wait =
                         backoff(attempt, Duration::from_millis(200), Duration::from_secs(30));
                     tracing::warn!(pipeline = %self.name(), error = %e, attempt, retry_in_ms = wait.as_millis() as u64, "schema registry unreachable: retrying");
-                    telemetry::transient_retry(self.name(), "registry");
+                    telemetry::health::transient_failure(self.name(), "registry", &e.to_string());
                     std::thread::sleep(wait);
                 }
                 Err(e) => {
@@ -631,6 +638,7 @@ impl Intake {
     ) -> Result<(), PipelineError> {
         tracing::debug!(pipeline = %self.name(), topic = %m.topic, partition = m.partition, offset = m.offset, stage, reason, "dead-lettered");
         telemetry::records_failed(self.name(), stage);
+        telemetry::dead_letter(self.name(), stage);
         self.dead_letters
             .write(m, stage, reason)
             .map_err(|e| self.err_dl(e))?;

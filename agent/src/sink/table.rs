@@ -51,6 +51,11 @@ impl Staged {
     pub fn empty() -> Self {
         Staged::default()
     }
+
+    /// Bytes of the data files written (for `floe_bytes_committed_total`).
+    pub fn data_bytes(&self) -> u64 {
+        self.data.iter().map(DataFile::file_size_in_bytes).sum()
+    }
 }
 
 /// What a commit did.
@@ -62,6 +67,8 @@ pub struct CommitOutcome {
     pub files: usize,
     /// Delete files it added (upsert mode).
     pub delete_files: usize,
+    /// Bytes of the data files it added.
+    pub bytes: u64,
 }
 
 impl TableSink {
@@ -401,6 +408,7 @@ impl TableSink {
                         snapshot_id,
                         files: staged.data.len(),
                         delete_files,
+                        bytes: staged.data_bytes(),
                     });
                 }
                 Err(CommitFailure::Stale(table)) if rebases < 5 => {
