@@ -18,6 +18,10 @@ use crate::commit::{COMMIT_KEY, OffsetMap, PIPELINE_KEY, WRITER_KEY};
 use crate::record::PartitionMap;
 use crate::schema::SchemaTracker;
 
+/// Times a commit whose deletes went stale (other writers keep committing) is redone
+/// before it is given up on (a transient failure: the committer retries the seal).
+const MAX_REBASES: u32 = 20;
+
 /// One pipeline's view of its target table.
 pub struct TableSink {
     catalog: CatalogHandle,
@@ -404,6 +408,9 @@ impl TableSink {
                     self.table = Some(table);
                     self.pending_schema = None;
                     self.apply_to_index(&staged)?;
+                    if let Some(index) = self.upsert.as_mut().and_then(|u| u.index.as_mut()) {
+                        index.set_snapshot(Some(snapshot_id));
+                    }
                     return Ok(CommitOutcome {
                         snapshot_id,
                         files: staged.data.len(),
@@ -411,14 +418,25 @@ impl TableSink {
                         bytes: staged.data_bytes(),
                     });
                 }
-                Err(CommitFailure::Stale(table)) if rebases < 5 => {
+                Err(CommitFailure::Stale(table)) if rebases < MAX_REBASES => {
                     rebases += 1;
-                    tracing::warn!(pipeline = %self.pipeline, table = %self.ident, "another writer changed the table: rebuilding the upsert index and the deletes");
+                    // Another writer (another agent on the same table, say) committed:
+                    // learn its rows and deletes, then compute our deletes again.
+                    let caught_up = match self.upsert.as_mut() {
+                        Some(UpsertState {
+                            spec,
+                            index: Some(index),
+                        }) => index.catch_up(&table, spec).await?,
+                        _ => false,
+                    };
+                    tracing::info!(pipeline = %self.pipeline, table = %self.ident, caught_up, "another writer changed the table: updating the upsert index and the deletes");
                     self.table = Some(*table);
-                    if let Some(u) = &mut self.upsert {
-                        u.index = None;
+                    if !caught_up {
+                        if let Some(u) = &mut self.upsert {
+                            u.index = None;
+                        }
+                        self.ensure_index().await?;
                     }
-                    self.ensure_index().await?;
                 }
                 Err(e @ (CommitFailure::Fenced { .. } | CommitFailure::SchemaChanged(_))) => {
                     return Err(SinkError::Fenced(e.to_string()));
