@@ -150,43 +150,49 @@ impl Broker {
 
     /// Produces messages (key, value) with an idempotent producer; the partition follows the key.
     pub async fn produce(&self, topic: &str, messages: &[Message]) -> Result<()> {
-        let producer: FutureProducer = ClientConfig::new()
-            .set("bootstrap.servers", &self.bootstrap)
-            .set("enable.idempotence", "true")
-            .set("linger.ms", "5")
-            .create()?;
-        let mut deliveries = Vec::with_capacity(messages.len());
-        for (key, value) in messages {
-            let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic);
-            if let Some(k) = key {
-                record = record.key(k.as_slice());
-            }
-            if let Some(v) = value {
-                record = record.payload(v.as_slice());
-            }
-            // Enqueue now (send_result does not wait); on a full queue, wait for room.
-            loop {
-                match producer.send_result(record) {
-                    Ok(delivery) => break deliveries.push(delivery),
-                    Err((
-                        rdkafka::error::KafkaError::MessageProduction(
-                            rdkafka::types::RDKafkaErrorCode::QueueFull,
-                        ),
-                        r,
-                    )) => {
-                        record = r;
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                    }
-                    Err((e, _)) => bail!("produce: {e}"),
-                }
-            }
-        }
-        for d in deliveries {
-            d.await?
-                .map_err(|(e, _)| anyhow::anyhow!("delivery: {e}"))?;
-        }
-        Ok(())
+        produce_to(&self.bootstrap, topic, messages).await
     }
+}
+
+/// Produces messages (key, value) to the broker at `bootstrap` with an idempotent
+/// producer; the partition follows the key.
+pub async fn produce_to(bootstrap: &str, topic: &str, messages: &[Message]) -> Result<()> {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create()?;
+    let mut deliveries = Vec::with_capacity(messages.len());
+    for (key, value) in messages {
+        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic);
+        if let Some(k) = key {
+            record = record.key(k.as_slice());
+        }
+        if let Some(v) = value {
+            record = record.payload(v.as_slice());
+        }
+        // Enqueue now (send_result does not wait); on a full queue, wait for room.
+        loop {
+            match producer.send_result(record) {
+                Ok(delivery) => break deliveries.push(delivery),
+                Err((
+                    rdkafka::error::KafkaError::MessageProduction(
+                        rdkafka::types::RDKafkaErrorCode::QueueFull,
+                    ),
+                    r,
+                )) => {
+                    record = r;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                Err((e, _)) => bail!("produce: {e}"),
+            }
+        }
+    }
+    for d in deliveries {
+        d.await?
+            .map_err(|(e, _)| anyhow::anyhow!("delivery: {e}"))?;
+    }
+    Ok(())
 }
 
 impl Drop for Broker {
@@ -511,6 +517,11 @@ impl AgentProcess {
         if let Some(r) = self.reader.take() {
             let _ = r.join();
         }
+    }
+
+    /// The process id (for signals).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Everything printed on stderr so far.
