@@ -224,3 +224,34 @@ async fn routed_tables_each_hold_every_record_once_and_offsets_never_go_back() -
     assert_eq!(committed_rows(catalog.as_ref(), "ns", "routed").await?, 10);
     Ok(())
 }
+
+/// Upsert keyed by a payload field with `coerce`: the key is read after coercion, so
+/// `{"id": "7"}` and then `{"id": 7}` are the same row (a string column stores "7").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upsert_keys_are_read_after_coercion() -> Result<()> {
+    let (ws, config) = workspace("coerced")?;
+    let text = std::fs::read_to_string(&config)?.replace(
+        "create_table = true",
+        "create_table = true\nmode = \"upsert\"\nkey = [\"id\"]",
+    );
+    std::fs::write(&config, text)?;
+    append_config(
+        &config,
+        "[pipelines.schema]\non_incompatible = \"coerce\"\n",
+    )?;
+    let p = ScriptedPipeline::start(&config).await?;
+    p.assign("t", &[(0, None, vec![None])]);
+    p.push(messages("t", 0, 0, &[Some(r#"{"id": "7", "v": "first"}"#)]));
+    p.stop().await??;
+    let p = ScriptedPipeline::start(&config).await?;
+    p.assign("t", &[(0, Some(1), vec![Some(1)])]);
+    p.push(messages("t", 0, 1, &[Some(r#"{"id": 7, "v": "second"}"#)]));
+    p.stop().await??;
+    for reader in ["pyiceberg", "duckdb"] {
+        let dump = ws.read(reader, "ns", "coerced", "id")?;
+        assert_eq!(dump.rows().len(), 1, "{reader}: one live row for key 7");
+        assert_eq!(dump.rows()[0]["id"], "7", "{reader}");
+        assert_eq!(dump.rows()[0]["v"], "second", "{reader}");
+    }
+    Ok(())
+}

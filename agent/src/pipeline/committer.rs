@@ -258,8 +258,14 @@ impl Committer {
             if target == t.committed && !has_rows[i] {
                 continue;
             }
+            // A partition the table has no offsets for yet is recorded at once (its
+            // start position must survive a restart: `start = "latest"` applies once).
+            let new_partition = seal.next.keys().any(|tp| !t.committed.0.contains_key(tp));
             if !has_rows[i] {
-                if !seal.closing && t.rounds_without_commit + 1 < OFFSETS_ONLY_EVERY {
+                if !seal.closing
+                    && !new_partition
+                    && t.rounds_without_commit + 1 < OFFSETS_ONLY_EVERY
+                {
                     t.rounds_without_commit += 1;
                     continue;
                 }

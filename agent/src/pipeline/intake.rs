@@ -108,6 +108,9 @@ pub(super) struct State {
     from: PartitionMap<i64>,
     /// `next` as of the last seal handed over.
     last_sealed: PartitionMap<i64>,
+    /// Where a partition without stored offsets started (`start = "latest"`: the end at
+    /// its first assignment), for rewinds before its first commit.
+    first_position: PartitionMap<i64>,
     assigned: HashSet<TopicPartition>,
     gaps: PartitionMap<(i64, i64)>,
     epoch: u64,
@@ -269,6 +272,9 @@ impl Intake {
                         Some(p) => {
                             self.state.next.insert(a.tp.clone(), p);
                             self.state.from.insert(a.tp.clone(), p);
+                            if a.stored.iter().all(Option::is_none) {
+                                self.state.first_position.insert(a.tp.clone(), p);
+                            }
                         }
                         None => {
                             self.state.next.remove(&a.tp);
@@ -292,6 +298,7 @@ impl Intake {
                     self.state.from.remove(tp);
                     self.state.last_sealed.remove(tp);
                     self.state.gaps.remove(tp);
+                    self.state.first_position.remove(tp);
                 }
                 telemetry::health::partitions_assigned(self.name(), self.state.assigned.len());
             }
@@ -737,7 +744,10 @@ impl Intake {
                 self.state.next.clear();
                 self.state.from.clear();
                 for tp in &self.state.assigned {
-                    let p = resume.get(tp).copied();
+                    let p = resume
+                        .get(tp)
+                        .or_else(|| self.state.first_position.get(tp))
+                        .copied();
                     if let Some(o) = p {
                         self.state.next.insert(tp.clone(), o);
                         self.state.from.insert(tp.clone(), o);

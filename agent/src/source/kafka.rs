@@ -98,7 +98,24 @@ impl ConsumerContext for Context {
             .collect();
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
-                let assigned = self.lookup.lookup(&tps);
+                let mut assigned = self.lookup.lookup(&tps);
+                if self.start == StartPosition::Latest {
+                    // `latest` applies once: the end *now* becomes the partition's position,
+                    // recorded in the table with the next commit, so a rewind or a restart
+                    // does not jump to a later end and skip what came in between.
+                    for a in assigned.iter_mut().filter(|a| a.position.is_none()) {
+                        let (topic, partition) = &a.tp;
+                        match consumer.fetch_watermarks(topic, *partition, Duration::from_secs(5)) {
+                            Ok((low, high)) => {
+                                tracing::info!(pipeline = %self.pipeline, %topic, partition, low, high, "start = latest: positioned at the end");
+                                a.position = Some(high)
+                            }
+                            Err(e) => {
+                                tracing::warn!(pipeline = %self.pipeline, %topic, partition, error = %e, "cannot read the end of the partition: starting at the end as librdkafka sees it")
+                            }
+                        }
+                    }
+                }
                 let mut positioned = self.positioned.lock().expect("positioned");
                 for a in &assigned {
                     let (topic, partition) = &a.tp;
