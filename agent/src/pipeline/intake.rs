@@ -686,9 +686,20 @@ impl Intake {
         if closing {
             self.state.closing = true;
         }
-        self.seals
-            .blocking_send(Handoff::Seal(seal))
-            .map_err(|_| PipelineError::internal(self.name(), "the committer stopped"))
+        if self.seals.blocking_send(Handoff::Seal(seal)).is_err() {
+            return Err(self.committer_gone());
+        }
+        Ok(())
+    }
+
+    /// The committer ended: its report says why.
+    fn committer_gone(&mut self) -> PipelineError {
+        while let Ok(report) = self.reports.try_recv() {
+            if let Report::Failed(e) = report {
+                return e;
+            }
+        }
+        PipelineError::internal(self.name(), "the committer stopped")
     }
 
     /// Asks the committer to rewind once every earlier seal is done.
@@ -698,12 +709,17 @@ impl Intake {
         for t in &mut self.tables {
             let _ = t.buffer.take();
         }
-        self.seals
+        if self
+            .seals
             .blocking_send(Handoff::Rewind {
                 epoch: self.state.epoch,
                 reason,
             })
-            .map_err(|_| PipelineError::internal(self.name(), "the committer stopped"))
+            .is_err()
+        {
+            return Err(self.committer_gone());
+        }
+        Ok(())
     }
 
     fn on_report(&mut self, report: Report) -> Result<Flow, PipelineError> {
