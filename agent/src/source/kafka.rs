@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, Sender, TrySendError};
+use crossbeam_channel::{Receiver, SendTimeoutError, Sender, TrySendError};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
 use rdkafka::message::Message as _;
 use rdkafka::types::RDKafkaRespErr;
@@ -30,6 +30,10 @@ use crate::record::{Message, PartitionMap, TopicPartition};
 
 /// How many records one event carries at most.
 const MAX_EVENT_RECORDS: usize = 4096;
+
+/// How long the thread waits for room in the pipeline's channel before it pauses the
+/// partitions (rebalance callbacks wait at most this long meanwhile).
+const SHORT_STALL: Duration = Duration::from_millis(500);
 
 /// Events queued by the rebalance callback and the poll loop, delivered in order.
 type Pending = Arc<Mutex<VecDeque<SourceEvent>>>;
@@ -337,18 +341,27 @@ impl Poller {
             let Some(event) = self.pending.lock().expect("pending events").pop_front() else {
                 break;
             };
-            match self.events.try_send(event) {
-                Ok(()) => {}
-                Err(TrySendError::Full(event)) => {
-                    self.pending
-                        .lock()
-                        .expect("pending events")
-                        .push_front(event);
-                    self.set_paused(true);
-                    return true;
-                }
+            // A short wait is cheaper than pausing: a paused partition drops what
+            // librdkafka prefetched and fetches it again on resume. Only a long stall
+            // pauses (and then this thread keeps polling to serve the group).
+            let event = match self.events.try_send(event) {
+                Ok(()) => continue,
                 Err(TrySendError::Disconnected(_)) => return false,
-            }
+                Err(TrySendError::Full(event)) if self.paused => event,
+                Err(TrySendError::Full(event)) => {
+                    match self.events.send_timeout(event, SHORT_STALL) {
+                        Ok(()) => continue,
+                        Err(SendTimeoutError::Disconnected(_)) => return false,
+                        Err(SendTimeoutError::Timeout(event)) => event,
+                    }
+                }
+            };
+            self.pending
+                .lock()
+                .expect("pending events")
+                .push_front(event);
+            self.set_paused(true);
+            return true;
         }
         self.set_paused(false);
         true
