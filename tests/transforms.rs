@@ -469,14 +469,9 @@ async fn a_crash_between_two_tables_commits_loses_and_duplicates_nothing() -> Re
         ),
     )?;
     // Killed right after the first table (the default one) commits, before the others do.
-    let mut agent = floe_tests::AgentProcess::start(
-        &config,
-        &[("FLOE_FAILPOINT", floe::failpoint::AFTER_COMMIT)],
-    )?;
-    agent.wait_for_line(
-        "FLOE_FAILPOINT after_commit reached",
-        Duration::from_secs(90),
-    )?;
+    let mut agent =
+        floe_tests::AgentProcess::start_at_failpoint(&config, floe::failpoint::AFTER_COMMIT, &[])?;
+    agent.wait_for_failpoint(Duration::from_secs(90))?;
     agent.kill9()?;
     assert_eq!(
         ws.committed_rows("wasm", "routed").await?,

@@ -41,6 +41,12 @@ struct Args {
     /// Skip the Python peer.
     #[arg(long)]
     skip_peer: bool,
+    /// Also run 1, 2 and 3 agents (separate processes, one consumer group) on one table.
+    #[arg(long)]
+    agents: bool,
+    /// Run only the agents scenario (with --agents).
+    #[arg(long)]
+    only_agents: bool,
 }
 
 /// One scenario's figures.
@@ -449,6 +455,129 @@ flush_bytes = "64MiB"
     })
 }
 
+/// (g) `agents` `floe` processes in one consumer group on one table: wall time from the
+/// first record read to every message covered by the table's offsets, CPU of all agents
+/// together, and the fences and commit retries they counted.
+async fn agents_run(
+    broker: &Broker,
+    topic: &str,
+    n: usize,
+    bytes: u64,
+    agents: usize,
+) -> Result<Figures> {
+    let ws = Workspace::new()?;
+    let d = ws.dir.path().display();
+    let mut children = Vec::new();
+    let mut endpoints = Vec::new();
+    let start = Instant::now();
+    for a in 0..agents {
+        let metrics = format!("127.0.0.1:{}", free_port());
+        let config = format!(
+            r#"[metrics]
+listen = "{metrics}"
+[catalogs.local]
+type = "embedded"
+path = "{d}/catalog.db"
+warehouse = "{d}/warehouse"
+[[pipelines]]
+name = "bench"
+[pipelines.source]
+bootstrap_servers = "{bootstrap}"
+group_id = "bench-agents-{agents}"
+topics = ["{topic}"]
+[pipelines.source.properties]
+"session.timeout.ms" = "6000"
+"fetch.max.bytes" = "52428800"
+[pipelines.sink]
+catalog = "local"
+namespace = "bench"
+table = "events"
+create_table = true
+commit_interval = "10s"
+flush_bytes = "64MiB"
+"#,
+            bootstrap = broker.bootstrap,
+        );
+        let path = ws.path(&format!("floe-{a}.toml"));
+        std::fs::write(&path, config)?;
+        let child = Command::new(floe_tests::floe_bin())
+            .args(["run", "--config"])
+            .arg(&path)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(ws.path(&format!("floe-{a}.log")))?)
+            .spawn()?;
+        children.push(child);
+        endpoints.push(metrics);
+    }
+    let catalog = ws.catalog().await?;
+    let mut first_read: Option<Instant> = None;
+    let mut cpu = vec![0.0; agents];
+    loop {
+        for (i, c) in children.iter().enumerate() {
+            if let Ok(v) = cpu_seconds(&c.id().to_string()) {
+                cpu[i] = v;
+            }
+        }
+        if first_read.is_none() {
+            let read: f64 = endpoints
+                .iter()
+                .filter_map(|m| scrape_metrics(m).ok())
+                .filter_map(|m| metric_value(&m, "floe_records_in_total", &[]))
+                .sum();
+            if read > 0.0 {
+                first_read = Some(Instant::now());
+            }
+        }
+        let covered =
+            floe_tests::covered_messages(catalog.as_ref(), "bench", "events", "bench").await?;
+        if covered as usize >= n {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(900) {
+            bail!("{agents} agents covered {covered} of {n} in 900s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let seconds = first_read.unwrap_or(start).elapsed().as_secs_f64();
+    let counter = |name: &str| -> f64 {
+        endpoints
+            .iter()
+            .filter_map(|m| scrape_metrics(m).ok())
+            .filter_map(|m| metric_value(&m, name, &[]))
+            .sum()
+    };
+    let fences = counter("floe_fences_total");
+    let retries = counter("floe_commit_retries_total");
+    for c in &children {
+        let _ = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status();
+    }
+    for mut c in children {
+        let _ = c.wait();
+    }
+    let (rows, files, snapshots) =
+        table_stats(&catalog, &TableIdent::from_strs(["bench", "events"])?).await?;
+    anyhow::ensure!(
+        rows as usize == n,
+        "{agents} agents committed {rows} of {n} rows"
+    );
+    println!("{agents} agent(s): fences {fences}, commit retries {retries}");
+    Ok(Figures {
+        scenario: format!(
+            "g: floe, {agents} agent(s) on one table (fences {fences}, retries {retries})"
+        ),
+        records: n,
+        seconds,
+        cpu_seconds: cpu.iter().sum(),
+        peak_rss_mib: None,
+        files: Some(files),
+        snapshots: Some(snapshots),
+        bytes,
+        startup_seconds: None,
+    })
+}
+
 /// (e) The Python peer (`tests/bench/peer.py`).
 fn python_peer(broker: &Broker, topic: &str, n: usize, bytes: u64) -> Result<Figures> {
     let ws = Workspace::new()?;
@@ -582,6 +711,16 @@ async fn bench(args: Args) -> Result<()> {
 
     let mut results = vec![read_only(&broker, topic, args.partitions, n, bytes)?];
     println!("{:?}", results.last().map(|f| (&f.scenario, f.rate())));
+    if args.agents {
+        for agents in 1..=3 {
+            results.push(agents_run(&broker, topic, n, bytes, agents).await?);
+            println!("{:?}", results.last().map(|f| (&f.scenario, f.rate())));
+        }
+        if args.only_agents {
+            print_table(&results);
+            return Ok(());
+        }
+    }
     results.push(encode_limit(&values, 64 << 20, false).await?);
     println!("{:?}", results.last().map(|f| (&f.scenario, f.rate())));
     // Upsert: the same records with ids repeating ten times (n/10 keys), 16 MiB commits.

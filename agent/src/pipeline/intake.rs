@@ -108,6 +108,9 @@ pub(super) struct State {
     from: PartitionMap<i64>,
     /// `next` as of the last seal handed over.
     last_sealed: PartitionMap<i64>,
+    /// Where a partition without stored offsets started (`start = "latest"`: the end at
+    /// its first assignment), for rewinds before its first commit.
+    first_position: PartitionMap<i64>,
     assigned: HashSet<TopicPartition>,
     gaps: PartitionMap<(i64, i64)>,
     epoch: u64,
@@ -269,6 +272,9 @@ impl Intake {
                         Some(p) => {
                             self.state.next.insert(a.tp.clone(), p);
                             self.state.from.insert(a.tp.clone(), p);
+                            if a.stored.iter().all(Option::is_none) {
+                                self.state.first_position.insert(a.tp.clone(), p);
+                            }
                         }
                         None => {
                             self.state.next.remove(&a.tp);
@@ -277,6 +283,7 @@ impl Intake {
                     }
                     self.state.assigned.insert(a.tp);
                 }
+                telemetry::health::partitions_assigned(self.name(), self.state.assigned.len());
             }
             SourceEvent::Revoked(tps) => {
                 let revoked: HashSet<TopicPartition> = tps.into_iter().collect();
@@ -291,7 +298,9 @@ impl Intake {
                     self.state.from.remove(tp);
                     self.state.last_sealed.remove(tp);
                     self.state.gaps.remove(tp);
+                    self.state.first_position.remove(tp);
                 }
+                telemetry::health::partitions_assigned(self.name(), self.state.assigned.len());
             }
             SourceEvent::Gap {
                 tp,
@@ -418,12 +427,17 @@ impl Intake {
         loop {
             attempt += 1;
             match self.runtime.block_on(self.decoder.fetch(ids.clone())) {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    if attempt > 1 {
+                        telemetry::health::recovered(self.name());
+                    }
+                    return Ok(());
+                }
                 Err(e) if e.class() == ErrorClass::Transient && !self.stop_requested() => {
                     let wait =
                         backoff(attempt, Duration::from_millis(200), Duration::from_secs(30));
                     tracing::warn!(pipeline = %self.name(), error = %e, attempt, retry_in_ms = wait.as_millis() as u64, "schema registry unreachable: retrying");
-                    telemetry::transient_retry(self.name(), "registry");
+                    telemetry::health::transient_failure(self.name(), "registry", &e.to_string());
                     std::thread::sleep(wait);
                 }
                 Err(e) => {
@@ -640,6 +654,7 @@ impl Intake {
     ) -> Result<(), PipelineError> {
         tracing::debug!(pipeline = %self.name(), topic = %m.topic, partition = m.partition, offset = m.offset, stage, reason, "dead-lettered");
         telemetry::records_failed(self.name(), stage);
+        telemetry::dead_letter(self.name(), stage);
         self.dead_letters
             .write(m, stage, reason)
             .map_err(|e| self.err_dl(e))?;
@@ -680,9 +695,20 @@ impl Intake {
         if closing {
             self.state.closing = true;
         }
-        self.seals
-            .blocking_send(Handoff::Seal(seal))
-            .map_err(|_| PipelineError::internal(self.name(), "the committer stopped"))
+        if self.seals.blocking_send(Handoff::Seal(seal)).is_err() {
+            return Err(self.committer_gone());
+        }
+        Ok(())
+    }
+
+    /// The committer ended: its report says why.
+    fn committer_gone(&mut self) -> PipelineError {
+        while let Ok(report) = self.reports.try_recv() {
+            if let Report::Failed(e) = report {
+                return e;
+            }
+        }
+        PipelineError::internal(self.name(), "the committer stopped")
     }
 
     /// Asks the committer to rewind once every earlier seal is done.
@@ -692,12 +718,17 @@ impl Intake {
         for t in &mut self.tables {
             let _ = t.buffer.take();
         }
-        self.seals
+        if self
+            .seals
             .blocking_send(Handoff::Rewind {
                 epoch: self.state.epoch,
                 reason,
             })
-            .map_err(|_| PipelineError::internal(self.name(), "the committer stopped"))
+            .is_err()
+        {
+            return Err(self.committer_gone());
+        }
+        Ok(())
     }
 
     fn on_report(&mut self, report: Report) -> Result<Flow, PipelineError> {
@@ -738,7 +769,10 @@ impl Intake {
                 self.state.next.clear();
                 self.state.from.clear();
                 for tp in &self.state.assigned {
-                    let p = resume.get(tp).copied();
+                    let p = resume
+                        .get(tp)
+                        .or_else(|| self.state.first_position.get(tp))
+                        .copied();
                     if let Some(o) = p {
                         self.state.next.insert(tp.clone(), o);
                         self.state.from.insert(tp.clone(), o);

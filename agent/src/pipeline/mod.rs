@@ -43,6 +43,7 @@ use crate::decode::{Decoder, InvalidPolicy};
 use crate::schema::{OnIncompatible, SchemaTracker, TableSchema};
 use crate::sink::TableSink;
 use crate::source::{KafkaSource, KnownOffsets, Source};
+use crate::telemetry;
 use crate::transform::{TransformChain, TransformEngine};
 
 /// Runs one pipeline against Kafka until `shutdown` turns true or an error stops it.
@@ -120,6 +121,7 @@ async fn run_with_source(
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), PipelineError> {
     let name = config.name.clone();
+    telemetry::health::pipeline_started(&name, config.sink.commit_interval);
     let decoder = Decoder::new(&config.decode)
         .map_err(|source| PipelineError::Decode {
             pipeline: name.clone(),

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, Sender, TrySendError};
+use crossbeam_channel::{Receiver, SendTimeoutError, Sender, TrySendError};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
 use rdkafka::message::Message as _;
 use rdkafka::types::RDKafkaRespErr;
@@ -30,6 +30,10 @@ use crate::record::{Message, PartitionMap, TopicPartition};
 
 /// How many records one event carries at most.
 const MAX_EVENT_RECORDS: usize = 4096;
+
+/// How long the thread waits for room in the pipeline's channel before it pauses the
+/// partitions (rebalance callbacks wait at most this long meanwhile).
+const SHORT_STALL: Duration = Duration::from_millis(500);
 
 /// Events queued by the rebalance callback and the poll loop, delivered in order.
 type Pending = Arc<Mutex<VecDeque<SourceEvent>>>;
@@ -98,7 +102,24 @@ impl ConsumerContext for Context {
             .collect();
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
-                let assigned = self.lookup.lookup(&tps);
+                let mut assigned = self.lookup.lookup(&tps);
+                if self.start == StartPosition::Latest {
+                    // `latest` applies once: the end *now* becomes the partition's position,
+                    // recorded in the table with the next commit, so a rewind or a restart
+                    // does not jump to a later end and skip what came in between.
+                    for a in assigned.iter_mut().filter(|a| a.position.is_none()) {
+                        let (topic, partition) = &a.tp;
+                        match consumer.fetch_watermarks(topic, *partition, Duration::from_secs(5)) {
+                            Ok((low, high)) => {
+                                tracing::info!(pipeline = %self.pipeline, %topic, partition, low, high, "start = latest: positioned at the end");
+                                a.position = Some(high)
+                            }
+                            Err(e) => {
+                                tracing::warn!(pipeline = %self.pipeline, %topic, partition, error = %e, "cannot read the end of the partition: starting at the end as librdkafka sees it")
+                            }
+                        }
+                    }
+                }
                 let mut positioned = self.positioned.lock().expect("positioned");
                 for a in &assigned {
                     let (topic, partition) = &a.tp;
@@ -320,18 +341,27 @@ impl Poller {
             let Some(event) = self.pending.lock().expect("pending events").pop_front() else {
                 break;
             };
-            match self.events.try_send(event) {
-                Ok(()) => {}
-                Err(TrySendError::Full(event)) => {
-                    self.pending
-                        .lock()
-                        .expect("pending events")
-                        .push_front(event);
-                    self.set_paused(true);
-                    return true;
-                }
+            // A short wait is cheaper than pausing: a paused partition drops what
+            // librdkafka prefetched and fetches it again on resume. Only a long stall
+            // pauses (and then this thread keeps polling to serve the group).
+            let event = match self.events.try_send(event) {
+                Ok(()) => continue,
                 Err(TrySendError::Disconnected(_)) => return false,
-            }
+                Err(TrySendError::Full(event)) if self.paused => event,
+                Err(TrySendError::Full(event)) => {
+                    match self.events.send_timeout(event, SHORT_STALL) {
+                        Ok(()) => continue,
+                        Err(SendTimeoutError::Disconnected(_)) => return false,
+                        Err(SendTimeoutError::Timeout(event)) => event,
+                    }
+                }
+            };
+            self.pending
+                .lock()
+                .expect("pending events")
+                .push_front(event);
+            self.set_paused(true);
+            return true;
         }
         self.set_paused(false);
         true

@@ -10,6 +10,7 @@
 //! through a [`PositionLookup`]; group offsets are committed afterwards, for monitoring only.
 
 mod kafka;
+pub mod probe;
 pub mod scripted;
 
 use std::collections::BTreeMap;

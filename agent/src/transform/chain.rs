@@ -112,8 +112,6 @@ struct Stage {
     limits: Limits,
     /// The input buffer, reused across calls.
     buf: Vec<u8>,
-    /// Fractions of a second not yet added to `floe_plugin_seconds_total`.
-    seconds: f64,
     /// Records in a row that faulted alone.
     alone_in_a_row: u32,
 }
@@ -178,7 +176,6 @@ impl TransformChain {
                         on_error: config.on_error,
                         limits: config.limits,
                         buf: Vec::new(),
-                        seconds: 0.0,
                         alone_in_a_row: 0,
                     })
                 })
@@ -402,18 +399,13 @@ impl Stage {
         result
     }
 
-    fn metrics(&mut self, pipeline: &str, records_in: usize, records_out: usize, started: Instant) {
-        let spent = started.elapsed();
-        self.seconds += spent.as_secs_f64();
-        let whole = self.seconds.floor();
-        self.seconds -= whole;
+    fn metrics(&self, pipeline: &str, records_in: usize, records_out: usize, started: Instant) {
         telemetry::plugin_batch(
             pipeline,
             &self.name,
             records_in,
             records_out,
-            spent,
-            whole as u64,
+            started.elapsed(),
         );
     }
 }

@@ -9,6 +9,7 @@
 //! - `plugin`: one sandboxed instance of a plugin, its limits, and fault detection.
 //! - `chain`: runs a batch of records through every plugin in order, applies answers,
 //!   and isolates the record behind a fault by splitting the batch.
+//! - `probe`: `floe check`'s plugin step; `tools`: `floe plugin new` and `floe plugin test`.
 //!
 //! The contract with plugins is `wit/transform.wit` (`floe-plugin:transform@0.2.0`):
 //! one buffer of records per batch into the plugin, one buffer of answers out; each
@@ -24,6 +25,7 @@
 mod chain;
 mod engine;
 mod plugin;
+pub mod probe;
 mod sandbox;
 pub mod tools;
 
@@ -170,7 +172,7 @@ pub enum OnError {
     /// Write the original message to the dead-letter file, with the plugin and its message.
     #[default]
     DeadLetter,
-    /// Drop the record (counted in `floe_plugin_records_dropped_total`).
+    /// Drop the record (counted in `floe_plugin_records_failed_total{policy="drop"}`).
     Drop,
     /// Stop the pipeline.
     Fail,
