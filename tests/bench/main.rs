@@ -47,6 +47,10 @@ struct Args {
     /// Run only the agents scenario (with --agents).
     #[arg(long)]
     only_agents: bool,
+    /// Diagnose: read an existing topic at this broker with Floe's consumer settings
+    /// (subscribe) and with plain assign, print both rates, and stop.
+    #[arg(long)]
+    read_test: Option<String>,
 }
 
 /// One scenario's figures.
@@ -649,8 +653,68 @@ fn print_table(results: &[Figures]) {
     }
 }
 
+/// `--read-test BROKER`: Floe's consumer settings vs a plain consumer on topic `bench`.
+fn read_test(bootstrap: &str, n: usize, partitions: i32) -> Result<()> {
+    let source: floe::source::SourceConfig = toml::from_str(&format!(
+        "bootstrap_servers = \"{bootstrap}\"\ngroup_id = \"read-test-{}\"\ntopics = [\"bench\"]",
+        std::process::id()
+    ))?;
+    for (name, subscribe, mut config) in [
+        ("floe settings, subscribe", true, source.client_config()),
+        ("floe settings, assign", false, source.client_config()),
+        ("plain, assign", false, {
+            let mut c = ClientConfig::new();
+            c.set("bootstrap.servers", bootstrap)
+                .set("group.id", "read-test-plain")
+                .set("enable.auto.commit", "false");
+            c
+        }),
+    ] {
+        config.set(
+            "group.id",
+            format!("read-test-{}-{}", std::process::id(), name.len()),
+        );
+        let consumer: BaseConsumer = config.create()?;
+        if subscribe {
+            consumer.subscribe(&["bench"])?;
+        } else {
+            let mut tpl = TopicPartitionList::new();
+            for p in 0..partitions {
+                tpl.add_partition_offset("bench", p, Offset::Beginning)?;
+            }
+            consumer.assign(&tpl)?;
+        }
+        let mut seen = 0;
+        let mut first = None;
+        let mut stalls = 0;
+        let mut last = Instant::now();
+        while seen < n {
+            if let Some(m) = consumer.poll(Duration::from_secs(5)) {
+                m?;
+                seen += 1;
+                let now = Instant::now();
+                if first.is_none() {
+                    first = Some(now);
+                } else if now - last > Duration::from_millis(200) {
+                    stalls += 1;
+                }
+                last = now;
+            }
+        }
+        let secs = first.map_or(0.0, |f| f.elapsed().as_secs_f64());
+        println!(
+            "{name}: {n} in {secs:.2} s = {:.0}/s, {stalls} stalls over 200 ms",
+            n as f64 / secs
+        );
+    }
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
+    if let Some(b) = &args.read_test {
+        return read_test(b, args.records, args.partitions);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

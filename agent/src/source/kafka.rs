@@ -31,6 +31,9 @@ use crate::record::{Message, PartitionMap, TopicPartition};
 /// How many records one event carries at most.
 const MAX_EVENT_RECORDS: usize = 4096;
 
+/// Events queued for the pipeline before the thread waits (about 4 MiB of records).
+const EVENT_QUEUE: usize = 8;
+
 /// How long the thread waits for room in the pipeline's channel before it pauses the
 /// partitions (rebalance callbacks wait at most this long meanwhile).
 const SHORT_STALL: Duration = Duration::from_millis(500);
@@ -193,7 +196,7 @@ impl KafkaSource {
         config: &SourceConfig,
         lookup: Arc<dyn PositionLookup>,
     ) -> Result<KafkaSource, SourceError> {
-        let (tx, rx) = crossbeam_channel::bounded(16);
+        let (tx, rx) = crossbeam_channel::bounded(EVENT_QUEUE);
         let pending: Pending = Arc::default();
         let positioned: Arc<Mutex<PartitionMap<i64>>> = Arc::default();
         let context = Context {
@@ -239,7 +242,7 @@ impl KafkaSource {
             pending,
             positioned,
             epoch: 0,
-            topics: HashMap::new(),
+            topics: Default::default(),
             paused: false,
         };
         let thread = std::thread::Builder::new()
@@ -288,7 +291,7 @@ struct Poller {
     pending: Pending,
     positioned: Arc<Mutex<PartitionMap<i64>>>,
     epoch: u64,
-    topics: HashMap<String, Arc<str>>,
+    topics: std::cell::RefCell<HashMap<String, Arc<str>>>,
     paused: bool,
 }
 
@@ -302,13 +305,19 @@ impl Poller {
                 break;
             }
             if self.paused {
-                // Serve the group (rebalances, liveness) without taking more records.
-                if self.consumer.poll(Duration::from_millis(50)).is_some() {
-                    tracing::debug!(pipeline = %self.pipeline, "record polled while paused");
+                // Serve the group (rebalances, liveness) without taking more records; a
+                // record librdkafka still hands out is kept, in order, never dropped.
+                if let Some(Ok(m)) = self.consumer.poll(Duration::from_millis(50)) {
+                    let message = self.message(&m);
+                    self.queue(SourceEvent::Records(self.epoch, vec![message]));
                 }
                 continue;
             }
+            let polled = std::time::Instant::now();
             let batch = self.poll_batch();
+            if polled.elapsed() > Duration::from_millis(200) {
+                tracing::debug!(pipeline = %self.pipeline, ms = polled.elapsed().as_millis() as u64, records = batch.len(), "slow poll");
+            }
             if !batch.is_empty() {
                 self.queue(SourceEvent::Records(self.epoch, batch));
             }
@@ -349,6 +358,7 @@ impl Poller {
                 Err(TrySendError::Disconnected(_)) => return false,
                 Err(TrySendError::Full(event)) if self.paused => event,
                 Err(TrySendError::Full(event)) => {
+                    tracing::trace!(pipeline = %self.pipeline, "pipeline behind: waiting for room");
                     match self.events.send_timeout(event, SHORT_STALL) {
                         Ok(()) => continue,
                         Err(SendTimeoutError::Disconnected(_)) => return false,
@@ -395,23 +405,7 @@ impl Poller {
             match self.consumer.poll(timeout) {
                 None => break,
                 Some(Ok(m)) => {
-                    let topic = match self.topics.get(m.topic()) {
-                        Some(t) => t.clone(),
-                        None => {
-                            let t: Arc<str> = Arc::from(m.topic());
-                            self.topics.insert(m.topic().to_string(), t.clone());
-                            t
-                        }
-                    };
-                    let message = Message {
-                        topic,
-                        partition: m.partition(),
-                        offset: m.offset(),
-                        timestamp_ms: m.timestamp().to_millis(),
-                        key: m.key().map(<[u8]>::to_vec),
-                        value: m.payload().map(<[u8]>::to_vec),
-                    };
-                    self.check_gap(&message);
+                    let message = self.message(&m);
                     batch.push(message);
                 }
                 Some(Err(e)) => {
@@ -427,6 +421,31 @@ impl Poller {
             timeout = Duration::ZERO;
         }
         batch
+    }
+
+    /// Copies a message out of librdkafka (checking for a retention gap first).
+    fn message(&self, m: &rdkafka::message::BorrowedMessage<'_>) -> Message {
+        let cached = self.topics.borrow().get(m.topic()).cloned();
+        let topic = match cached {
+            Some(t) => t,
+            None => {
+                let t: Arc<str> = Arc::from(m.topic());
+                self.topics
+                    .borrow_mut()
+                    .insert(m.topic().to_string(), t.clone());
+                t
+            }
+        };
+        let message = Message {
+            topic,
+            partition: m.partition(),
+            offset: m.offset(),
+            timestamp_ms: m.timestamp().to_millis(),
+            key: m.key().map(<[u8]>::to_vec),
+            value: m.payload().map(<[u8]>::to_vec),
+        };
+        self.check_gap(&message);
+        message
     }
 
     /// The first record after positioning a partition: if it is past the position and
