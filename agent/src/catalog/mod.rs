@@ -15,6 +15,7 @@ use iceberg::{Catalog, CatalogBuilder};
 use iceberg_catalog_sql::SqlCatalogBuilder;
 use serde::Deserialize;
 
+pub mod probe;
 pub mod rest;
 
 use crate::commit::{CommitBackend, RestBackend, SqlBackend};

@@ -172,6 +172,9 @@ pub async fn commit(
             });
         }
         tracing::warn!(table = %ident, attempt, %error, "commit did not land; reloading the table");
+        if let Some(p) = options.properties.get(crate::commit::PIPELINE_KEY) {
+            crate::telemetry::commit_retry(p);
+        }
         tokio::time::sleep(backoff(attempt)).await;
         base = reload(catalog, &ident).await?;
         if unknown

@@ -18,6 +18,10 @@ use crate::commit::{COMMIT_KEY, OffsetMap, PIPELINE_KEY, WRITER_KEY};
 use crate::record::PartitionMap;
 use crate::schema::SchemaTracker;
 
+/// Times a commit whose deletes went stale (other writers keep committing) is redone
+/// before it is given up on (a transient failure: the committer retries the seal).
+const MAX_REBASES: u32 = 20;
+
 /// One pipeline's view of its target table.
 pub struct TableSink {
     catalog: CatalogHandle,
@@ -51,6 +55,11 @@ impl Staged {
     pub fn empty() -> Self {
         Staged::default()
     }
+
+    /// Bytes of the data files written (for `floe_bytes_committed_total`).
+    pub fn data_bytes(&self) -> u64 {
+        self.data.iter().map(DataFile::file_size_in_bytes).sum()
+    }
 }
 
 /// What a commit did.
@@ -62,6 +71,8 @@ pub struct CommitOutcome {
     pub files: usize,
     /// Delete files it added (upsert mode).
     pub delete_files: usize,
+    /// Bytes of the data files it added.
+    pub bytes: u64,
 }
 
 impl TableSink {
@@ -174,7 +185,8 @@ impl TableSink {
         }
     }
 
-    /// Creates the table, or adds the columns the tracker learned.
+    /// Creates the table (returns true), or prepares the columns the tracker learned for
+    /// the next commit (returns false).
     /// A new table starts with a snapshot carrying `initial` offsets (the pipeline's
     /// position before this commit), so that a crash before its first data commit makes
     /// the pipeline read that data again.
@@ -182,13 +194,13 @@ impl TableSink {
         &mut self,
         tracker: &SchemaTracker,
         initial: &OffsetMap,
-    ) -> Result<(), SinkError> {
+    ) -> Result<bool, SinkError> {
         let Some(table) = &self.table else {
             self.create(tracker).await?;
             let expected = initial.0.keys().map(|tp| (tp.clone(), None)).collect();
             self.commit(Staged::empty(), &expected, initial, HashMap::new())
                 .await?;
-            return Ok(());
+            return Ok(true);
         };
         // The new schema is committed with the data that needs it, in one snapshot.
         let metadata = table.metadata();
@@ -207,7 +219,7 @@ impl TableSink {
                 .collect();
             tracing::info!(pipeline = %self.pipeline, table = %self.ident, columns = ?changed, "schema changes with the next commit");
         }
-        Ok(())
+        Ok(false)
     }
 
     async fn create(&mut self, tracker: &SchemaTracker) -> Result<(), SinkError> {
@@ -417,20 +429,35 @@ impl TableSink {
                     self.table = Some(table);
                     self.pending_schema = None;
                     self.apply_to_index(&staged)?;
+                    if let Some(index) = self.upsert.as_mut().and_then(|u| u.index.as_mut()) {
+                        index.set_snapshot(Some(snapshot_id));
+                    }
                     return Ok(CommitOutcome {
                         snapshot_id,
                         files: staged.data.len(),
                         delete_files,
+                        bytes: staged.data_bytes(),
                     });
                 }
-                Err(CommitFailure::Stale(table)) if rebases < 5 => {
+                Err(CommitFailure::Stale(table)) if rebases < MAX_REBASES => {
                     rebases += 1;
-                    tracing::warn!(pipeline = %self.pipeline, table = %self.ident, "another writer changed the table: rebuilding the upsert index and the deletes");
+                    // Another writer (another agent on the same table, say) committed:
+                    // learn its rows and deletes, then compute our deletes again.
+                    let caught_up = match self.upsert.as_mut() {
+                        Some(UpsertState {
+                            spec,
+                            index: Some(index),
+                        }) => index.catch_up(&table, spec).await?,
+                        _ => false,
+                    };
+                    tracing::info!(pipeline = %self.pipeline, table = %self.ident, caught_up, "another writer changed the table: updating the upsert index and the deletes");
                     self.table = Some(*table);
-                    if let Some(u) = &mut self.upsert {
-                        u.index = None;
+                    if !caught_up {
+                        if let Some(u) = &mut self.upsert {
+                            u.index = None;
+                        }
+                        self.ensure_index().await?;
                     }
-                    self.ensure_index().await?;
                 }
                 Err(e @ (CommitFailure::Fenced { .. } | CommitFailure::SchemaChanged(_))) => {
                     return Err(SinkError::Fenced(e.to_string()));

@@ -16,6 +16,9 @@ use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use uuid::Uuid;
 
+/// Rows per Parquet row group.
+pub const ROW_GROUP_ROWS: usize = 128 * 1024;
+
 /// Writes `batches` (already in `schema`'s Arrow form) as Parquet data files of `table`,
 /// named after `prefix`. Rows keep their order across files.
 pub async fn write_data_files(
@@ -28,10 +31,12 @@ pub async fn write_data_files(
     if batches.iter().all(|b| b.num_rows() == 0) {
         return Ok(Vec::new());
     }
+    // Row groups of at most 128k rows: the writer holds one encoded row group in memory.
     let props = WriterProperties::builder()
         .set_compression(Compression::ZSTD(
             ZstdLevel::try_new(1).expect("valid zstd level"),
         ))
+        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
         .build();
     let location = DefaultLocationGenerator::new(table.metadata())?;
     let names = DefaultFileNameGenerator::new(
