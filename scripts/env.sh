@@ -48,7 +48,7 @@ __floe_env() {
     local rustberg="${FLOE_CACHE:-/var/cache/floe}/tools/rustberg-0.3.0/bin/rustberg"
     if [[ -x "$rustberg" ]]; then
         export FLOE_RUSTBERG="$rustberg"
-    else
+    elif [[ "${FLOE_SETUP_MODE:-}" != demo ]]; then   # scripts/demo.sh does not need it
         echo "env.sh: $rustberg not built yet; run $script_dir/setup.sh (REST catalog tests need it)" >&2
     fi
 }

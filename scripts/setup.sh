@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# Install the Python tooling that Floe's integration tests use (Tansu broker,
-# confluent-kafka, PyIceberg, DuckDB + extensions) into a cached venv:
+# Install the tools the demo and the tests use, cached under ${FLOE_CACHE:-/var/cache/floe}:
 #
-#   ${FLOE_CACHE:-/var/cache/floe}/venv-<first 12 hex of sha256(scripts/requirements.txt)>
+#   scripts/setup.sh --demo   the Python venv only (Tansu broker, confluent-kafka, PyIceberg,
+#                             DuckDB + extensions): what scripts/demo.sh needs, about a minute
+#   scripts/setup.sh          the same, plus the Iceberg REST catalog server the REST tests
+#                             run (rustberg, built from crates.io once, about 25 minutes on
+#                             2 cores): what scripts/test.sh needs
+#
+# The venv is ${FLOE_CACHE}/venv-<first 12 hex of sha256(scripts/requirements.txt)>, shared
+# by both (it also holds moto and flask for the REST tests: they install in seconds).
 #
 # Idempotent and quiet: on success prints one line only. A venv that exists but
 # is incomplete or broken is removed and rebuilt. Concurrent runs are serialised
@@ -10,8 +16,16 @@
 #
 # FLOE_WASM_TARGETS=1 also runs `rustup target add` for the wasm targets.
 #
-# Afterwards: `source scripts/env.sh` for FLOE_VENV, FLOE_PYTHON, FLOE_TANSU.
+# Afterwards: `source scripts/env.sh` for FLOE_VENV, FLOE_PYTHON, FLOE_TANSU (and
+# FLOE_RUSTBERG once built).
 set -euo pipefail
+
+mode=tests
+case "${1:-}" in
+    --demo) mode=demo ;;
+    --tests | "") mode=tests ;;
+    *) echo "usage: setup.sh [--demo | --tests]" >&2; exit 2 ;;
+esac
 
 script_dir="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
 repo_root="$(cd -- "$script_dir/.." && pwd)"
@@ -132,10 +146,10 @@ fi
 )
 
 # Iceberg REST catalog server for the REST catalog tests: rustberg, built once into the
-# cache (outside every build tree) and reused.
+# cache (outside every build tree) and reused. The demo does not need it.
 rustberg_version="0.3.0"
 rustberg_root="$cache/tools/rustberg-$rustberg_version"
-if [[ ! -x "$rustberg_root/bin/rustberg" ]]; then
+if [[ "$mode" == tests && ! -x "$rustberg_root/bin/rustberg" ]]; then
     echo "setup.sh: building rustberg $rustberg_version into $rustberg_root (takes ~20-30 min the first time)" >&2
     mkdir -p "$cache/tools"
     (
@@ -165,4 +179,6 @@ if [[ "${FLOE_WASM_TARGETS:-0}" == "1" ]]; then
     wasm_note=" + rust wasm targets"
 fi
 
-echo "floe setup ok: $venv$wasm_note"
+rustberg_note=""
+[[ "$mode" == tests ]] && rustberg_note=" + rustberg $rustberg_version"
+echo "floe setup ok: $venv$rustberg_note$wasm_note"

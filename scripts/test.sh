@@ -29,7 +29,8 @@ trap cleanup EXIT
 step() { printf '\n== %s (%s)\n' "$1" "$(date +%H:%M:%S)"; }
 
 step "setup"
-bash scripts/setup.sh
+# Test tools: the venv and the REST catalog server (built once, cached).
+bash scripts/setup.sh --tests
 # shellcheck source=scripts/env.sh
 source scripts/env.sh
 

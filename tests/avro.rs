@@ -214,13 +214,9 @@ registry = {{ url = "{}", username = "floe", password = "s3cret" }}
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unreachable_registry_stops_the_pipeline_with_a_clear_error() -> Result<()> {
+async fn an_unreachable_registry_is_retried_and_nothing_is_lost() -> Result<()> {
     let broker = Broker::start()?;
     broker.create_topic("orders", 1).await?;
-    // A framed message whose schema cannot be fetched: nothing listens on the port.
-    broker
-        .produce("orders", &[(None, Some(vec![0, 0, 0, 0, 1, 2]))])
-        .await?;
     let port = floe_tests::free_port();
     let ws = Workspace::new()?;
     let config = ws.write_config(&PipelineSpec {
@@ -237,23 +233,37 @@ async fn an_unreachable_registry_stops_the_pipeline_with_a_clear_error() -> Resu
             "[pipelines.decode]\nformat = \"avro\"\nregistry = {{ url = \"http://127.0.0.1:{port}\", timeout = \"2s\" }}\n"
         ),
     )?;
+    // Records produced through a registry that then goes away.
+    let first = Registry::start_on(port, None)?;
+    first.produce_avro(
+        &broker.bootstrap,
+        "orders",
+        V1,
+        &[order(1, false), order(2, false)],
+    )?;
+    drop(first);
     let agent = spawn_agent(&config)?;
-    let error = agent
-        .finished(Duration::from_secs(60))
-        .await?
-        .expect_err("the pipeline stops");
-    let message = error.to_string();
-    assert!(
-        message.contains(&format!(
-            "schema registry at http://127.0.0.1:{port} is unreachable"
-        )),
-        "{message}"
-    );
-    // Nothing was dead-lettered or committed: the record is read again after a restart.
+    // The registry is unreachable: a transient failure, retried; nothing is
+    // dead-lettered, nothing committed, the agent keeps running.
+    tokio::time::sleep(Duration::from_secs(8)).await;
     assert!(
         DeadLetterWriter::read_all(&ws.path("dead-letter.ndjson")).map_or(true, |l| l.is_empty())
     );
     assert_eq!(ws.committed_rows("shop", "orders").await?, 0);
+    // It comes back (same schema, same id) and answers at the old address: the records land.
+    let second = Registry::start(None)?;
+    second.produce_avro(&broker.bootstrap, "orders", V1, &[order(3, false)])?;
+    let _forward = forward(port, second.url.trim_start_matches("http://"))?;
+    ws.wait_for_rows("shop", "orders", 3, Duration::from_secs(90))
+        .await?;
+    agent.stop().await?;
+    assert!(
+        DeadLetterWriter::read_all(&ws.path("dead-letter.ndjson")).map_or(true, |l| l.is_empty())
+    );
+    for reader in ["pyiceberg", "duckdb"] {
+        let dump = ws.read(reader, "shop", "orders", "id")?;
+        assert_eq!(dump.rows().len(), 3, "{reader}");
+    }
     Ok(())
 }
 
@@ -329,4 +339,29 @@ with = {{ drop = ["customer"] }}
         "00000000-0000-4000-8000-000000000002"
     );
     Ok(())
+}
+
+/// Accepts connections on `127.0.0.1:port` and relays them to `to` (the registry back at
+/// its old address), for the rest of the test process.
+fn forward(port: u16, to: &str) -> Result<std::thread::JoinHandle<()>> {
+    use std::net::{TcpListener, TcpStream};
+    let listener = TcpListener::bind(("127.0.0.1", port))?;
+    let to = to.to_string();
+    Ok(std::thread::spawn(move || {
+        for client in listener.incoming().map_while(Result::ok) {
+            let Ok(server) = TcpStream::connect(&to) else {
+                continue;
+            };
+            let (mut c2, mut s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            let (mut c, mut s) = (client, server);
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut c, &mut s);
+                let _ = s.shutdown(std::net::Shutdown::Write);
+            });
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut s2, &mut c2);
+                let _ = c2.shutdown(std::net::Shutdown::Write);
+            });
+        }
+    }))
 }

@@ -58,17 +58,36 @@ flush_bytes = "lots"
         );
     }
 
-    let example = repo_root().join("examples/local.toml");
-    let out = std::process::Command::new(floe_tests::floe_bin())
-        .args(["validate", "--config"])
-        .arg(&example)
-        .env("FLOE_BROKER", "127.0.0.1:9092")
-        .output()?;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // Every config under examples/ passes `floe validate` (its ${VARS} given values).
+    let mut checked = 0;
+    let mut dirs = vec![repo_root().join("examples")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir)? {
+            let path = entry?.path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "toml") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path)?;
+            let mut cmd = std::process::Command::new(floe_tests::floe_bin());
+            cmd.args(["validate", "--config"]).arg(&path);
+            for var in text.split("${").skip(1).filter_map(|r| r.split_once('}')) {
+                cmd.env(var.0, "127.0.0.1:9092");
+            }
+            let out = cmd.output()?;
+            assert!(
+                out.status.success(),
+                "{}: {}",
+                path.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 3, "only {checked} example configs found");
     Ok(())
 }
 

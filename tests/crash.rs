@@ -40,12 +40,8 @@ async fn sigkill_at_each_commit_stage_neither_loses_nor_duplicates() -> Result<(
             .collect();
         broker.produce("orders", &batch).await?;
 
-        let agent = AgentProcess::start(&config, &[("FLOE_FAILPOINT", point)])?;
-        let mut agent = agent;
-        agent.wait_for_line(
-            &format!("FLOE_FAILPOINT {point} reached"),
-            Duration::from_secs(90),
-        )?;
+        let mut agent = AgentProcess::start_at_failpoint(&config, point, &[])?;
+        agent.wait_for_failpoint(Duration::from_secs(90))?;
         agent.kill9()?;
         let after_kill = ws.committed_rows("shop", "orders").await?;
         let expected_after_kill = if point == AFTER_COMMIT {
@@ -58,7 +54,7 @@ async fn sigkill_at_each_commit_stage_neither_loses_nor_duplicates() -> Result<(
             "rows committed when killed at {point}"
         );
 
-        let mut agent = AgentProcess::start(&config, &[])?;
+        let agent = AgentProcess::start(&config, &[])?;
         ws.wait_for_rows(
             "shop",
             "orders",
@@ -66,8 +62,18 @@ async fn sigkill_at_each_commit_stage_neither_loses_nor_duplicates() -> Result<(
             Duration::from_secs(90),
         )
         .await?;
-        // Give a duplicate every chance to show up: wait for the assignment and a few commit intervals.
-        agent.wait_for_line("partitions assigned", Duration::from_secs(60))?;
+        // Give a duplicate every chance to show up: wait until the table covers every
+        // message produced (the agent read to the end), then a few commit intervals.
+        let catalog = ws.catalog().await?;
+        floe_tests::wait_for_messages(
+            catalog.as_ref(),
+            "shop",
+            "orders",
+            "orders",
+            (round + 1) * PER_ROUND,
+            Duration::from_secs(60),
+        )
+        .await?;
         tokio::time::sleep(Duration::from_secs(3)).await;
         agent.terminate()?;
         assert_eq!(

@@ -1,6 +1,7 @@
 //! The WebAssembly transform chain end to end: a real broker, plugins built to
-//! `wasm32-wasip2`, routed tables read back by PyIceberg and DuckDB, error policies,
-//! and faults (panic, fuel, memory).
+//! `wasm32-wasip2`, routed tables read back by PyIceberg and DuckDB, every shipped
+//! plugin (rename, flatten, timestamp, the flat-map explode...), error policies, and
+//! faults that cannot be pinned on one record (tests/sandbox.rs has the ones that can).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -282,10 +283,12 @@ async fn stops_with(topic: &str, with: &str, extra: &str) -> Result<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn faults_stop_the_pipeline_with_a_clear_error() -> Result<()> {
-    let panic = stops_with("panics", "{ mode = \"panic\", at_offset = 3 }", "").await?;
+async fn faults_on_every_record_stop_the_pipeline_with_a_clear_error() -> Result<()> {
+    // A fault on one record is isolated and dead-lettered (tests/sandbox.rs); a plugin
+    // that faults on record after record, each alone, is broken: the pipeline stops.
+    let panic = stops_with("panics", "{ mode = \"panic\" }", "").await?;
     assert!(
-        panic.contains("plugin faulty panicked: faulty plugin panicked on purpose at offset 3"),
+        panic.contains("plugin faulty panicked: faulty plugin panicked on purpose at offset"),
         "{panic}"
     );
 
@@ -319,6 +322,141 @@ async fn faults_stop_the_pipeline_with_a_clear_error() -> Result<()> {
     Ok(())
 }
 
+const TYPES: [&str; 3] = ["view", "click", "buy"];
+
+fn nested_event(i: i64) -> Value {
+    let kind = TYPES[(i % 3) as usize];
+    let at = format!("{:02}/01/2024 10:{:02}:00", 1 + i % 28, i % 60);
+    json!({
+        "id": i,
+        "evt": {"type": kind, "at": at},
+        "user": {"name": format!("u{i}"), "geo": {"country": "DE", "city": "Berlin"}},
+        "usr_id": format!("id-{i}"),
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rename_timestamp_flatten_chain() -> Result<()> {
+    const N: i64 = 300;
+    let (_broker, ws, config) = setup("nested", (0..N).map(nested_event)).await?;
+    append_config(
+        &config,
+        &format!(
+            r#"
+[[pipelines.transforms]]
+uses = "{rename}"
+with = {{ fields = {{ "usr_id" = "user_id", "user.name" = "user.full_name" }} }}
+
+[[pipelines.transforms]]
+uses = "{timestamp}"
+with = {{ field = "evt.at", format = "%d/%m/%Y %H:%M:%S", offset = "+01:00" }}
+
+[[pipelines.transforms]]
+uses = "{flatten}"
+with = {{ separator = "__" }}
+"#,
+            rename = plugin_path("rename").display(),
+            timestamp = plugin_path("timestamp").display(),
+            flatten = plugin_path("flatten").display(),
+        ),
+    )?;
+    let agent = spawn_agent(&config)?;
+    ws.wait_for_rows("wasm", "nested", N, Duration::from_secs(120))
+        .await?;
+    agent.stop().await?;
+    for reader in ["pyiceberg", "duckdb"] {
+        let dump = ws.read(reader, "wasm", "nested", "id")?;
+        assert_eq!(ids(dump.rows()), (0..N).collect(), "{reader}");
+        let columns = dump.columns();
+        for c in [
+            "id",
+            "evt__type",
+            "evt__at",
+            "user__full_name",
+            "user__geo__country",
+            "user__geo__city",
+            "user_id",
+        ] {
+            assert!(
+                columns.contains(&c.to_string()),
+                "{reader}: {c} in {columns:?}"
+            );
+        }
+        for c in ["usr_id", "evt", "user", "user__name"] {
+            assert!(
+                !columns.contains(&c.to_string()),
+                "{reader}: {c} in {columns:?}"
+            );
+        }
+        for row in dump.rows() {
+            let i = row["id"].as_i64().unwrap();
+            assert_eq!(row["user_id"], json!(format!("id-{i}")), "{reader}");
+            assert_eq!(row["user__full_name"], json!(format!("u{i}")), "{reader}");
+            assert_eq!(row["evt__type"], json!(TYPES[(i % 3) as usize]));
+            // 10:MM local at +01:00 is 09:MM UTC, read back as a timestamp.
+            let at = row["evt__at"].as_str().unwrap_or_default().to_string();
+            assert!(
+                at.contains(&format!("2024-01-{:02}", 1 + i % 28))
+                    && at.contains(&format!("09:{:02}:00", i % 60)),
+                "{reader}: {at}"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flat_map_explodes_orders_into_items() -> Result<()> {
+    const N: i64 = 100;
+    let order = |i: i64| {
+        json!({
+            "order": i,
+            "items": (0..(i % 4)).map(|k| json!({"sku": format!("s{k}"), "qty": k + 1})).collect::<Vec<_>>(),
+        })
+    };
+    let (_broker, ws, config) = setup("orders", (0..N).map(order)).await?;
+    append_config(
+        &config,
+        &format!(
+            "[[pipelines.transforms]]\nuses = \"{}\"\nwith = {{ field = \"items\", as = \"item\", index = \"line\" }}\n",
+            plugin_path("explode").display()
+        ),
+    )?;
+    let expected: i64 = (0..N).map(|i| i % 4).sum();
+    let agent = spawn_agent(&config)?;
+    ws.wait_for_rows("wasm", "orders", expected, Duration::from_secs(120))
+        .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    agent.stop().await?;
+    for reader in ["pyiceberg", "duckdb"] {
+        let dump = ws.read(reader, "wasm", "orders", "order")?;
+        assert_eq!(
+            dump.rows().len() as i64,
+            expected,
+            "{reader}: one row per item, none twice"
+        );
+        let mut lines: BTreeSet<(i64, i64)> = BTreeSet::new();
+        for row in dump.rows() {
+            let order = row["order"].as_i64().unwrap();
+            let line = row["line"].as_i64().unwrap();
+            assert!(line < order % 4, "{reader}: {row}");
+            assert_eq!(
+                row["item"]["sku"],
+                json!(format!("s{line}")),
+                "{reader}: {row}"
+            );
+            assert_eq!(row["item"]["qty"], json!(line + 1), "{reader}: {row}");
+            assert!(
+                row.get("items").is_none_or(Value::is_null),
+                "{reader}: {row}"
+            );
+            lines.insert((order, line));
+        }
+        assert_eq!(lines.len() as i64, expected, "{reader}");
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_between_two_tables_commits_loses_and_duplicates_nothing() -> Result<()> {
     const N: i64 = 600;
@@ -331,14 +469,9 @@ async fn a_crash_between_two_tables_commits_loses_and_duplicates_nothing() -> Re
         ),
     )?;
     // Killed right after the first table (the default one) commits, before the others do.
-    let mut agent = floe_tests::AgentProcess::start(
-        &config,
-        &[("FLOE_FAILPOINT", floe::failpoint::AFTER_COMMIT)],
-    )?;
-    agent.wait_for_line(
-        "FLOE_FAILPOINT after_commit reached",
-        Duration::from_secs(90),
-    )?;
+    let mut agent =
+        floe_tests::AgentProcess::start_at_failpoint(&config, floe::failpoint::AFTER_COMMIT, &[])?;
+    agent.wait_for_failpoint(Duration::from_secs(90))?;
     agent.kill9()?;
     assert_eq!(
         ws.committed_rows("wasm", "routed").await?,

@@ -510,17 +510,15 @@ async fn concurrent_writer(lake: Lake) -> Result<()> {
 
     // Writer A stops right after writing its data files, before committing them.
     let resume = lake.ws.path("resume-a");
-    let mut agent_a = AgentProcess::start(
+    let mut agent_a = AgentProcess::start_at_failpoint(
         &a,
-        &[
-            ("FLOE_FAILPOINT", floe::failpoint::AFTER_WRITE),
-            (
-                "FLOE_FAILPOINT_RESUME",
-                resume.to_str().expect("utf-8 path"),
-            ),
-        ],
+        floe::failpoint::AFTER_WRITE,
+        &[(
+            "FLOE_FAILPOINT_RESUME",
+            resume.to_str().expect("utf-8 path"),
+        )],
     )?;
-    agent_a.wait_for_line("FLOE_FAILPOINT after_write reached", WAIT)?;
+    agent_a.wait_for_failpoint(WAIT)?;
     // Writer B commits keys 50..149 meanwhile.
     let agent_b = AgentProcess::start(&b, &[])?;
     lake.wait_for_messages("kv", "b", 100).await?;
@@ -530,7 +528,7 @@ async fn concurrent_writer(lake: Lake) -> Result<()> {
     lake.wait_for_messages("kv", "a", 100).await?;
     let log = agent_a.terminate()?;
     ensure!(
-        log.contains("commit did not land") && log.contains("rebuilding the upsert index"),
+        log.contains("commit did not land") && log.contains("updating the upsert index"),
         "A's commit did not conflict and rebase its deletes:\n{log}"
     );
     if lake.rest.is_some() {

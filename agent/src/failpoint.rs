@@ -1,5 +1,7 @@
 //! Crash points for tests: with `FLOE_FAILPOINT=<name>` set, the agent stops at that
-//! point, prints `FLOE_FAILPOINT <name> reached` to stderr and waits to be killed.
+//! point, prints `FLOE_FAILPOINT <name> reached` to stderr (and writes the name to the
+//! file `FLOE_FAILPOINT_FILE` names, if set: tests wait on that state, not on log text)
+//! and waits to be killed.
 //! Used by the crash tests to SIGKILL the agent at exact moments of a commit.
 //! With `FLOE_FAILPOINT_RESUME=<file>` also set, it waits for that file instead, deletes
 //! it and goes on (used to let another writer commit at an exact moment).
@@ -25,6 +27,9 @@ pub fn hit(name: &str) {
     });
     if armed.as_deref() == Some(name) {
         eprintln!("FLOE_FAILPOINT {name} reached");
+        if let Some(file) = std::env::var_os("FLOE_FAILPOINT_FILE") {
+            let _ = std::fs::write(file, name);
+        }
         let resume = std::env::var_os("FLOE_FAILPOINT_RESUME").map(std::path::PathBuf::from);
         loop {
             if let Some(file) = &resume

@@ -2,21 +2,30 @@
 //!
 //! # Layout
 //!
-//! Modules follow a record from Kafka to Iceberg:
+//! Modules follow a record from Kafka to Iceberg; no two stages import each other.
 //!
-//! - [`config`]: the TOML file; every stage's settings, validated all at once.
-//! - [`source`]: Kafka consumer group (rdkafka), positioned from the table's offsets.
-//! - [`decode`]: message bytes (JSON, or Avro with a schema registry) -> JSON object.
-//! - [`transform`]: the configured plugin chain (empty until the WebAssembly host lands).
-//! - [`schema`]: Iceberg schema inferred from records, evolved by adding columns.
-//! - [`batch`]: buffered records -> Arrow batches with Iceberg field ids.
-//! - [`sink`]: Parquet files and the Iceberg commit, fenced for exactly-once.
-//! - [`commit`]: snapshots with data and delete files, the exactly-once fence, and the
-//!   Kafka offsets each snapshot (and a table property) carries.
+//! - [`record`]: below every stage: the Kafka [`record::Message`], topic-partition maps,
+//!   the `_kafka_*` columns, JSON parsed once into a token tape ([`record::json`]), the
+//!   text formats of Iceberg values ([`record::values`]) and upsert key digests.
+//! - [`source`]: the Kafka consumer group (rdkafka) behind the [`source::Source`] seam;
+//!   partitions are positioned from the offsets stored in the tables.
+//! - [`decode`]: message bytes (JSON, Avro, Protobuf, JSON Schema; schema registry) ->
+//!   a parsed JSON object, or a reason to reject it.
+//! - [`transform`]: the configured chain of WebAssembly plugins (wasmtime, sandboxed).
+//! - [`schema`]: admits, rejects or fails each row; infers and evolves the Iceberg schema.
+//! - [`batch`]: admitted rows -> Arrow record batches, built as rows arrive.
+//! - [`catalog`]: the embedded SQLite catalog or an Iceberg REST catalog.
+//! - [`commit`]: snapshots with data and delete files, the offsets they carry (in the
+//!   summary and a table property), the per-partition fence, and the catalog backends.
+//! - [`sink`]: the table writer (Parquet files per partition, upsert deletes) on top of
+//!   the commit layer.
 //! - [`maintain`]: compaction, snapshot expiry, orphan and metadata cleanup.
 //! - [`dead_letter`]: where records that cannot become rows go, with their bytes.
-//! - [`pipeline`]: wires the stages; [`run`] starts every pipeline of a config.
-//! - [`telemetry`]: logs and Prometheus metrics.
+//! - [`pipeline`]: wires the stages: an intake thread (decode -> transform -> schema ->
+//!   batch) hands seals to a committer task, so reading never waits for Parquet or the
+//!   catalog; [`run`] starts every pipeline of a config.
+//! - [`telemetry`]: logs and Prometheus metrics. [`error`]: error classes and backoff.
+//! - [`config`]: the TOML file; every stage's settings, validated all at once.
 //! - [`check`]: `floe check`, a dry run of every pipeline's connections and privileges.
 //!
 //! ```no_run
@@ -37,6 +46,7 @@ pub mod error;
 pub mod failpoint;
 pub mod maintain;
 pub mod pipeline;
+pub mod probe;
 pub mod record;
 pub mod schema;
 pub mod sink;
@@ -62,13 +72,16 @@ pub enum FloeError {
     /// The WebAssembly engine could not start.
     #[error(transparent)]
     Transform(Box<transform::TransformError>),
-    /// A pipeline stopped with an error.
+    /// A pipeline stopped with an error (the first one, when several did).
     #[error(transparent)]
     Pipeline(#[from] pipeline::PipelineError),
 }
 
-/// Runs every pipeline of `config` until `shutdown` completes (then commits what is
-/// buffered and returns) or a pipeline fails (then stops the others and returns its error).
+/// Runs every pipeline of `config` until `shutdown` completes (then each commits what is
+/// buffered and returns). A pipeline that fails stops alone: the others keep running
+/// (unless `[agent] on_pipeline_failure = "stop"`), and the call returns the first
+/// error once every pipeline has ended. A panic in a pipeline is its failure, not the
+/// process's.
 pub async fn run(
     config: config::Config,
     shutdown: impl Future<Output = ()>,
@@ -100,6 +113,7 @@ pub async fn run(
     } else {
         None
     };
+    let on_failure = config.agent.on_pipeline_failure;
     let (stop_tx, stop_rx) = watch::channel(false);
     // Scheduled table maintenance (`[pipelines.sink.maintenance]`): never stops ingestion.
     let mut maintenance = JoinSet::new();
@@ -112,15 +126,20 @@ pub async fn run(
         maintenance.spawn(maintain::schedule(p.clone(), catalog, stop_rx.clone()));
     }
     let mut tasks = JoinSet::new();
+    let mut names = HashMap::new();
     for p in config.pipelines {
         let catalog = catalogs[&p.sink.catalog].clone();
-        tasks.spawn(pipeline::run_pipeline(
-            p,
-            catalog,
-            engine.clone(),
-            writer_id.clone(),
-            stop_rx.clone(),
-        ));
+        let name = p.name.clone();
+        let id = tasks
+            .spawn(pipeline::run_pipeline(
+                p,
+                catalog,
+                engine.clone(),
+                writer_id.clone(),
+                stop_rx.clone(),
+            ))
+            .id();
+        names.insert(id, name);
     }
     tokio::pin!(shutdown);
     let mut first_error = None;
@@ -130,14 +149,30 @@ pub async fn run(
             _ = &mut shutdown, if !stopping => {
                 stopping = true;
                 let _ = stop_tx.send(true);
+                // A plugin call in progress is interrupted instead of delaying shutdown.
+                if let Some(engine) = &engine {
+                    engine.stop();
+                }
             }
-            Some(done) = tasks.join_next() => {
-                let result = done.unwrap_or_else(|e| panic!("pipeline task panicked: {e}"));
+            Some(done) = tasks.join_next_with_id() => {
+                let (name, result) = match done {
+                    Ok((id, r)) => (names.get(&id).cloned().unwrap_or_default(), r),
+                    Err(e) => {
+                        let name = names.get(&e.id()).cloned().unwrap_or_default();
+                        let error = pipeline::PipelineError::Internal {
+                            pipeline: name.clone(),
+                            message: format!("the pipeline task ended abnormally: {e}"),
+                        };
+                        (name, Err(error))
+                    }
+                };
                 if let Err(e) = result {
-                    tracing::error!(error = %e, "pipeline stopped");
+                    tracing::error!(pipeline = %name, error = %e, remaining = tasks.len(), "pipeline stopped");
                     first_error.get_or_insert(e);
-                    stopping = true;
-                    let _ = stop_tx.send(true);
+                    if on_failure == config::OnPipelineFailure::Stop && !stopping {
+                        stopping = true;
+                        let _ = stop_tx.send(true);
+                    }
                 }
             }
         }

@@ -1,26 +1,76 @@
 //! The `floe` command.
 
+mod top;
+
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 use floe::config::Config;
+use floe::telemetry::LogFormat;
 
 /// Floe: Kafka topics into Apache Iceberg tables, exactly once.
 #[derive(Parser)]
 #[command(version, about)]
 struct Cli {
+    /// Log lines as text (colours only on a terminal) or as one JSON object per line.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "text",
+        env = "FLOE_LOG_FORMAT"
+    )]
+    log_format: LogFormatArg,
     #[command(subcommand)]
     command: Command,
 }
 
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormatArg {
+    Text,
+    Json,
+}
+
+impl From<LogFormatArg> for LogFormat {
+    fn from(f: LogFormatArg) -> LogFormat {
+        match f {
+            LogFormatArg::Text => LogFormat::Text,
+            LogFormatArg::Json => LogFormat::Json,
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
-    /// Run every pipeline of a config until SIGINT or SIGTERM.
+    /// Run every pipeline of a config until SIGINT or SIGTERM. On a terminal, one
+    /// progress line per pipeline stays below the log.
     Run {
         /// Config file (TOML).
         #[arg(long, short)]
         config: PathBuf,
+        /// No progress lines, even on a terminal.
+        #[arg(long)]
+        no_progress: bool,
+    },
+    /// A live view of a running agent's pipelines and plugins, read from its metrics
+    /// endpoint (`[metrics] listen`); `q` quits.
+    Top {
+        /// The agent's metrics endpoint: `HOST:PORT`, `http://HOST:PORT` or the full
+        /// `/metrics` URL.
+        #[arg(long, env = "FLOE_METRICS", default_value = "127.0.0.1:9464")]
+        metrics: String,
+        /// Time between scrapes (rates are computed over it).
+        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+        interval: Duration,
+        /// Print one text rendering (two scrapes `--interval` apart) and exit.
+        #[arg(long)]
+        once: bool,
+        /// Maximum width of the `--once` rendering (default: the terminal's, else 132).
+        #[arg(long)]
+        width: Option<u16>,
     },
     /// Check a config file and list every problem in it.
     Validate {
@@ -55,18 +105,21 @@ enum Command {
 
 #[derive(Subcommand)]
 enum PluginCommand {
-    /// Create a plugin crate that builds and passes its tests as it is.
+    /// Create a plugin crate that builds and passes its tests as it is (it depends on
+    /// floe-sdk by version).
     New {
         /// Crate name (lowercase letters, digits, '-' and '_').
         name: String,
         /// Directory to create it in.
         #[arg(long, default_value = ".")]
         dir: PathBuf,
-        /// Path of the floe-sdk crate the plugin depends on.
+        /// Use the floe-sdk crate at this path instead of the published one (for
+        /// working on Floe itself).
         #[arg(long, env = "FLOE_SDK_PATH")]
-        sdk_path: PathBuf,
+        sdk_path: Option<PathBuf>,
     },
-    /// Run a built plugin (.wasm) on records from an NDJSON file and print what it emits.
+    /// Run a built plugin (.wasm) on records from an NDJSON file, in the agent's
+    /// sandbox and through the same chain as `floe run`, and print what it emits.
     Test {
         /// Path of the .wasm component (or a plugin name found in FLOE_PLUGIN_PATH).
         plugin: String,
@@ -87,6 +140,7 @@ enum PluginCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let log_format = LogFormat::from(cli.log_format);
     match cli.command {
         Command::Validate { config } => match Config::load(&config) {
             Ok(c) => {
@@ -107,7 +161,7 @@ fn main() -> ExitCode {
             name,
             dir,
             sdk_path,
-        }) => match floe::transform::tools::scaffold(&dir, &name, &sdk_path) {
+        }) => match floe::transform::tools::scaffold(&dir, &name, sdk_path.as_deref()) {
             Ok(root) => {
                 println!(
                     "created {}: `cargo test` runs its tests, `cargo build --release --target wasm32-wasip2` builds it",
@@ -127,7 +181,7 @@ fn main() -> ExitCode {
             fuel,
             memory,
         }) => {
-            floe::telemetry::init_logging();
+            init_plain_logging(log_format);
             let limits = floe::transform::Limits {
                 fuel,
                 memory,
@@ -206,8 +260,16 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Run { config } => {
-            floe::telemetry::init_logging();
+        Command::Run {
+            config,
+            no_progress,
+        } => {
+            let progress = (!no_progress && std::io::stderr().is_terminal())
+                .then(top::progress::StatusArea::default);
+            match &progress {
+                Some(area) => floe::telemetry::init_logging_to(log_format, true, area.clone()),
+                None => init_plain_logging(log_format),
+            }
             let config = match Config::load(&config) {
                 Ok(c) => c,
                 Err(e) => {
@@ -219,7 +281,17 @@ fn main() -> ExitCode {
                 .enable_all()
                 .build()
                 .expect("tokio runtime");
-            match runtime.block_on(floe::run(config, shutdown_signal())) {
+            let progress_task = progress.as_ref().map(|area| {
+                // Metrics are recorded from the start, whether or not [metrics] serves them.
+                floe::telemetry::recorder();
+                runtime.spawn(top::progress::run(area.clone(), Duration::from_secs(1)))
+            });
+            let result = runtime.block_on(floe::run(config, shutdown_signal()));
+            if let (Some(task), Some(area)) = (progress_task, &progress) {
+                task.abort();
+                area.clear();
+            }
+            match result {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("error: {e}");
@@ -227,7 +299,18 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Top {
+            metrics,
+            interval,
+            once,
+            width,
+        } => top::run_command(&metrics, interval, once, width),
     }
+}
+
+/// Logs to stderr, coloured only when stderr is a terminal.
+fn init_plain_logging(format: LogFormat) {
+    floe::telemetry::init_logging_to(format, std::io::stderr().is_terminal(), std::io::stderr);
 }
 
 async fn shutdown_signal() {

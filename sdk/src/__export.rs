@@ -1,5 +1,11 @@
 //! Glue between [`crate::Transform`] and the component exports. Not part of the API.
 
+use std::cell::Cell;
+
+use crate::answer::write_answer;
+use crate::wire::{AnswerWriter, InputReader};
+use crate::{Record, Transform};
+
 #[cfg(target_arch = "wasm32")]
 pub use wit_bindgen;
 
@@ -9,7 +15,7 @@ pub use wit_bindgen;
 pub mod bindings {
     wit_bindgen::generate!({
         world: "transform",
-        path: "../wit/transform.wit",
+        path: "wit/transform.wit",
         pub_export_macro: true,
         export_macro_name: "__export_floe_guest",
         default_bindings_module: "::floe_sdk::__export::bindings",
@@ -17,11 +23,13 @@ pub mod bindings {
     });
 }
 
-#[cfg(target_arch = "wasm32")]
-use bindings::floe_plugin::transform::types::{Input, Outcome, Output};
+std::thread_local! {
+    /// Index in the batch of the record being processed, for panic reports.
+    static CURRENT: Cell<Option<u32>> = const { Cell::new(None) };
+}
 
-/// Reports panics through the host's log so the agent can show the message
-/// (the trap itself only says `unreachable`).
+/// Reports panics to the host, which aborts the call and reports the message as the
+/// fault (the trap itself would only say `unreachable`).
 #[cfg(target_arch = "wasm32")]
 pub fn install_panic_hook() {
     std::panic::set_hook(Box::new(|info| {
@@ -37,33 +45,70 @@ pub fn install_panic_hook() {
             .location()
             .map(|l| format!(" at {}:{}", l.file(), l.line()))
             .unwrap_or_default();
-        crate::log::panic_message(&format!("{message}{location}"));
+        let index = CURRENT.with(Cell::get);
+        bindings::floe_plugin::transform::host::panicked(&format!("{message}{location}"), index);
     }));
 }
 
-/// Runs one batch through a plugin.
-#[cfg(target_arch = "wasm32")]
-pub fn process_batch<T: crate::Transform>(plugin: &mut T, batch: Vec<Input>) -> Vec<Outcome> {
-    batch
-        .into_iter()
-        .map(|input| {
-            let m = input.metadata;
-            let metadata = crate::Metadata {
-                topic: m.topic,
-                partition: m.partition,
-                offset: m.offset,
-                timestamp_ms: m.timestamp_ms,
-                key: m.key,
-            };
-            match crate::process_bytes(plugin, &input.value, metadata) {
-                Ok(outputs) => Outcome::Emit(
-                    outputs
-                        .into_iter()
-                        .map(|(value, route)| Output { value, route })
-                        .collect(),
-                ),
-                Err(e) => Outcome::Error(e),
-            }
+/// Runs one batch (an input buffer) through a plugin and returns the output buffer.
+pub fn process_batch<T: Transform>(plugin: &mut T, batch: &[u8]) -> Vec<u8> {
+    let Ok(mut input) = InputReader::new(batch) else {
+        // The host checks the answer count: an empty answer is reported as a broken batch.
+        return Vec::new();
+    };
+    let mut out = AnswerWriter::new(input.len(), 16 + input.len() * 8);
+    let mut index = 0u32;
+    while let Some(next) = input.next_record() {
+        let Ok(r) = next else {
+            return Vec::new();
+        };
+        let record = Record::new(
+            r.value,
+            r.topic,
+            r.partition,
+            r.offset,
+            r.timestamp_ms,
+            r.key,
+        );
+        CURRENT.with(|c| c.set(Some(index)));
+        let answer = plugin.process(&record);
+        write_answer(&mut out, answer);
+        index += 1;
+    }
+    CURRENT.with(|c| c.set(None));
+    out.finish()
+}
+
+/// The answers before `init` succeeded: an error for each record.
+pub fn before_init(batch: &[u8]) -> Vec<u8> {
+    let n = InputReader::new(batch).map_or(0, |r| r.len());
+    let mut out = AnswerWriter::new(n, 0);
+    for _ in 0..n {
+        out.error("plugin used before init");
+    }
+    out.finish()
+}
+
+/// Support for the attribute macros.
+pub mod macros {
+    use crate::{Answer, Error, IntoAnswer, IntoEmits, IntoKeep};
+
+    /// A filter's answer.
+    pub fn filter(keep: impl IntoKeep) -> Result<Answer, Error> {
+        Ok(if keep.into_keep()? {
+            Answer::UNCHANGED
+        } else {
+            Answer::Dropped
         })
-        .collect()
+    }
+
+    /// A map's answer.
+    pub fn map(answer: impl IntoAnswer) -> Result<Answer, Error> {
+        answer.into_answer()
+    }
+
+    /// A flat-map's answer.
+    pub fn flat_map(emits: impl IntoEmits) -> Result<Answer, Error> {
+        Ok(Answer::Emit(emits.into_emits()?))
+    }
 }

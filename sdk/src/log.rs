@@ -1,5 +1,9 @@
-//! Logging from a plugin into the agent's log (tagged with the plugin's name).
+//! Logging from a plugin into the agent's log, tagged with the plugin's name.
 //! Natively (in tests) lines go to stderr.
+//!
+//! The agent escapes control characters (a message cannot forge log lines), cuts long
+//! lines and writes at most a few hundred lines per batch: log what helps an operator,
+//! not every record. `println!` and `eprintln!` work too and land in the same log.
 
 /// Severity of a log line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,21 +20,17 @@ pub enum Level {
     Error,
 }
 
-/// Prefix the agent recognises as a panic report.
-pub const PANIC_PREFIX: &str = "panic: ";
-
 /// Writes one line to the agent's log.
 pub fn log(level: Level, message: &str) {
     #[cfg(target_arch = "wasm32")]
     {
         use crate::__export::bindings::floe_plugin::transform::host;
-        use crate::__export::bindings::floe_plugin::transform::types::Level as L;
         let level = match level {
-            Level::Trace => L::Trace,
-            Level::Debug => L::Debug,
-            Level::Info => L::Info,
-            Level::Warn => L::Warn,
-            Level::Error => L::Error,
+            Level::Trace => host::Level::Trace,
+            Level::Debug => host::Level::Debug,
+            Level::Info => host::Level::Info,
+            Level::Warn => host::Level::Warn,
+            Level::Error => host::Level::Error,
         };
         host::log(level, message);
     }
@@ -48,12 +48,12 @@ pub fn warn(message: &str) {
     log(Level::Warn, message);
 }
 
+/// Error-level line.
+pub fn error(message: &str) {
+    log(Level::Error, message);
+}
+
 /// Debug-level line.
 pub fn debug(message: &str) {
     log(Level::Debug, message);
-}
-
-#[cfg(target_arch = "wasm32")]
-pub(crate) fn panic_message(message: &str) {
-    log(Level::Error, &format!("{PANIC_PREFIX}{message}"));
 }

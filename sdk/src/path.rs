@@ -6,8 +6,10 @@
 //! non-object value finds nothing. There is no escaping, so a key that itself contains
 //! a dot (`{"a.b": 1}`) cannot be named by a path (`a.b` means `{"a": {"b": ...}}`).
 //!
-//! Parse a path once, in [`Transform::init`](crate::Transform::init), and use it on
-//! every record:
+//! Parse a path once (a config field of type `FieldPath` deserializes from the dotted
+//! text) and use it on every record: with [`Record::get`](crate::Record::get) and
+//! [`Patch`](crate::Patch) on the lazy record, or, on a record you parsed whole with
+//! [`Record::to_map`](crate::Record::to_map), with the methods below:
 //!
 //! ```
 //! use floe_sdk::path::FieldPath;
@@ -187,6 +189,21 @@ impl fmt::Display for FieldPath {
             f.write_str(segment)?;
         }
         Ok(())
+    }
+}
+
+/// Deserializes from the dotted text, refusing what [`FieldPath::parse`] refuses.
+impl<'de> serde::Deserialize<'de> for FieldPath {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<FieldPath, D::Error> {
+        let text = String::deserialize(d)?;
+        FieldPath::parse(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Serializes as the dotted text.
+impl serde::Serialize for FieldPath {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
     }
 }
 

@@ -60,6 +60,16 @@ struct Args {
     /// Skip scenario (f).
     #[arg(long)]
     skip_maintenance: bool,
+    /// Also run 1, 2 and 3 agents (separate processes, one consumer group) on one table.
+    #[arg(long)]
+    agents: bool,
+    /// Run only the agents scenario (with --agents).
+    #[arg(long)]
+    only_agents: bool,
+    /// Diagnose: read an existing topic at this broker with Floe's consumer settings
+    /// (subscribe) and with plain assign, print both rates, and stop.
+    #[arg(long)]
+    read_test: Option<String>,
 }
 
 /// One scenario's figures.
@@ -468,6 +478,129 @@ flush_bytes = "64MiB"
     })
 }
 
+/// (g) `agents` `floe` processes in one consumer group on one table: wall time from the
+/// first record read to every message covered by the table's offsets, CPU of all agents
+/// together, and the fences and commit retries they counted.
+async fn agents_run(
+    broker: &Broker,
+    topic: &str,
+    n: usize,
+    bytes: u64,
+    agents: usize,
+) -> Result<Figures> {
+    let ws = Workspace::new()?;
+    let d = ws.dir.path().display();
+    let mut children = Vec::new();
+    let mut endpoints = Vec::new();
+    let start = Instant::now();
+    for a in 0..agents {
+        let metrics = format!("127.0.0.1:{}", free_port());
+        let config = format!(
+            r#"[metrics]
+listen = "{metrics}"
+[catalogs.local]
+type = "embedded"
+path = "{d}/catalog.db"
+warehouse = "{d}/warehouse"
+[[pipelines]]
+name = "bench"
+[pipelines.source]
+bootstrap_servers = "{bootstrap}"
+group_id = "bench-agents-{agents}"
+topics = ["{topic}"]
+[pipelines.source.properties]
+"session.timeout.ms" = "6000"
+"fetch.max.bytes" = "52428800"
+[pipelines.sink]
+catalog = "local"
+namespace = "bench"
+table = "events"
+create_table = true
+commit_interval = "10s"
+flush_bytes = "64MiB"
+"#,
+            bootstrap = broker.bootstrap,
+        );
+        let path = ws.path(&format!("floe-{a}.toml"));
+        std::fs::write(&path, config)?;
+        let child = Command::new(floe_tests::floe_bin())
+            .args(["run", "--config"])
+            .arg(&path)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(ws.path(&format!("floe-{a}.log")))?)
+            .spawn()?;
+        children.push(child);
+        endpoints.push(metrics);
+    }
+    let catalog = ws.catalog().await?;
+    let mut first_read: Option<Instant> = None;
+    let mut cpu = vec![0.0; agents];
+    loop {
+        for (i, c) in children.iter().enumerate() {
+            if let Ok(v) = cpu_seconds(&c.id().to_string()) {
+                cpu[i] = v;
+            }
+        }
+        if first_read.is_none() {
+            let read: f64 = endpoints
+                .iter()
+                .filter_map(|m| scrape_metrics(m).ok())
+                .filter_map(|m| metric_value(&m, "floe_records_in_total", &[]))
+                .sum();
+            if read > 0.0 {
+                first_read = Some(Instant::now());
+            }
+        }
+        let covered =
+            floe_tests::covered_messages(catalog.as_ref(), "bench", "events", "bench").await?;
+        if covered as usize >= n {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(900) {
+            bail!("{agents} agents covered {covered} of {n} in 900s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let seconds = first_read.unwrap_or(start).elapsed().as_secs_f64();
+    let counter = |name: &str| -> f64 {
+        endpoints
+            .iter()
+            .filter_map(|m| scrape_metrics(m).ok())
+            .filter_map(|m| metric_value(&m, name, &[]))
+            .sum()
+    };
+    let fences = counter("floe_fences_total");
+    let retries = counter("floe_commit_retries_total");
+    for c in &children {
+        let _ = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status();
+    }
+    for mut c in children {
+        let _ = c.wait();
+    }
+    let (rows, files, snapshots) =
+        table_stats(&catalog, &TableIdent::from_strs(["bench", "events"])?).await?;
+    anyhow::ensure!(
+        rows as usize == n,
+        "{agents} agents committed {rows} of {n} rows"
+    );
+    println!("{agents} agent(s): fences {fences}, commit retries {retries}");
+    Ok(Figures {
+        scenario: format!(
+            "g: floe, {agents} agent(s) on one table (fences {fences}, retries {retries})"
+        ),
+        records: n,
+        seconds,
+        cpu_seconds: cpu.iter().sum(),
+        peak_rss_mib: None,
+        files: Some(files),
+        snapshots: Some(snapshots),
+        bytes,
+        startup_seconds: None,
+    })
+}
+
 /// (e) The Python peer (`tests/bench/peer.py`).
 fn python_peer(broker: &Broker, topic: &str, n: usize, bytes: u64) -> Result<Figures> {
     let ws = Workspace::new()?;
@@ -539,8 +672,68 @@ fn print_table(results: &[Figures]) {
     }
 }
 
+/// `--read-test BROKER`: Floe's consumer settings vs a plain consumer on topic `bench`.
+fn read_test(bootstrap: &str, n: usize, partitions: i32) -> Result<()> {
+    let source: floe::source::SourceConfig = toml::from_str(&format!(
+        "bootstrap_servers = \"{bootstrap}\"\ngroup_id = \"read-test-{}\"\ntopics = [\"bench\"]",
+        std::process::id()
+    ))?;
+    for (name, subscribe, mut config) in [
+        ("floe settings, subscribe", true, source.client_config()),
+        ("floe settings, assign", false, source.client_config()),
+        ("plain, assign", false, {
+            let mut c = ClientConfig::new();
+            c.set("bootstrap.servers", bootstrap)
+                .set("group.id", "read-test-plain")
+                .set("enable.auto.commit", "false");
+            c
+        }),
+    ] {
+        config.set(
+            "group.id",
+            format!("read-test-{}-{}", std::process::id(), name.len()),
+        );
+        let consumer: BaseConsumer = config.create()?;
+        if subscribe {
+            consumer.subscribe(&["bench"])?;
+        } else {
+            let mut tpl = TopicPartitionList::new();
+            for p in 0..partitions {
+                tpl.add_partition_offset("bench", p, Offset::Beginning)?;
+            }
+            consumer.assign(&tpl)?;
+        }
+        let mut seen = 0;
+        let mut first = None;
+        let mut stalls = 0;
+        let mut last = Instant::now();
+        while seen < n {
+            if let Some(m) = consumer.poll(Duration::from_secs(5)) {
+                m?;
+                seen += 1;
+                let now = Instant::now();
+                if first.is_none() {
+                    first = Some(now);
+                } else if now - last > Duration::from_millis(200) {
+                    stalls += 1;
+                }
+                last = now;
+            }
+        }
+        let secs = first.map_or(0.0, |f| f.elapsed().as_secs_f64());
+        println!(
+            "{name}: {n} in {secs:.2} s = {:.0}/s, {stalls} stalls over 200 ms",
+            n as f64 / secs
+        );
+    }
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
+    if let Some(b) = &args.read_test {
+        return read_test(b, args.records, args.partitions);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -617,6 +810,16 @@ async fn bench(args: Args) -> Result<()> {
 
     let mut results = vec![read_only(&broker, topic, args.partitions, n, bytes)?];
     println!("{:?}", results.last().map(|f| (&f.scenario, f.rate())));
+    if args.agents {
+        for agents in 1..=3 {
+            results.push(agents_run(&broker, topic, n, bytes, agents).await?);
+            println!("{:?}", results.last().map(|f| (&f.scenario, f.rate())));
+        }
+        if args.only_agents {
+            print_table(&results);
+            return Ok(());
+        }
+    }
     results.push(encode_limit(&values, 64 << 20, false).await?);
     println!("{:?}", results.last().map(|f| (&f.scenario, f.rate())));
     // Upsert: the same records with ids repeating ten times (n/10 keys), 16 MiB commits.

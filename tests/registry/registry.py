@@ -4,14 +4,26 @@
   registry.py [--port N] [--user USER:PASSWORD]
 
 Prints "listening on 127.0.0.1:PORT" once it accepts requests. Implements the
-endpoints the Python AvroSerializer and Floe's client use:
+endpoints the Python Avro, Protobuf and JSON serializers and Floe's client use, for the
+schema types AVRO (default), PROTOBUF and JSON, with references to other subjects:
 
-  POST /subjects/{subject}/versions    {"schema": "...", "schemaType"?: "AVRO"} -> {"id": N}
-                                        (the same schema text gets the same id in any subject)
-  GET  /schemas/ids/{id}               -> {"schema": "..."} (404 with error_code 40403 if unknown)
-  GET  /subjects/{subject}/versions/latest -> {"subject", "id", "version", "schema"}
+  POST /subjects/{subject}/versions    {"schema": "...", "schemaType"?: "AVRO", "references"?: [...]}
+                                        -> {"id": N, "subject", "version"}
+                                        (the same schema, type and references get the same id
+                                        in any subject)
+  POST /subjects/{subject}             the same body -> {"subject", "id", "version", "schema", ...}
+                                        (lookup; 404 with error_code 40403 if not registered there)
+  GET  /schemas/ids/{id}               -> {"schema": "...", "schemaType"?, "references"?}
+                                        (404 with error_code 40403 if unknown)
+  GET  /subjects/{subject}/versions/{N|latest} -> {"subject", "id", "version", "schema",
+                                        "schemaType", "references"}
   GET  /subjects                       -> ["subject", ...]
-  GET  /_stats                         -> {"schema_gets": {"ID": count}} (test hook: cache checks)
+  GET  /_stats                         -> {"schema_gets": {"ID": count}, "version_gets":
+                                        {"SUBJECT/N": count}} (test hook: cache checks)
+
+Schemas are served as they were registered (query parameters such as `format` are
+ignored): Protobuf schemas registered by the Python serializer are base64-encoded
+FileDescriptorProtos, which is also what a real registry serves with `format=serialized`.
 
 With --user, every request needs that HTTP basic auth (401 otherwise).
 """
@@ -26,10 +38,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
 
 LOCK = threading.Lock()
-SCHEMAS = {}  # id -> (schema text, schema type)
-IDS = {}  # (schema text, schema type) -> id
+SCHEMAS = {}  # id -> (schema text, schema type, references JSON)
+IDS = {}  # (schema text, schema type, references JSON) -> id
 SUBJECTS = {}  # subject -> [id, ...] (versions in order)
 GETS = {}  # id -> GET /schemas/ids count
+VERSION_GETS = {}  # "subject/version" -> GET /subjects/{subject}/versions/{version} count
 AUTH = None  # expected "Basic ..." header value
 
 
@@ -46,6 +59,20 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def registered(self, subject, sid):
+        """The registry's description of schema `sid` as a version of `subject`."""
+        with LOCK:
+            text, stype, refs = SCHEMAS[sid]
+            version = SUBJECTS[subject].index(sid) + 1
+        return {
+            "subject": subject,
+            "id": sid,
+            "version": version,
+            "schema": text,
+            "schemaType": stype,
+            "references": json.loads(refs),
+        }
 
     def not_found(self, code, message):
         self.reply(404, {"error_code": code, "message": message})
@@ -68,12 +95,14 @@ class Handler(BaseHTTPRequestHandler):
                 found = SCHEMAS.get(sid)
             if found is None:
                 return self.not_found(40403, f"Schema {sid} not found")
-            text, stype = found
+            text, stype, refs = found
             if m.group(2):
                 return self.reply(200, json.loads(text))
             body = {"schema": text}
             if stype != "AVRO":
                 body["schemaType"] = stype
+            if refs != "[]":
+                body["references"] = json.loads(refs)
             return self.reply(200, body)
         m = re.fullmatch(r"/subjects/([^/]+)/versions/(latest|\d+)", path)
         if m:
@@ -85,18 +114,19 @@ class Handler(BaseHTTPRequestHandler):
             index = len(versions) - 1 if m.group(2) == "latest" else int(m.group(2)) - 1
             if not 0 <= index < len(versions):
                 return self.not_found(40402, "Version not found")
-            sid = versions[index]
-            text, stype = SCHEMAS[sid]
-            return self.reply(
-                200,
-                {"subject": subject, "id": sid, "version": index + 1, "schema": text, "schemaType": stype},
-            )
+            with LOCK:
+                key = f"{subject}/{m.group(2)}"
+                VERSION_GETS[key] = VERSION_GETS.get(key, 0) + 1
+            return self.reply(200, self.registered(subject, versions[index]))
         if path == "/subjects":
             with LOCK:
                 return self.reply(200, sorted(SUBJECTS))
         if path == "/_stats":
             with LOCK:
-                return self.reply(200, {"schema_gets": {str(k): v for k, v in GETS.items()}})
+                return self.reply(
+                    200,
+                    {"schema_gets": {str(k): v for k, v in GETS.items()}, "version_gets": dict(VERSION_GETS)},
+                )
         self.not_found(404, f"no route {path}")
 
     def do_POST(self):
@@ -108,11 +138,24 @@ class Handler(BaseHTTPRequestHandler):
         except json.JSONDecodeError as e:
             return self.reply(422, {"error_code": 42201, "message": f"invalid JSON: {e}"})
         path = urlsplit(self.path).path
+        key = (
+            body.get("schema"),
+            body.get("schemaType") or "AVRO",
+            json.dumps(body.get("references") or [], sort_keys=True),
+        )
+        m = re.fullmatch(r"/subjects/([^/]+)", path)
+        if m and "schema" in body:
+            subject = unquote(m.group(1))
+            with LOCK:
+                sid = IDS.get(key)
+                versions = SUBJECTS.get(subject, [])
+            if sid is None or sid not in versions:
+                return self.not_found(40403, "Schema not found")
+            return self.reply(200, self.registered(subject, sid))
         m = re.fullmatch(r"/subjects/([^/]+)/versions", path)
         if not m or "schema" not in body:
             return self.not_found(404, f"no route {path}")
         subject = unquote(m.group(1))
-        key = (body["schema"], body.get("schemaType") or "AVRO")
         with LOCK:
             sid = IDS.get(key)
             if sid is None:

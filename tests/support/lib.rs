@@ -21,6 +21,8 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::Value;
 
+pub mod faults;
+pub mod fuzzing;
 pub mod lake;
 pub mod rest;
 pub mod scripted;
@@ -42,13 +44,23 @@ pub(crate) fn tool(var: &str) -> PathBuf {
     }
 }
 
-/// A free TCP port on 127.0.0.1.
+/// A free TCP port on 127.0.0.1, never handed out twice by this process (a port
+/// released by one test is not given to another before its service binds it). Services
+/// started on it still check that it is theirs (see [`Broker::start`]).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .expect("bind")
+            .local_addr()
+            .expect("addr")
+            .port();
+        let mut given = GIVEN.lock().expect("ports");
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// A Kafka message to produce: key and value (a `None` value is a tombstone).
@@ -63,9 +75,20 @@ pub struct Broker {
 }
 
 impl Broker {
-    /// Starts a broker and waits until it accepts connections.
+    /// Starts a broker and waits until it accepts connections; if another process took
+    /// the port first (the broker exits), tries another one.
     pub fn start() -> Result<Broker> {
-        let port = free_port();
+        let mut last = None;
+        for _ in 0..5 {
+            match Broker::start_on(free_port()) {
+                Ok(b) => return Ok(b),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.expect("tried at least once"))
+    }
+
+    fn start_on(port: u16) -> Result<Broker> {
         let dir = tempfile::tempdir()?;
         let url = format!("tcp://127.0.0.1:{port}");
         let log = std::fs::File::create(dir.path().join("broker.log"))?;
@@ -83,13 +106,26 @@ impl Broker {
             .stderr(log)
             .spawn()
             .context("start tansu")?;
+        let mut child = child;
         let bootstrap = format!("127.0.0.1:{port}");
         let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect(&bootstrap).is_err() {
+        loop {
+            if let Some(status) = child.try_wait()? {
+                bail!("broker exited ({status}) before listening on {bootstrap}");
+            }
+            if TcpStream::connect(&bootstrap).is_ok() {
+                break;
+            }
             if Instant::now() > deadline {
+                let _ = child.kill();
                 bail!("broker did not listen on {bootstrap} within 20s");
             }
             std::thread::sleep(Duration::from_millis(50));
+        }
+        // Still ours: a broker that lost the port to another process has exited by now.
+        std::thread::sleep(Duration::from_millis(100));
+        if let Some(status) = child.try_wait()? {
+            bail!("broker exited ({status}) right after start on {bootstrap}");
         }
         Ok(Broker {
             child,
@@ -117,43 +153,49 @@ impl Broker {
 
     /// Produces messages (key, value) with an idempotent producer; the partition follows the key.
     pub async fn produce(&self, topic: &str, messages: &[Message]) -> Result<()> {
-        let producer: FutureProducer = ClientConfig::new()
-            .set("bootstrap.servers", &self.bootstrap)
-            .set("enable.idempotence", "true")
-            .set("linger.ms", "5")
-            .create()?;
-        let mut deliveries = Vec::with_capacity(messages.len());
-        for (key, value) in messages {
-            let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic);
-            if let Some(k) = key {
-                record = record.key(k.as_slice());
-            }
-            if let Some(v) = value {
-                record = record.payload(v.as_slice());
-            }
-            // Enqueue now (send_result does not wait); on a full queue, wait for room.
-            loop {
-                match producer.send_result(record) {
-                    Ok(delivery) => break deliveries.push(delivery),
-                    Err((
-                        rdkafka::error::KafkaError::MessageProduction(
-                            rdkafka::types::RDKafkaErrorCode::QueueFull,
-                        ),
-                        r,
-                    )) => {
-                        record = r;
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                    }
-                    Err((e, _)) => bail!("produce: {e}"),
-                }
-            }
-        }
-        for d in deliveries {
-            d.await?
-                .map_err(|(e, _)| anyhow::anyhow!("delivery: {e}"))?;
-        }
-        Ok(())
+        produce_to(&self.bootstrap, topic, messages).await
     }
+}
+
+/// Produces messages (key, value) to the broker at `bootstrap` with an idempotent
+/// producer; the partition follows the key.
+pub async fn produce_to(bootstrap: &str, topic: &str, messages: &[Message]) -> Result<()> {
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create()?;
+    let mut deliveries = Vec::with_capacity(messages.len());
+    for (key, value) in messages {
+        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic);
+        if let Some(k) = key {
+            record = record.key(k.as_slice());
+        }
+        if let Some(v) = value {
+            record = record.payload(v.as_slice());
+        }
+        // Enqueue now (send_result does not wait); on a full queue, wait for room.
+        loop {
+            match producer.send_result(record) {
+                Ok(delivery) => break deliveries.push(delivery),
+                Err((
+                    rdkafka::error::KafkaError::MessageProduction(
+                        rdkafka::types::RDKafkaErrorCode::QueueFull,
+                    ),
+                    r,
+                )) => {
+                    record = r;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                Err((e, _)) => bail!("produce: {e}"),
+            }
+        }
+    }
+    for d in deliveries {
+        d.await?
+            .map_err(|(e, _)| anyhow::anyhow!("delivery: {e}"))?;
+    }
+    Ok(())
 }
 
 impl Drop for Broker {
@@ -363,6 +405,10 @@ impl TableDump {
 pub struct AgentProcess {
     child: Child,
     lines: Arc<Mutex<Vec<String>>>,
+    /// The thread copying stderr; joined once the process exited, so every line is in.
+    reader: Option<std::thread::JoinHandle<()>>,
+    /// The marker file a failpoint writes when reached.
+    failpoint: Option<PathBuf>,
 }
 
 impl AgentProcess {
@@ -393,21 +439,79 @@ impl AgentProcess {
         let mut child = cmd.spawn().context("start floe")?;
         let lines = Arc::new(Mutex::new(Vec::new()));
         let stderr = child.stderr.take().expect("stderr");
+        let stdout = child.stdout.take();
         let sink = lines.clone();
-        std::thread::spawn(move || {
+        // One joinable thread per process: stdout (when captured) is copied by a thread
+        // it joins, so every line of both is in once the process exited.
+        let reader = std::thread::spawn(move || {
+            let out = stdout.map(|stdout| {
+                let sink = sink.clone();
+                std::thread::spawn(move || {
+                    for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                        sink.lock().expect("lines").push(line);
+                    }
+                })
+            });
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 sink.lock().expect("lines").push(line);
             }
+            if let Some(out) = out {
+                let _ = out.join();
+            }
         });
-        if let Some(stdout) = child.stdout.take() {
-            let sink = lines.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                    sink.lock().expect("lines").push(line);
-                }
-            });
+        Ok(AgentProcess {
+            child,
+            lines,
+            reader: Some(reader),
+            failpoint: None,
+        })
+    }
+
+    /// Starts `floe run` armed to stop at the failpoint `point` (see `floe::failpoint`).
+    pub fn start_at_failpoint(
+        config: &Path,
+        point: &str,
+        env: &[(&str, &str)],
+    ) -> Result<AgentProcess> {
+        let marker = config.with_file_name(format!("failpoint-{}", std::process::id()));
+        let _ = std::fs::remove_file(&marker);
+        let marker_text = marker.display().to_string();
+        let mut all = vec![
+            ("FLOE_FAILPOINT", point),
+            ("FLOE_FAILPOINT_FILE", marker_text.as_str()),
+        ];
+        all.extend_from_slice(env);
+        let mut agent = AgentProcess::start(config, &all)?;
+        agent.failpoint = Some(marker);
+        Ok(agent)
+    }
+
+    /// Waits until the process stopped at its failpoint (the marker file names it).
+    pub fn wait_for_failpoint(&mut self, timeout: Duration) -> Result<()> {
+        let marker = self
+            .failpoint
+            .clone()
+            .context("not started with start_at_failpoint")?;
+        let start = Instant::now();
+        loop {
+            if marker.exists() {
+                return Ok(());
+            }
+            if let Some(status) = self.child.try_wait()? {
+                self.join_reader();
+                bail!(
+                    "floe exited ({status}) before its failpoint:\n{}",
+                    self.output()
+                );
+            }
+            if start.elapsed() > timeout {
+                bail!(
+                    "floe did not reach its failpoint within {timeout:?}:\n{}",
+                    self.output()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
-        Ok(AgentProcess { child, lines })
     }
 
     /// Waits until a stderr line contains `needle`.
@@ -439,6 +543,18 @@ impl AgentProcess {
         }
     }
 
+    /// Waits until the stderr copy reached the end (the process has exited).
+    fn join_reader(&mut self) {
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+    }
+
+    /// The process id (for signals).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Everything printed on stderr so far.
     pub fn output(&self) -> String {
         self.lines.lock().expect("lines").join("\n")
@@ -457,7 +573,7 @@ impl AgentProcess {
             .args(["-TERM", &self.child.id().to_string()])
             .status()?;
         let status = self.child.wait()?;
-        std::thread::sleep(Duration::from_millis(100));
+        self.join_reader();
         let out = self.output();
         if !status.success() {
             bail!("floe exited with {status}:\n{out}");
@@ -470,7 +586,7 @@ impl AgentProcess {
         let start = Instant::now();
         loop {
             if let Some(status) = self.child.try_wait()? {
-                std::thread::sleep(Duration::from_millis(100));
+                self.join_reader();
                 return Ok((status, self.output()));
             }
             if start.elapsed() > timeout {
@@ -583,8 +699,14 @@ pub struct Registry {
 impl Registry {
     /// Starts the registry; with `user` (`USER:PASSWORD`) it requires basic auth.
     pub fn start(user: Option<&str>) -> Result<Registry> {
+        Registry::start_on(0, user)
+    }
+
+    /// [`Registry::start`] on a given port (0: any free one).
+    pub fn start_on(port: u16, user: Option<&str>) -> Result<Registry> {
         let mut cmd = Command::new(tool("FLOE_PYTHON"));
         cmd.arg(repo_root().join("tests/registry/registry.py"))
+            .args(["--port", &port.to_string()])
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
         if let Some(u) = user {
@@ -673,6 +795,120 @@ impl Registry {
         if !out.status.success() {
             bail!(
                 "produce_avro.py failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    }
+}
+
+/// What [`Registry::produce`] sends with `tests/registry/produce.py` (confluent-kafka's
+/// real `ProtobufSerializer`, `JSONSerializer` or `AvroSerializer`).
+pub struct Produce<'a> {
+    /// `protobuf`, `json` or `avro`.
+    pub format: &'a str,
+    /// The schema: a `.proto` file (under `proto_path`), a JSON schema or an `.avsc`.
+    pub schema: &'a Path,
+    /// Records as JSON (Protobuf: the protobuf JSON mapping).
+    pub records: &'a [Value],
+    /// Protobuf: the message type (default: the first of the file).
+    pub message: Option<&'a str>,
+    /// Protobuf: the root of the `.proto` files (default: the schema's directory).
+    pub proto_path: Option<&'a Path>,
+    /// JSON / Avro: schemas registered first and referenced, as (name, subject, file).
+    pub references: &'a [(&'a str, &'a str, &'a Path)],
+    /// The record field holding the key (a `_field` is removed from the value).
+    pub key_field: Option<&'a str>,
+    /// The key's schema (same format as the value); without it the key is UTF-8 text.
+    pub key_schema: Option<&'a Path>,
+    /// Protobuf: the key's message type.
+    pub key_message: Option<&'a str>,
+    /// Protobuf: the message bytes alone, without the Confluent header (nothing registered).
+    pub plain: bool,
+}
+
+impl Default for Produce<'_> {
+    fn default() -> Self {
+        Produce {
+            format: "",
+            schema: Path::new(""),
+            records: &[],
+            message: None,
+            proto_path: None,
+            references: &[],
+            key_field: None,
+            key_schema: None,
+            key_message: None,
+            plain: false,
+        }
+    }
+}
+
+impl Registry {
+    /// The fixture's `/_stats`: `schema_gets` per id, `version_gets` per `subject/version`.
+    pub fn stats(&self) -> Result<Value> {
+        self.get("/_stats")
+    }
+
+    /// `GET {url}{path}` as JSON, e.g. `/subjects/orders-value/versions/1`.
+    pub fn get(&self, path: &str) -> Result<Value> {
+        let out = Command::new(tool("FLOE_PYTHON"))
+            .args(["-c", "import sys, urllib.request, base64\nreq = urllib.request.Request(sys.argv[1])\nif len(sys.argv) > 2: req.add_header('Authorization', 'Basic ' + base64.b64encode(sys.argv[2].encode()).decode())\nprint(urllib.request.urlopen(req).read().decode())"])
+            .arg(format!("{}{path}", self.url))
+            .args(self.user.iter())
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "registry GET {path}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(serde_json::from_slice::<Value>(&out.stdout)?)
+    }
+
+    /// Produces records to `topic` with a real confluent-kafka serializer (see [`Produce`]).
+    pub fn produce(&self, bootstrap: &str, topic: &str, p: &Produce<'_>) -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let records_path = dir.path().join("records.ndjson");
+        let lines: Vec<String> = p.records.iter().map(Value::to_string).collect();
+        std::fs::write(&records_path, lines.join("\n"))?;
+        let mut cmd = Command::new(tool("FLOE_PYTHON"));
+        cmd.arg(repo_root().join("tests/registry/produce.py"))
+            .args(["--bootstrap", bootstrap, "--registry", &self.url])
+            .args(["--topic", topic, "--format", p.format])
+            .arg("--schema")
+            .arg(p.schema)
+            .arg("--records")
+            .arg(&records_path);
+        if let Some(u) = &self.user {
+            cmd.args(["--user", u]);
+        }
+        if let Some(m) = p.message {
+            cmd.args(["--message", m]);
+        }
+        if let Some(dir) = p.proto_path {
+            cmd.arg("--proto-path").arg(dir);
+        }
+        for (name, subject, file) in p.references {
+            cmd.arg("--ref")
+                .arg(format!("{name}={subject}={}", file.display()));
+        }
+        if let Some(f) = p.key_field {
+            cmd.args(["--key-field", f]);
+        }
+        if let Some(k) = p.key_schema {
+            cmd.arg("--key-schema").arg(k);
+        }
+        if let Some(m) = p.key_message {
+            cmd.args(["--key-message", m]);
+        }
+        if p.plain {
+            cmd.arg("--plain");
+        }
+        let out = cmd.output()?;
+        if !out.status.success() {
+            bail!(
+                "produce.py failed: {}",
                 String::from_utf8_lossy(&out.stderr)
             );
         }

@@ -20,6 +20,10 @@ pub struct ScriptedPipeline {
     handle: JoinHandle<Result<(), floe::pipeline::PipelineError>>,
 }
 
+/// One assigned partition: its number, the position it reads from, and what
+/// each table of the pipeline stores for it.
+pub type PartitionStart = (i32, Option<i64>, Vec<Option<i64>>);
+
 impl ScriptedPipeline {
     /// Starts the first pipeline of the config file at `config` (its catalog opened here,
     /// its plugins loaded) with a scripted source.
@@ -64,7 +68,7 @@ impl ScriptedPipeline {
     }
 
     /// Assigns partitions of `topic`, each at `position` with what each table stores.
-    pub fn assign(&self, topic: &str, partitions: &[(i32, Option<i64>, Vec<Option<i64>>)]) {
+    pub fn assign(&self, topic: &str, partitions: &[PartitionStart]) {
         self.script.assign(
             partitions
                 .iter()

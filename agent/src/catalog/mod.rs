@@ -15,6 +15,7 @@ use iceberg::{Catalog, CatalogBuilder};
 use iceberg_catalog_sql::SqlCatalogBuilder;
 use serde::Deserialize;
 
+pub mod probe;
 pub mod rest;
 
 use crate::commit::{CommitBackend, RestBackend, SqlBackend};
@@ -172,6 +173,15 @@ pub fn is_not_found(e: &iceberg::Error) -> bool {
         e.kind(),
         iceberg::ErrorKind::TableNotFound | iceberg::ErrorKind::NamespaceNotFound
     ) || e.message().contains("No such table")
+}
+
+/// Whether a creation failed because the table already exists (another writer created
+/// it first). The SQL catalog checks first, but a creation racing another one fails on
+/// the table's unique key instead; that message is matched here.
+pub fn is_already_exists(e: &iceberg::Error) -> bool {
+    e.kind() == iceberg::ErrorKind::TableAlreadyExists
+        || e.message().contains("UNIQUE constraint failed")
+        || e.to_string().contains("UNIQUE constraint failed")
 }
 
 fn absolute(p: &Path) -> Result<PathBuf, String> {

@@ -184,12 +184,20 @@ impl CommitBackend for RestBackend {
             "updates": updates,
         });
         let path = RestCatalog::table_path(ident);
+        // Named like the README says, so a 403 reads "commit to table ns.t: ...".
+        let operation = format!("commit to table {ident}");
         let answer = match self
             .session
-            .send(reqwest::Method::POST, &path, Some(&body))
+            .call(
+                &operation,
+                reqwest::Method::POST,
+                path.trim_start_matches('/'),
+                &[],
+                Some(&body),
+            )
             .await
         {
-            Ok(answer) => answer,
+            Ok(answer) => answer.unwrap_or(serde_json::Value::Null),
             Err(e) => {
                 return Err(match e.status() {
                     Some(409) => CommitError::Conflict(e.to_string()),

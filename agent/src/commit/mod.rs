@@ -182,11 +182,11 @@ pub async fn commit(
             });
         }
         tracing::warn!(table = %ident, attempt, %error, "commit did not land; reloading the table");
+        if let Some(p) = options.properties.get(crate::commit::PIPELINE_KEY) {
+            crate::telemetry::commit_retry(p);
+        }
         tokio::time::sleep(backoff(attempt)).await;
-        base = catalog
-            .load_table(&ident)
-            .await
-            .map_err(|e| iceberg_failure(&ident, e))?;
+        base = reload(catalog, &ident).await?;
         if unknown
             && let Some(id) = &commit_id
             && contains_commit(&base, id)
@@ -208,6 +208,27 @@ fn offsets_property(pipeline: &str, snapshot_id: i64, offsets: OffsetMap) -> Tab
             }
             .to_property_value(),
         )]),
+    }
+}
+
+/// Loads the table after a failed attempt; a transient failure of the load itself (the
+/// catalog answering 5xx or 429 right after a conflict) is retried with backoff.
+async fn reload(catalog: &dyn Catalog, ident: &TableIdent) -> Result<Table, CommitFailure> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match catalog.load_table(ident).await {
+            Ok(t) => return Ok(t),
+            Err(e)
+                if attempt < MAX_ATTEMPTS
+                    && crate::error::iceberg_class(&e) == crate::error::ErrorClass::Transient
+                    && !crate::catalog::is_not_found(&e) =>
+            {
+                tracing::warn!(table = %ident, attempt, error = %e, "loading the table after a failed commit failed: retrying");
+                tokio::time::sleep(backoff(attempt)).await;
+            }
+            Err(e) => return Err(iceberg_failure(ident, e)),
+        }
     }
 }
 

@@ -11,6 +11,9 @@ use std::path::Path;
 
 use serde::de::DeserializeOwned;
 
+mod redact;
+pub use redact::{Redact, Redacted, Secret, redact_url};
+
 use crate::catalog::CatalogConfig;
 use crate::dead_letter::DeadLetterConfig;
 use crate::decode::DecodeConfig;
@@ -20,9 +23,32 @@ use crate::source::SourceConfig;
 use crate::telemetry::MetricsConfig;
 use crate::transform::{PluginsConfig, TransformConfig};
 
+/// `[agent]`: process-wide settings.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// What a pipeline that stops with an error does to the others: `continue`
+    /// (default: they keep running; the process exits when none is left) or `stop`.
+    #[serde(default)]
+    pub on_pipeline_failure: OnPipelineFailure,
+}
+
+/// See [`AgentConfig::on_pipeline_failure`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnPipelineFailure {
+    /// The other pipelines keep running.
+    #[default]
+    Continue,
+    /// Every pipeline stops (after committing what it buffered).
+    Stop,
+}
+
 /// The whole agent configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// Process-wide settings.
+    pub agent: AgentConfig,
     /// Prometheus endpoint; off when absent.
     pub metrics: Option<MetricsConfig>,
     /// Where plugins are looked up and their compiled code cached.
@@ -108,6 +134,10 @@ impl Config {
             substitute_env(value, key.clone(), env, &mut errors);
         }
 
+        let agent = match root.remove("agent") {
+            Some(v) => section::<AgentConfig>(v, "agent", &mut errors).unwrap_or_default(),
+            None => AgentConfig::default(),
+        };
         let metrics = root
             .remove("metrics")
             .and_then(|v| section::<MetricsConfig>(v, "metrics", &mut errors));
@@ -151,11 +181,12 @@ impl Config {
         for key in root.keys() {
             errors.push(err(
                 key,
-                "unknown key (expected metrics, catalogs, pipelines)",
+                "unknown key (expected agent, metrics, plugins, catalogs, pipelines)",
             ));
         }
 
         let config = Config {
+            agent,
             metrics,
             plugins,
             catalogs,
@@ -326,6 +357,13 @@ fn pipeline(
         Some(v) => section::<DeadLetterConfig>(v, &format!("{path}.dead_letter"), errors),
         None => name.as_deref().map(DeadLetterConfig::default_for),
     };
+    for (field, message) in dead_letter
+        .as_ref()
+        .map(DeadLetterConfig::problems)
+        .unwrap_or_default()
+    {
+        errors.push(err(&format!("{path}.dead_letter.{field}"), &message));
+    }
     // Sections that parsed are kept even with problems, so cross-section checks still run.
     Some(PipelineConfig {
         name: name?,

@@ -132,3 +132,55 @@ fn example_configs_are_valid() {
     }
     assert!(checked > 0, "no example configs found in {}", dir.display());
 }
+
+#[test]
+fn debug_output_of_a_config_shows_no_secret() {
+    let text = r#"
+[catalogs.polaris]
+type = "rest"
+uri = "https://polaris:8181/api/catalog"
+credential = "etl:CLIENT-SECRET-1"
+header.Authorization = "Bearer HEADER-SECRET-2"
+s3.secret-access-key = "S3-SECRET-3"
+
+[[pipelines]]
+name = "events"
+[pipelines.source]
+bootstrap_servers = "127.0.0.1:9092"
+group_id = "g"
+topics = ["events"]
+security_protocol = "SASL_SSL"
+[pipelines.source.sasl]
+mechanism = "PLAIN"
+username = "u"
+password = "SASL-SECRET-4"
+[pipelines.source.properties]
+"sasl.jaas.config" = "org.apache.kafka.common.security.plain.PlainLoginModule required password=\"JAAS-SECRET-5\";"
+"ssl.key.password" = "KEY-SECRET-6"
+[pipelines.decode]
+format = "avro"
+registry = { url = "https://reg-user:URL-SECRET-7@registry:8081", username = "u", password = "REGISTRY-SECRET-8" }
+[[pipelines.transforms]]
+uses = "redact"
+with = { api_key = "PLUGIN-SECRET-9", nested = { token = "PLUGIN-SECRET-10" } }
+[pipelines.sink]
+catalog = "polaris"
+namespace = "demo"
+table = "events"
+"#;
+    let c = Config::parse(text, &env).unwrap();
+    let debug = format!("{c:?} {c:#?}");
+    for n in 1..=10 {
+        assert!(
+            !debug.contains(&format!("SECRET-{n}")),
+            "secret {n} printed:\n{debug}"
+        );
+    }
+    // What is needed to run is still there.
+    assert!(debug.contains("sasl.jaas.config") && debug.contains("Authorization"));
+    assert!(debug.contains("https://***@registry:8081"), "{debug}");
+    assert_eq!(
+        c.pipelines[0].source.properties["ssl.key.password"],
+        "KEY-SECRET-6"
+    );
+}

@@ -4,11 +4,29 @@
 //! `{"topic","partition","offset","timestamp_ms","key_base64","value_base64","stage","reason","pipeline","dead_lettered_at"}`.
 //! Lines are fsynced before the Iceberg commit that moves the offsets past them, so a
 //! record is never skipped without being kept. After a crash the same records are read
-//! again; on start the file is scanned and records already in it are not written twice.
+//! again; records already in the file are not written twice.
+//!
+//! The file holds raw payloads: it is created readable by its owner only (0600), and an
+//! existing file is narrowed to that when opened.
+//!
+//! - Torn line: a crash or a full disk can leave a last line without its newline. It
+//!   was never synced before a commit, so its record will be read again: on open the
+//!   file is cut back to its last complete line, so the next line starts on its own.
+//! - Rotation: past `max_file_size`, after a commit, the file is renamed `<path>.1`
+//!   (`.1` to `.2`, and so on); at most `max_files` rotated files are kept and the
+//!   oldest is deleted. Records in a deleted file are gone: size `max_files` for the
+//!   retention needed.
+//! - Start-up: a small sidecar `<path>.idx` says from which byte of the current file
+//!   lines can still be re-delivered (the offsets stored in the table are past the rest)
+//!   and lists re-deliverable records of rotated files. Only that tail is read at start;
+//!   without a sidecar the current file (bounded by rotation) is read.
+//! - A full disk (ENOSPC, EDQUOT) is [`DeadLetterError::DiskFull`]: the pipeline stops
+//!   before any commit moves past a record it could not keep, and loses nothing.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::io::{BufRead, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -18,21 +36,81 @@ use serde::Deserialize;
 
 use crate::record::{Message, PartitionMap, TopicPartition};
 
+/// Default size past which the file is rotated.
+pub const DEFAULT_MAX_FILE_SIZE: u64 = 128 * 1024 * 1024;
+/// Default number of rotated files kept.
+pub const DEFAULT_MAX_FILES: u32 = 10;
+
+/// File mode of dead-letter files: they hold raw payloads.
+const FILE_MODE: u32 = 0o600;
+
 /// `[pipelines.dead_letter]`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeadLetterConfig {
     /// NDJSON file the records are appended to (directories are created).
     pub path: PathBuf,
+    /// Size past which the file is rotated to `<path>.1` (default 128MiB).
+    #[serde(
+        default = "default_max_file_size",
+        deserialize_with = "crate::config::size::deserialize"
+    )]
+    pub max_file_size: u64,
+    /// Rotated files kept (`<path>.1` .. `<path>.N`, default 10); the oldest is deleted.
+    #[serde(default = "default_max_files")]
+    pub max_files: u32,
+}
+
+fn default_max_file_size() -> u64 {
+    DEFAULT_MAX_FILE_SIZE
+}
+
+fn default_max_files() -> u32 {
+    DEFAULT_MAX_FILES
 }
 
 impl DeadLetterConfig {
     /// `.floe/dead-letter/<pipeline>.ndjson` under the working directory.
     pub fn default_for(pipeline: &str) -> DeadLetterConfig {
+        DeadLetterConfig::at(PathBuf::from(format!(
+            ".floe/dead-letter/{pipeline}.ndjson"
+        )))
+    }
+
+    /// A file at `path` with the default rotation.
+    pub fn at(path: PathBuf) -> DeadLetterConfig {
         DeadLetterConfig {
-            path: PathBuf::from(format!(".floe/dead-letter/{pipeline}.ndjson")),
+            path,
+            max_file_size: DEFAULT_MAX_FILE_SIZE,
+            max_files: DEFAULT_MAX_FILES,
         }
     }
+
+    /// Problems serde cannot see, as `(field, message)` pairs.
+    pub fn problems(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        if self.max_file_size < 4096 {
+            out.push(("max_file_size".into(), "must be at least 4KiB".into()));
+        }
+        if self.max_files == 0 {
+            out.push((
+                "max_files".into(),
+                "must be at least 1 (rotated files kept)".into(),
+            ));
+        }
+        out
+    }
+
+    /// The `n`th rotated file (`<path>.n`).
+    pub fn rotated(&self, n: u32) -> PathBuf {
+        with_suffix(&self.path, &format!(".{n}"))
+    }
+}
+
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
 }
 
 /// Errors of the dead-letter path. Any of them stops the pipeline: losing a record is worse.
@@ -46,6 +124,33 @@ pub enum DeadLetterError {
         /// The cause.
         source: std::io::Error,
     },
+    /// The device holding the file is full (or the quota is used up).
+    #[error(
+        "dead-letter file {path}: no space left on the device ({source}); this pipeline stops \
+         before committing past records it could not keep: free space and restart it, it \
+         resumes from the offsets stored in the table"
+    )]
+    DiskFull {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+impl DeadLetterError {
+    fn io(path: &Path, source: std::io::Error) -> DeadLetterError {
+        // ENOSPC (28) and EDQUOT (122) on Linux.
+        let full = source.kind() == std::io::ErrorKind::StorageFull
+            || source.kind() == std::io::ErrorKind::QuotaExceeded
+            || matches!(source.raw_os_error(), Some(28 | 122));
+        let path = path.to_path_buf();
+        if full {
+            DeadLetterError::DiskFull { path, source }
+        } else {
+            DeadLetterError::Io { path, source }
+        }
+    }
 }
 
 /// One dead-lettered record as stored in the file.
@@ -73,43 +178,123 @@ pub struct DeadLetter {
     pub dead_lettered_at: String,
 }
 
+/// Just what the index needs of a line.
+#[derive(Deserialize)]
+struct LineKey {
+    pipeline: String,
+    topic: String,
+    partition: i32,
+    offset: i64,
+}
+
+/// The sidecar `<path>.idx`: where re-deliverable lines start in the current file.
+#[derive(Debug, Default, serde::Serialize, Deserialize, PartialEq, Eq)]
+struct Sidecar {
+    /// Inode of the current file the sidecar describes.
+    inode: u64,
+    /// Lines before this byte are below every resume point.
+    start: u64,
+    /// Re-deliverable records kept in rotated files: `[topic, partition, offset]`.
+    carried: Vec<(String, i32, i64)>,
+}
+
+/// Where an indexed record's line is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// In the current file, at this byte.
+    At(u64),
+    /// In a rotated file.
+    Carried,
+}
+
+type Key = (TopicPartition, i64);
+
 /// Appends dead letters to the pipeline's file.
 pub struct DeadLetterWriter {
     pipeline: String,
-    path: PathBuf,
+    config: DeadLetterConfig,
     out: BufWriter<File>,
-    /// Records already in the file that may be read again (at or after the resume point),
+    inode: u64,
+    /// Bytes in the current file, buffered ones included.
+    len: u64,
+    /// Bytes known to be on disk.
+    synced_len: u64,
+    /// Records already written that may be read again (at or after the resume point),
     /// so a re-delivery after a crash or rewind is not written twice.
-    written: HashSet<(TopicPartition, i64)>,
+    written: HashMap<Key, Place>,
     pending: usize,
+    /// What the sidecar on disk says.
+    sidecar: Sidecar,
 }
 
 impl DeadLetterWriter {
-    /// Opens (or creates) the file and indexes what it already holds.
+    /// Opens (or creates) the file: repairs a torn last line, narrows its permissions
+    /// and indexes the lines that may still be re-delivered.
     pub fn open(
         pipeline: &str,
         config: &DeadLetterConfig,
     ) -> Result<DeadLetterWriter, DeadLetterError> {
         let path = config.path.clone();
-        let io = |source| DeadLetterError::Io {
-            path: path.clone(),
-            source,
-        };
+        let io = |source| DeadLetterError::io(&path, source);
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(io)?;
         }
-        let written = index_existing(&path, pipeline).map_err(io)?;
-        let file = OpenOptions::new()
+        // A rotation interrupted after the old file was renamed away.
+        let fresh = with_suffix(&path, ".new");
+        if fresh.exists() {
+            if path.exists() {
+                std::fs::remove_file(&fresh).map_err(io)?;
+            } else {
+                std::fs::rename(&fresh, &path).map_err(io)?;
+            }
+        }
+        let mut file = OpenOptions::new()
             .create(true)
+            .read(true)
             .append(true)
+            .mode(FILE_MODE)
             .open(&path)
             .map_err(io)?;
+        let meta = file.metadata().map_err(io)?;
+        if meta.is_file() && meta.permissions().mode() & 0o077 != 0 {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(FILE_MODE))
+                .map_err(io)?;
+            tracing::warn!(path = %path.display(), "dead-letter file was readable by others: narrowed to 0600 (it holds raw payloads)");
+        }
+        // Not a regular file (a device, e.g. /dev/full in tests): nothing to read back.
+        let regular = meta.is_file();
+        let len = if regular {
+            repair_torn_tail(&mut file, meta.len()).map_err(io)?
+        } else {
+            0
+        };
+        let inode = meta.ino();
+        let sidecar = read_sidecar(&with_suffix(&path, ".idx"));
+        let mut written = HashMap::new();
+        for (topic, partition, offset) in &sidecar.carried {
+            written.insert(
+                ((Arc::from(topic.as_str()), *partition), *offset),
+                Place::Carried,
+            );
+        }
+        let start = if sidecar.inode == inode && sidecar.start <= len {
+            sidecar.start
+        } else {
+            0
+        };
+        if regular {
+            index_from(&mut file, start, pipeline, &mut written).map_err(io)?;
+        }
         Ok(DeadLetterWriter {
             pipeline: pipeline.to_string(),
-            path,
+            config: config.clone(),
             out: BufWriter::new(file),
+            inode,
+            len,
+            synced_len: len,
             written,
             pending: 0,
+            sidecar,
         })
     }
 
@@ -120,8 +305,8 @@ impl DeadLetterWriter {
         stage: &str,
         reason: &str,
     ) -> Result<bool, DeadLetterError> {
-        let tp = (record.topic.clone(), record.partition);
-        if self.written.contains(&(tp.clone(), record.offset)) {
+        let key = ((record.topic.clone(), record.partition), record.offset);
+        if self.written.contains_key(&key) {
             return Ok(false);
         }
         let letter = DeadLetter {
@@ -136,14 +321,13 @@ impl DeadLetterWriter {
             reason: reason.to_string(),
             dead_lettered_at: chrono::Utc::now().to_rfc3339(),
         };
-        let line = serde_json::to_string(&letter).expect("dead letter serializes");
-        let io = |source| DeadLetterError::Io {
-            path: self.path.clone(),
-            source,
-        };
-        self.out.write_all(line.as_bytes()).map_err(io)?;
-        self.out.write_all(b"\n").map_err(io)?;
-        self.written.insert((tp, record.offset));
+        let mut line = serde_json::to_vec(&letter).expect("dead letter serializes");
+        line.push(b'\n');
+        self.out
+            .write_all(&line)
+            .map_err(|e| DeadLetterError::io(&self.config.path, e))?;
+        self.written.insert(key, Place::At(self.len));
+        self.len += line.len() as u64;
         self.pending += 1;
         Ok(true)
     }
@@ -153,108 +337,214 @@ impl DeadLetterWriter {
         if self.pending == 0 {
             return Ok(());
         }
-        let io = |source| DeadLetterError::Io {
-            path: self.path.clone(),
-            source,
-        };
+        let io = |e| DeadLetterError::io(&self.config.path, e);
         self.out.flush().map_err(io)?;
         self.out.get_ref().sync_data().map_err(io)?;
         self.pending = 0;
+        self.synced_len = self.len;
         Ok(())
     }
 
-    /// Forgets records below the resume point: they will never be read again.
+    /// Forgets records below the resume point: they will never be read again. Then
+    /// records in the sidecar where re-deliverable lines start, and rotates the file
+    /// past its size limit. Sidecar and rotation failures are logged, not returned: the
+    /// next write or sync reports a file that cannot be written.
     pub fn forget_below(&mut self, resume: &PartitionMap<i64>) {
         self.written
-            .retain(|(tp, offset)| resume.get(tp).is_none_or(|&r| *offset >= r));
+            .retain(|(tp, offset), _| resume.get(tp).is_none_or(|&r| *offset >= r));
+        let result = if self.synced_len >= self.config.max_file_size {
+            self.rotate()
+        } else {
+            self.update_sidecar()
+                .map_err(|e| DeadLetterError::io(&self.config.path, e))
+        };
+        if let Err(e) = result {
+            tracing::warn!(pipeline = %self.pipeline, error = %e, "dead-letter file maintenance failed; will try again after the next commit");
+        }
     }
 
-    /// Reads all dead letters of a file (for tests and tools).
+    /// The sidecar for the current state: start of the oldest re-deliverable line.
+    fn current_sidecar(&self) -> Sidecar {
+        let mut start = self.synced_len;
+        let mut carried = Vec::new();
+        for ((tp, offset), place) in &self.written {
+            match place {
+                Place::At(p) => start = start.min(*p),
+                Place::Carried => carried.push((tp.0.to_string(), tp.1, *offset)),
+            }
+        }
+        carried.sort();
+        Sidecar {
+            inode: self.inode,
+            start,
+            carried,
+        }
+    }
+
+    fn update_sidecar(&mut self) -> std::io::Result<()> {
+        let next = self.current_sidecar();
+        if next != self.sidecar {
+            write_sidecar(&with_suffix(&self.config.path, ".idx"), &next)?;
+            self.sidecar = next;
+        }
+        Ok(())
+    }
+
+    /// Moves the current file to `<path>.1` (and older ones up), starting a new one.
+    fn rotate(&mut self) -> Result<(), DeadLetterError> {
+        let path = self.config.path.clone();
+        let io = |e| DeadLetterError::io(&path, e);
+        self.pending = self.pending.max(1);
+        self.sync()?;
+        let fresh_path = with_suffix(&path, ".new");
+        let fresh = OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .mode(FILE_MODE)
+            .open(&fresh_path)
+            .map_err(io)?;
+        let inode = fresh.metadata().map_err(io)?.ino();
+        // Every record still re-deliverable is carried in the new file's sidecar.
+        for place in self.written.values_mut() {
+            *place = Place::Carried;
+        }
+        let mut sidecar = self.current_sidecar();
+        sidecar.inode = inode;
+        sidecar.start = 0;
+        write_sidecar(&with_suffix(&path, ".idx"), &sidecar).map_err(io)?;
+        let keep = self.config.max_files.max(1);
+        match std::fs::remove_file(self.config.rotated(keep)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
+            _ => {}
+        }
+        for n in (1..keep).rev() {
+            let from = self.config.rotated(n);
+            if from.exists() {
+                std::fs::rename(&from, self.config.rotated(n + 1)).map_err(io)?;
+            }
+        }
+        std::fs::rename(&path, self.config.rotated(1)).map_err(io)?;
+        std::fs::rename(&fresh_path, &path).map_err(io)?;
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
+        }
+        tracing::info!(pipeline = %self.pipeline, path = %path.display(), rotated = %self.config.rotated(1).display(), "dead-letter file rotated");
+        self.out = BufWriter::new(fresh);
+        self.inode = inode;
+        self.len = 0;
+        self.synced_len = 0;
+        self.pending = 0;
+        self.sidecar = sidecar;
+        Ok(())
+    }
+
+    /// Reads all dead letters of one file (for tests and tools). A torn last line (a
+    /// record that was never synced) is skipped.
     pub fn read_all(path: &Path) -> std::io::Result<Vec<DeadLetter>> {
-        let file = File::open(path)?;
+        let mut text = Vec::new();
+        File::open(path)?.read_to_end(&mut text)?;
+        let complete = match text.iter().rposition(|b| *b == b'\n') {
+            Some(i) => &text[..=i],
+            None => &text[..0],
+        };
         let mut out = Vec::new();
-        for line in BufReader::new(file).lines() {
-            let line = line?;
-            if line.trim().is_empty() {
+        for line in complete.split(|b| *b == b'\n') {
+            if line.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
-            out.push(serde_json::from_str(&line).map_err(std::io::Error::other)?);
+            out.push(serde_json::from_slice(line).map_err(std::io::Error::other)?);
         }
         Ok(out)
     }
 }
 
-fn index_existing(path: &Path, pipeline: &str) -> std::io::Result<HashSet<(TopicPartition, i64)>> {
-    let mut written = HashSet::new();
-    if !path.exists() {
-        return Ok(written);
+/// Cuts the file back to its last complete line; returns the new length.
+fn repair_torn_tail(file: &mut File, len: u64) -> std::io::Result<u64> {
+    if len == 0 {
+        return Ok(0);
     }
-    let file = File::open(path)?;
-    for line in BufReader::new(file).lines() {
-        let line = line?;
-        // A torn last line (crash mid-write) is ignored: that record was not synced, so not committed.
-        let Ok(letter) = serde_json::from_str::<DeadLetter>(&line) else {
-            continue;
-        };
-        if letter.pipeline == pipeline {
-            written.insert((
-                (Arc::from(letter.topic.as_str()), letter.partition),
-                letter.offset,
-            ));
+    let mut end = len;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let start = end.saturating_sub(buf.len() as u64);
+        let chunk = &mut buf[..(end - start) as usize];
+        file.seek(SeekFrom::Start(start))?;
+        file.read_exact(chunk)?;
+        if end == len && chunk.last() == Some(&b'\n') {
+            return Ok(len);
         }
+        if let Some(i) = chunk.iter().rposition(|b| *b == b'\n') {
+            let keep = start + i as u64 + 1;
+            truncate(file, keep, len)?;
+            return Ok(keep);
+        }
+        if start == 0 {
+            truncate(file, 0, len)?;
+            return Ok(0);
+        }
+        end = start;
     }
-    Ok(written)
+}
+
+fn truncate(file: &File, keep: u64, len: u64) -> std::io::Result<()> {
+    tracing::warn!(
+        torn_bytes = len - keep,
+        "dead-letter file ended in a torn line (a crash or a full disk while writing): cut back to the last complete line; that record is read again"
+    );
+    file.set_len(keep)?;
+    file.sync_all()
+}
+
+/// Indexes the lines of `pipeline` from byte `start` to the end.
+fn index_from(
+    file: &mut File,
+    start: u64,
+    pipeline: &str,
+    written: &mut HashMap<Key, Place>,
+) -> std::io::Result<()> {
+    file.seek(SeekFrom::Start(start))?;
+    let mut reader = BufReader::new(file);
+    let mut pos = start;
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let n = reader.read_until(b'\n', &mut line)?;
+        if n == 0 {
+            return Ok(());
+        }
+        if let Ok(k) = serde_json::from_slice::<LineKey>(&line)
+            && k.pipeline == pipeline
+        {
+            written.insert(
+                ((Arc::from(k.topic.as_str()), k.partition), k.offset),
+                Place::At(pos),
+            );
+        }
+        pos += n as u64;
+    }
+}
+
+fn read_sidecar(path: &Path) -> Sidecar {
+    std::fs::read(path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+fn write_sidecar(path: &Path, sidecar: &Sidecar) -> std::io::Result<()> {
+    let tmp = with_suffix(path, ".tmp");
+    let mut f = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(FILE_MODE)
+        .open(&tmp)?;
+    f.write_all(&serde_json::to_vec(sidecar).map_err(std::io::Error::other)?)?;
+    f.sync_data()?;
+    std::fs::rename(&tmp, path)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn rec(offset: i64, value: &[u8]) -> Message {
-        Message {
-            topic: Arc::from("t"),
-            partition: 2,
-            offset,
-            timestamp_ms: Some(5),
-            key: Some(b"k".to_vec()),
-            value: Some(value.to_vec()),
-        }
-    }
-
-    #[test]
-    fn keeps_original_bytes_and_skips_redeliveries_after_reopen() {
-        let dir = tempfile::tempdir().unwrap();
-        let config = DeadLetterConfig {
-            path: dir.path().join("dl/p.ndjson"),
-        };
-        let mut w = DeadLetterWriter::open("p", &config).unwrap();
-        assert!(w.write(&rec(7, b"\xff{bad"), "decode", "not JSON").unwrap());
-        w.sync().unwrap();
-        drop(w);
-        let mut w = DeadLetterWriter::open("p", &config).unwrap();
-        assert!(
-            !w.write(&rec(7, b"\xff{bad"), "decode", "not JSON").unwrap(),
-            "same offset is not written twice"
-        );
-        assert!(w.write(&rec(9, b"[]"), "decode", "array").unwrap());
-        w.sync().unwrap();
-        assert!(
-            w.write(&rec(3, b"{"), "decode", "torn").unwrap(),
-            "an earlier offset that is not in the file is written"
-        );
-        w.forget_below(&PartitionMap::from_iter([((Arc::from("t"), 2), 8)]));
-        assert!(
-            w.write(&rec(7, b"x"), "decode", "again").unwrap(),
-            "forgotten below the resume point"
-        );
-        w.sync().unwrap();
-        let all = DeadLetterWriter::read_all(&config.path).unwrap();
-        assert_eq!(all.len(), 4);
-        assert_eq!(
-            B64.decode(all[0].value_base64.as_ref().unwrap()).unwrap(),
-            b"\xff{bad"
-        );
-        assert_eq!((all[0].partition, all[0].offset, all[1].offset), (2, 7, 9));
-        assert_eq!(all[0].reason, "not JSON");
-    }
-}
+mod tests;

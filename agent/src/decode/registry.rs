@@ -1,11 +1,19 @@
-//! A Confluent schema-registry client: `GET /schemas/ids/{id}`, cached by id.
+//! A Confluent schema-registry client: `GET /schemas/ids/{id}`, plus
+//! `GET /subjects/{subject}/versions/{version}` for the schemas a schema references,
+//! for the schema types `AVRO`, `PROTOBUF` and `JSON`.
 //!
-//! Schemas are immutable per id, so a fetched schema is kept for the life of the
-//! process. An id the registry does not know is remembered too (its records are
-//! dead-lettered without asking again); an unreachable registry is an error of the
-//! pipeline, never of a record.
+//! Schemas are immutable per id, so a parsed schema is kept (in a bounded cache, least
+//! recently used out first). An id the registry does not know, a schema that does not
+//! parse or a reference that does not exist is remembered too: its records are
+//! dead-lettered with the reason without asking again. An unreachable registry
+//! (connection, timeout, 5xx, 401/403) is an error of the pipeline, never of a record;
+//! each request is tried three times before it is reported.
+//!
+//! Credentials never appear in messages: a URL's `user:password@` is moved into the basic
+//! auth header and every message names the URL without it.
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,19 +21,31 @@ use serde::Deserialize;
 
 use super::DecodeError;
 use super::avro::WriterSchema;
+use super::json_schema::JsonSchemaDoc;
+use super::protobuf::ProtoSchema;
+use crate::config::{Secret, redact_url};
 
-/// `[pipelines.decode.registry]`.
-#[derive(Debug, Clone, Deserialize)]
+/// Parsed schemas kept per client (ids); least recently used ones go first.
+const MAX_SCHEMAS: usize = 1024;
+/// Referenced subject versions kept per client.
+const MAX_REFERENCED: usize = 1024;
+/// Most schemas one schema may reference, transitively.
+const MAX_REFERENCES: usize = 256;
+/// Attempts per request before the registry is reported unreachable.
+const ATTEMPTS: u32 = 3;
+
+/// `[pipelines.decode.registry]`. `Debug` hides the password and any credentials in the URL.
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RegistryConfig {
-    /// Base URL, e.g. `http://127.0.0.1:8081`.
+    /// Base URL, e.g. `http://127.0.0.1:8081` (a `user:password@` in it is used as basic auth).
     pub url: String,
     /// Basic-auth user (with `password`).
     #[serde(default)]
     pub username: Option<String>,
     /// Basic-auth password.
     #[serde(default)]
-    pub password: Option<String>,
+    pub password: Option<Secret>,
     /// Per-request timeout (default 10s).
     #[serde(
         default = "default_timeout",
@@ -34,57 +54,189 @@ pub struct RegistryConfig {
     pub timeout: Duration,
 }
 
+impl std::fmt::Debug for RegistryConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryConfig")
+            .field("url", &redact_url(&self.url))
+            .field("username", &self.username)
+            .field("password", &self.password)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
 fn default_timeout() -> Duration {
     Duration::from_secs(10)
 }
 
-/// What the registry said about one id.
+impl RegistryConfig {
+    /// Problems of the section, as (field, message).
+    pub fn problems(&self) -> Vec<(&'static str, String)> {
+        match reqwest::Url::parse(&self.url) {
+            Ok(u) if matches!(u.scheme(), "http" | "https") => Vec::new(),
+            Ok(u) => vec![(
+                "registry.url",
+                format!("scheme {} is not http or https", u.scheme()),
+            )],
+            Err(e) => vec![("registry.url", format!("not a URL: {e}"))],
+        }
+    }
+}
+
+/// A schema the registry gave for an id, parsed according to its schema type.
 #[derive(Debug, Clone)]
-enum Entry {
-    Found(Arc<WriterSchema>),
-    /// 404, or a schema that is not usable Avro: records with this id are dead-lettered.
-    Rejected(DecodeError),
+pub enum RegistrySchema {
+    /// `AVRO` (the default schema type).
+    Avro(Arc<WriterSchema>),
+    /// `PROTOBUF`.
+    Protobuf(Arc<ProtoSchema>),
+    /// `JSON` (JSON Schema).
+    Json(Arc<JsonSchemaDoc>),
 }
 
-/// Fetches and caches writer schemas by id.
+impl RegistrySchema {
+    /// The registry's name of the schema type.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            RegistrySchema::Avro(_) => "AVRO",
+            RegistrySchema::Protobuf(_) => "PROTOBUF",
+            RegistrySchema::Json(_) => "JSON",
+        }
+    }
+}
+
+/// A small map that keeps at most `cap` entries, dropping the least recently used.
 #[derive(Debug)]
-pub struct RegistryClient {
-    config: RegistryConfig,
-    http: reqwest::Client,
-    cache: Mutex<HashMap<u32, Entry>>,
+struct Bounded<K, V> {
+    map: HashMap<K, (V, u64)>,
+    tick: u64,
+    cap: usize,
 }
 
-#[derive(Deserialize)]
-struct SchemaResponse {
+impl<K: Hash + Eq + Clone, V: Clone> Bounded<K, V> {
+    fn new(cap: usize) -> Self {
+        Bounded {
+            map: HashMap::new(),
+            tick: 0,
+            cap,
+        }
+    }
+
+    fn get(&mut self, k: &K) -> Option<V> {
+        self.tick += 1;
+        let tick = self.tick;
+        self.map.get_mut(k).map(|(v, used)| {
+            *used = tick;
+            v.clone()
+        })
+    }
+
+    fn insert(&mut self, k: K, v: V) {
+        self.tick += 1;
+        if self.map.len() >= self.cap
+            && !self.map.contains_key(&k)
+            && let Some(oldest) = self
+                .map
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(k, _)| k.clone())
+        {
+            self.map.remove(&oldest);
+        }
+        self.map.insert(k, (v, self.tick));
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.map.len()
+    }
+}
+
+/// A schema as the registry serves it.
+#[derive(Debug, Clone, Deserialize)]
+struct RawSchema {
     schema: String,
     #[serde(default, rename = "schemaType")]
     schema_type: Option<String>,
+    #[serde(default)]
+    references: Vec<Reference>,
+}
+
+/// `{"name": "import name", "subject": "...", "version": N}`.
+#[derive(Debug, Clone, Deserialize)]
+struct Reference {
+    name: String,
+    subject: String,
+    version: i64,
+}
+
+/// Why a request did not give a schema.
+enum Failure {
+    /// 404: the id or subject version does not exist.
+    NotFound,
+    /// The registry could not be asked.
+    Unreachable(String),
+}
+
+/// Fetches, parses and caches schemas by id.
+#[derive(Debug)]
+pub struct RegistryClient {
+    /// Base URL without credentials or a trailing slash: also what messages show.
+    base: String,
+    username: Option<String>,
+    password: Option<String>,
+    http: reqwest::Client,
+    schemas: Mutex<Bounded<u32, Result<RegistrySchema, DecodeError>>>,
+    referenced: Mutex<Bounded<(String, i64), Arc<RawSchema>>>,
 }
 
 impl RegistryClient {
     /// A client for `config` (no request is made yet).
     pub fn new(config: RegistryConfig) -> Result<RegistryClient, DecodeError> {
+        let mut url =
+            reqwest::Url::parse(&config.url).map_err(|e| DecodeError::RegistryUnreachable {
+                url: redact(&config.url),
+                reason: format!("not a URL: {e}"),
+            })?;
+        let decode = |s: &str| {
+            percent_encoding::percent_decode_str(s)
+                .decode_utf8_lossy()
+                .into_owned()
+        };
+        let mut username = config.username.clone();
+        let mut password = config.password.as_ref().map(|p| p.expose().to_string());
+        if !url.username().is_empty() {
+            username = username.or_else(|| Some(decode(url.username())));
+            password = password.or_else(|| url.password().map(decode));
+        }
+        let _ = url.set_username("");
+        let _ = url.set_password(None);
+        let base = url.as_str().trim_end_matches('/').to_string();
         let http = reqwest::Client::builder()
             .timeout(config.timeout)
             .build()
             .map_err(|e| DecodeError::RegistryUnreachable {
-                url: config.url.clone(),
-                reason: e.to_string(),
+                url: base.clone(),
+                reason: error_chain(e),
             })?;
         Ok(RegistryClient {
-            config,
+            base,
+            username,
+            password,
             http,
-            cache: Mutex::new(HashMap::new()),
+            schemas: Mutex::new(Bounded::new(MAX_SCHEMAS)),
+            referenced: Mutex::new(Bounded::new(MAX_REFERENCED)),
         })
     }
 
-    /// The cached schema of `id`; `None` when it was never fetched.
-    pub fn cached(&self, id: u32) -> Option<Result<Arc<WriterSchema>, DecodeError>> {
-        let cache = self.cache.lock().expect("registry cache lock");
-        cache.get(&id).map(|e| match e {
-            Entry::Found(s) => Ok(s.clone()),
-            Entry::Rejected(err) => Err(err.clone()),
-        })
+    /// The registry URL as messages show it (no credentials).
+    pub fn url(&self) -> &str {
+        &self.base
+    }
+
+    /// The cached schema of `id`; `None` when it was never fetched (or was evicted).
+    pub fn cached(&self, id: u32) -> Option<Result<RegistrySchema, DecodeError>> {
+        self.schemas.lock().expect("registry cache lock").get(&id)
     }
 
     /// Fetches `id` unless it is cached. Fails only when the registry cannot be asked
@@ -93,57 +245,297 @@ impl RegistryClient {
         if self.cached(id).is_some() {
             return Ok(());
         }
-        let url = format!("{}/schemas/ids/{id}", self.config.url.trim_end_matches('/'));
-        let unreachable = |reason: String| DecodeError::RegistryUnreachable {
-            url: self.config.url.clone(),
-            reason,
-        };
-        let mut request = self
-            .http
-            .get(&url)
-            .header("Accept", "application/vnd.schemaregistry.v1+json");
-        if let Some(user) = &self.config.username {
-            request = request.basic_auth(user, self.config.password.as_deref());
-        }
-        let response = request
-            .send()
-            .await
-            .map_err(|e| unreachable(e.to_string()))?;
-        let status = response.status();
-        let entry = if status == reqwest::StatusCode::NOT_FOUND {
-            Entry::Rejected(DecodeError::UnknownSchemaId {
+        let entry = match self.get::<RawSchema>(&format!("/schemas/ids/{id}")).await {
+            Ok(raw) => self.parse(id, raw).await?,
+            Err(Failure::NotFound) => Err(DecodeError::UnknownSchemaId {
                 id,
-                url: self.config.url.clone(),
-            })
-        } else if !status.is_success() {
-            let body = response.text().await.unwrap_or_default();
-            return Err(unreachable(format!(
-                "GET {url}: HTTP {status}: {}",
-                body.chars().take(200).collect::<String>()
-            )));
-        } else {
-            let body: SchemaResponse = response
-                .json()
-                .await
-                .map_err(|e| unreachable(format!("GET {url}: unreadable answer: {e}")))?;
-            match body.schema_type.as_deref() {
-                None | Some("AVRO") => match WriterSchema::parse(Some(id), &body.schema) {
-                    Ok(s) => Entry::Found(Arc::new(s)),
-                    Err(e) => Entry::Rejected(e),
-                },
-                Some(other) => Entry::Rejected(DecodeError::BadSchema {
-                    id: Some(id),
-                    reason: format!("schema type {other} is not Avro"),
-                }),
+                url: self.base.clone(),
+            }),
+            Err(Failure::Unreachable(reason)) => {
+                return Err(DecodeError::RegistryUnreachable {
+                    url: self.base.clone(),
+                    reason,
+                });
             }
         };
-        if let Entry::Found(_) = &entry {
-            tracing::info!(url = %self.config.url, id, "fetched Avro schema from the registry");
+        if let Ok(schema) = &entry {
+            tracing::info!(url = %self.base, id, schema_type = schema.type_name(), "fetched schema from the registry");
         }
-        self.cache
+        self.schemas
             .lock()
             .expect("registry cache lock")
             .insert(id, entry);
         Ok(())
+    }
+
+    /// Parses a fetched schema with its references. The outer error is the pipeline's
+    /// (unreachable); the inner one is the schema's (its records are dead-lettered).
+    async fn parse(
+        &self,
+        id: u32,
+        raw: RawSchema,
+    ) -> Result<Result<RegistrySchema, DecodeError>, DecodeError> {
+        let references = match self.references(&raw).await? {
+            Ok(r) => r,
+            Err(reason) => {
+                return Ok(Err(DecodeError::BadSchema {
+                    id: Some(id),
+                    reason,
+                }));
+            }
+        };
+        let texts: Vec<(String, String)> = references
+            .iter()
+            .map(|(name, r)| (name.clone(), r.schema.clone()))
+            .collect();
+        Ok(match raw.schema_type.as_deref().unwrap_or("AVRO") {
+            "AVRO" => {
+                let deps: Vec<&str> = texts.iter().map(|(_, t)| t.as_str()).collect();
+                WriterSchema::parse_with_references(Some(id), &raw.schema, &deps)
+                    .map(|s| RegistrySchema::Avro(Arc::new(s)))
+            }
+            "PROTOBUF" => ProtoSchema::from_registry(id, &raw.schema, &texts)
+                .map(|s| RegistrySchema::Protobuf(Arc::new(s))),
+            "JSON" => JsonSchemaDoc::parse(Some(id), &raw.schema, &texts)
+                .map(|s| RegistrySchema::Json(Arc::new(s))),
+            other => Err(DecodeError::BadSchema {
+                id: Some(id),
+                reason: format!("unknown schema type {other}"),
+            }),
+        })
+    }
+
+    /// Every schema `raw` references, transitively, as (reference name, schema), each
+    /// after the schemas it references itself. `Ok(Err(reason))` when one does not exist.
+    async fn references(
+        &self,
+        raw: &RawSchema,
+    ) -> Result<Result<Vec<(String, Arc<RawSchema>)>, String>, DecodeError> {
+        let mut out: Vec<(String, Arc<RawSchema>)> = Vec::new();
+        // Depth-first, children before parents: (reference, children pushed yet).
+        let mut stack: Vec<(Reference, bool)> = raw
+            .references
+            .iter()
+            .rev()
+            .map(|r| (r.clone(), false))
+            .collect();
+        let mut fetched: HashMap<String, Arc<RawSchema>> = HashMap::new();
+        while let Some((reference, expanded)) = stack.pop() {
+            if out.iter().any(|(n, _)| *n == reference.name) {
+                continue;
+            }
+            if out.len() + stack.len() > MAX_REFERENCES {
+                return Ok(Err(format!("more than {MAX_REFERENCES} schema references")));
+            }
+            let schema = match fetched.get(&reference.name) {
+                Some(s) => s.clone(),
+                None => match self.referenced(&reference).await? {
+                    Some(s) => {
+                        fetched.insert(reference.name.clone(), s.clone());
+                        s
+                    }
+                    None => {
+                        return Ok(Err(format!(
+                            "reference {} (subject {}, version {}) is not in the registry",
+                            reference.name, reference.subject, reference.version
+                        )));
+                    }
+                },
+            };
+            if expanded {
+                out.push((reference.name.clone(), schema));
+                continue;
+            }
+            if stack.iter().any(|(r, e)| *e && r.name == reference.name) {
+                return Ok(Err(format!(
+                    "schema references form a cycle through {}",
+                    reference.name
+                )));
+            }
+            let children = schema.references.clone();
+            stack.push((reference, true));
+            for child in children.into_iter().rev() {
+                stack.push((child, false));
+            }
+        }
+        Ok(Ok(out))
+    }
+
+    /// One referenced subject version (cached); `None` when the registry does not have it.
+    async fn referenced(&self, r: &Reference) -> Result<Option<Arc<RawSchema>>, DecodeError> {
+        let key = (r.subject.clone(), r.version);
+        if let Some(s) = self
+            .referenced
+            .lock()
+            .expect("registry cache lock")
+            .get(&key)
+        {
+            return Ok(Some(s));
+        }
+        let subject: String =
+            percent_encoding::utf8_percent_encode(&r.subject, percent_encoding::NON_ALPHANUMERIC)
+                .collect();
+        let path = format!("/subjects/{subject}/versions/{}", r.version);
+        match self.get::<RawSchema>(&path).await {
+            Ok(raw) => {
+                let raw = Arc::new(raw);
+                self.referenced
+                    .lock()
+                    .expect("registry cache lock")
+                    .insert(key, raw.clone());
+                Ok(Some(raw))
+            }
+            Err(Failure::NotFound) => Ok(None),
+            Err(Failure::Unreachable(reason)) => Err(DecodeError::RegistryUnreachable {
+                url: self.base.clone(),
+                reason,
+            }),
+        }
+    }
+
+    /// `GET {base}{path}` as JSON, tried [`ATTEMPTS`] times when the registry cannot answer.
+    async fn get<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T, Failure> {
+        let mut last = String::new();
+        for attempt in 0..ATTEMPTS {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_millis(250 * 4u64.pow(attempt - 1))).await;
+            }
+            let mut request = self
+                .http
+                .get(format!("{}{path}", self.base))
+                .header("Accept", "application/vnd.schemaregistry.v1+json");
+            if let Some(user) = &self.username {
+                request = request.basic_auth(user, self.password.as_deref());
+            }
+            let response = match request.send().await {
+                Ok(r) => r,
+                Err(e) => {
+                    last = format!("GET {path}: {}", error_chain(e));
+                    continue;
+                }
+            };
+            let status = response.status();
+            if status == reqwest::StatusCode::NOT_FOUND {
+                return Err(Failure::NotFound);
+            }
+            if !status.is_success() {
+                let body = response.text().await.unwrap_or_default();
+                last = format!(
+                    "GET {path}: HTTP {status}: {}",
+                    body.chars().take(200).collect::<String>()
+                );
+                if status.is_server_error() || status == reqwest::StatusCode::TOO_MANY_REQUESTS {
+                    continue;
+                }
+                // 401, 403 and other client errors do not heal by asking again.
+                return Err(Failure::Unreachable(last));
+            }
+            return response.json::<T>().await.map_err(|e| {
+                Failure::Unreachable(format!("GET {path}: unreadable answer: {}", error_chain(e)))
+            });
+        }
+        Err(Failure::Unreachable(last))
+    }
+}
+
+/// A reqwest error with its causes, without the URL (which may carry credentials).
+fn error_chain(e: reqwest::Error) -> String {
+    let e = e.without_url();
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// `url` without `user:password@` (for messages about a URL that does not parse).
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}{}", &url[..scheme + 3], &url[at + 1..])
+        }
+        _ => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cache_is_bounded_and_keeps_what_is_used() {
+        let mut cache = Bounded::new(3);
+        for i in 0..3 {
+            cache.insert(i, i * 10);
+        }
+        assert_eq!(cache.get(&0), Some(0));
+        cache.insert(3, 30);
+        assert_eq!(cache.len(), 3);
+        assert_eq!(
+            cache.get(&1),
+            None,
+            "the least recently used entry went first"
+        );
+        assert_eq!(cache.get(&0), Some(0));
+        assert_eq!(cache.get(&3), Some(30));
+    }
+
+    #[test]
+    fn credentials_in_the_url_become_basic_auth_and_never_show() {
+        let client = RegistryClient::new(RegistryConfig {
+            url: "https://floe:s%40cret@registry.example:8081/base/".into(),
+            username: None,
+            password: None,
+            timeout: default_timeout(),
+        })
+        .unwrap();
+        assert_eq!(client.url(), "https://registry.example:8081/base");
+        assert_eq!(client.username.as_deref(), Some("floe"));
+        assert_eq!(client.password.as_deref(), Some("s@cret"));
+        assert_eq!(
+            redact("http://u:p@[bad"),
+            "http://[bad",
+            "an unparsable URL is redacted too"
+        );
+        let bad = RegistryConfig {
+            url: "ftp://x".into(),
+            username: None,
+            password: None,
+            timeout: default_timeout(),
+        };
+        assert!(bad.problems()[0].1.contains("not http"));
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_registry_is_reported_without_credentials() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let client = RegistryClient::new(RegistryConfig {
+            url: format!("http://floe:topsecret@127.0.0.1:{port}"),
+            username: None,
+            password: None,
+            timeout: Duration::from_secs(2),
+        })
+        .unwrap();
+        let e = client.fetch(1).await.unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains(&format!(
+                "schema registry at http://127.0.0.1:{port} is unreachable"
+            )),
+            "{text}"
+        );
+        assert!(!text.contains("topsecret"), "{text}");
+        assert!(e.stops_pipeline());
+        assert!(
+            client.cached(1).is_none(),
+            "nothing is cached for an unreachable registry"
+        );
     }
 }

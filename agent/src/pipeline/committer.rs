@@ -258,8 +258,14 @@ impl Committer {
             if target == t.committed && !has_rows[i] {
                 continue;
             }
+            // A partition the table has no offsets for yet is recorded at once (its
+            // start position must survive a restart: `start = "latest"` applies once).
+            let new_partition = seal.next.keys().any(|tp| !t.committed.0.contains_key(tp));
             if !has_rows[i] {
-                if !seal.closing && t.rounds_without_commit + 1 < OFFSETS_ONLY_EVERY {
+                if !seal.closing
+                    && !new_partition
+                    && t.rounds_without_commit + 1 < OFFSETS_ONLY_EVERY
+                {
                     t.rounds_without_commit += 1;
                     continue;
                 }
@@ -288,6 +294,9 @@ impl Committer {
             tracing::info!(pipeline = %self.config.name, table = %t.sink.ident(), snapshot_id = outcome.snapshot_id, files = outcome.files, delete_files = outcome.delete_files, rows = sealed.buffered.rows, ms = started.elapsed().as_millis() as u64, "committed");
             telemetry::records_out(&self.config.name, sealed.buffered.rows as u64);
             telemetry::committed(&self.config.name, outcome.files);
+            telemetry::bytes_committed(&self.config.name, outcome.bytes);
+            telemetry::commit_duration(&self.config.name, started.elapsed());
+            telemetry::health::table_committed(&self.config.name, &t.sink.ident().to_string());
             t.committed = target.clone();
             t.rounds_without_commit = 0;
             let _ = self.reports.send(Report::Committed {
@@ -297,6 +306,7 @@ impl Committer {
             failpoint::hit(failpoint::AFTER_COMMIT);
         }
         self.remember();
+        telemetry::health::flush_completed(&self.config.name);
         Ok(())
     }
 
@@ -308,9 +318,11 @@ impl Committer {
         from: &OffsetMap,
     ) -> Result<(), SinkError> {
         let t = &mut self.tables[i];
-        t.sink.apply_schema(&sealed.tracker, from).await?;
-        // A table created just now stores `from`.
-        t.committed = t.sink.stored_offsets()?;
+        if t.sink.apply_schema(&sealed.tracker, from).await? {
+            // A table created just now stores `from`. (A table someone else created
+            // meanwhile keeps what we expect of it: the fence checks that.)
+            t.committed = t.sink.stored_offsets()?;
+        }
         Ok(())
     }
 

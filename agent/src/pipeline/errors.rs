@@ -51,6 +51,21 @@ pub enum PipelineError {
         /// Cause.
         source: Box<DecodeError>,
     },
+    /// A record could not be decoded and that stops the pipeline (a JSON-schema
+    /// violation under `on_incompatible = "fail"`, a registry that cannot be asked).
+    #[error("pipeline {pipeline}: cannot decode {topic}/{partition}@{offset}: {source}")]
+    DecodeFailed {
+        /// Pipeline name.
+        pipeline: String,
+        /// Topic of the record.
+        topic: String,
+        /// Partition of the record.
+        partition: i32,
+        /// Offset of the record.
+        offset: i64,
+        /// Cause.
+        source: Box<DecodeError>,
+    },
     /// A value does not fit its column and the policy is `on_incompatible = "fail"`.
     #[error(
         "pipeline {pipeline}: incompatible value in {topic}/{partition}@{offset}: {conflict} (on_incompatible = \"fail\")"
@@ -120,7 +135,9 @@ impl Classify for PipelineError {
                 _ => ErrorClass::Fatal,
             },
             PipelineError::Sink { source, .. } => source.class(),
-            PipelineError::Decode { source, .. } => source.class(),
+            PipelineError::Decode { source, .. } | PipelineError::DecodeFailed { source, .. } => {
+                source.class()
+            }
             PipelineError::DeadLetter { .. }
             | PipelineError::Transform { .. }
             | PipelineError::Incompatible { .. }

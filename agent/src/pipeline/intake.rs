@@ -21,12 +21,12 @@ use crate::config::PipelineConfig;
 use crate::dead_letter::DeadLetterWriter;
 use crate::decode::{Decoded, Decoder};
 use crate::error::{Classify, ErrorClass, backoff};
-use crate::record::json::{JsonObject, Obj, Tape};
+use crate::record::json::{Obj, Tape};
 use crate::record::{Message, PartitionMap, TopicPartition};
 use crate::schema::{Admission, SchemaTracker, TableSchema};
 use crate::source::{Source, SourceCommand, SourceError, SourceEvent, resume_position};
 use crate::telemetry;
-use crate::transform::{OnError, TransformChain, TransformError};
+use crate::transform::{ChainInput, OnError, Produced, TransformChain, TransformError};
 
 /// Requests from the pipeline's owner.
 #[derive(Debug)]
@@ -108,6 +108,9 @@ pub(super) struct State {
     from: PartitionMap<i64>,
     /// `next` as of the last seal handed over.
     last_sealed: PartitionMap<i64>,
+    /// Where a partition without stored offsets started (`start = "latest"`: the end at
+    /// its first assignment), for rewinds before its first commit.
+    first_position: PartitionMap<i64>,
     assigned: HashSet<TopicPartition>,
     gaps: PartitionMap<(i64, i64)>,
     epoch: u64,
@@ -269,6 +272,9 @@ impl Intake {
                         Some(p) => {
                             self.state.next.insert(a.tp.clone(), p);
                             self.state.from.insert(a.tp.clone(), p);
+                            if a.stored.iter().all(Option::is_none) {
+                                self.state.first_position.insert(a.tp.clone(), p);
+                            }
                         }
                         None => {
                             self.state.next.remove(&a.tp);
@@ -277,6 +283,7 @@ impl Intake {
                     }
                     self.state.assigned.insert(a.tp);
                 }
+                telemetry::health::partitions_assigned(self.name(), self.state.assigned.len());
             }
             SourceEvent::Revoked(tps) => {
                 let revoked: HashSet<TopicPartition> = tps.into_iter().collect();
@@ -291,7 +298,9 @@ impl Intake {
                     self.state.from.remove(tp);
                     self.state.last_sealed.remove(tp);
                     self.state.gaps.remove(tp);
+                    self.state.first_position.remove(tp);
                 }
+                telemetry::health::partitions_assigned(self.name(), self.state.assigned.len());
             }
             SourceEvent::Gap {
                 tp,
@@ -367,13 +376,10 @@ impl Intake {
             }
             match self.decoder.decode_value(bytes) {
                 Ok(d) => decoded.push((i, key, d)),
-                Err(e) if e.class() == ErrorClass::Transient => {
-                    return Err(PipelineError::Decode {
-                        pipeline: self.name().to_string(),
-                        source: Box::new(e),
-                    });
+                Err(e) if e.class() == ErrorClass::BadRecord => {
+                    self.dead_letter(m, "decode", &e.to_string())?
                 }
-                Err(e) => self.dead_letter(m, "decode", &e.to_string())?,
+                Err(e) => return Err(self.decode_failed(m, e)),
             }
         }
         if decoded.is_empty() {
@@ -421,12 +427,17 @@ impl Intake {
         loop {
             attempt += 1;
             match self.runtime.block_on(self.decoder.fetch(ids.clone())) {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    if attempt > 1 {
+                        telemetry::health::recovered(self.name());
+                    }
+                    return Ok(());
+                }
                 Err(e) if e.class() == ErrorClass::Transient && !self.stop_requested() => {
                     let wait =
                         backoff(attempt, Duration::from_millis(200), Duration::from_secs(30));
                     tracing::warn!(pipeline = %self.name(), error = %e, attempt, retry_in_ms = wait.as_millis() as u64, "schema registry unreachable: retrying");
-                    telemetry::transient_retry(self.name(), "registry");
+                    telemetry::health::transient_failure(self.name(), "registry", &e.to_string());
                     std::thread::sleep(wait);
                 }
                 Err(e) => {
@@ -459,11 +470,20 @@ impl Intake {
         }
         match self.decoder.decode_key(key) {
             Ok(text) => Ok(Ok(Some(text))),
-            Err(e) if e.class() == ErrorClass::Transient => Err(PipelineError::Decode {
-                pipeline: self.name().to_string(),
-                source: Box::new(e),
-            }),
-            Err(e) => Ok(Err(e.to_string())),
+            Err(e) if e.class() == ErrorClass::BadRecord => Ok(Err(e.to_string())),
+            Err(e) => Err(self.decode_failed(m, e)),
+        }
+    }
+
+    /// A decode error that is not the record's fault alone (registry gone, or a schema
+    /// violation under `on_incompatible = "fail"`): the pipeline stops, naming the record.
+    fn decode_failed(&self, m: &Message, e: crate::decode::DecodeError) -> PipelineError {
+        PipelineError::DecodeFailed {
+            pipeline: self.name().to_string(),
+            topic: m.topic.to_string(),
+            partition: m.partition,
+            offset: m.offset,
+            source: Box::new(e),
         }
     }
 
@@ -473,17 +493,27 @@ impl Intake {
         messages: &[Message],
         decoded: Vec<(usize, Option<String>, Decoded)>,
     ) -> Result<(), PipelineError> {
-        // The chain reads the JSON text of each record with its Kafka metadata.
-        let inputs: Vec<Message> = decoded
+        // The chain reads each record's parsed value with its Kafka metadata.
+        let inputs: Vec<ChainInput<'_>> = decoded
             .iter()
-            .map(|(i, _, d)| Message {
-                value: Some(d.value.as_bytes().to_vec()),
-                ..messages[*i].clone()
+            .map(|(i, key, d)| {
+                let m = &messages[*i];
+                ChainInput {
+                    value: &d.value,
+                    topic: &m.topic,
+                    partition: m.partition,
+                    offset: m.offset,
+                    timestamp_ms: m.timestamp_ms,
+                    key: key.as_deref().map(str::as_bytes).or(m.key.as_deref()),
+                }
             })
             .collect();
-        let refs: Vec<&Message> = inputs.iter().collect();
-        let result = match self.chain.run(&refs) {
+        let result = match self.chain.run(&inputs) {
             Ok(r) => r,
+            Err(TransformError::Interrupted { .. }) => {
+                // Shutting down: nothing of this batch is kept; it is read again on restart.
+                return self.request_rewind("a plugin call was interrupted by shutdown".into());
+            }
             Err(TransformError::Fault(fault)) => {
                 self.state.consecutive_faults += 1;
                 telemetry::records_failed(self.name(), "transform_fault");
@@ -504,6 +534,7 @@ impl Intake {
                 });
             }
         };
+        drop(inputs);
         self.state.consecutive_faults = 0;
         for e in &result.errors {
             let m = &messages[decoded[e.origin].0];
@@ -546,12 +577,10 @@ impl Intake {
                     }
                 },
             };
-            let value = match JsonObject::parse(out.value) {
-                Ok(v) => v,
-                Err(e) => {
-                    self.dead_letter(m, "transform", &format!("plugin output: {e}"))?;
-                    continue;
-                }
+            // Unchanged by every plugin: the value parsed at decoding goes on.
+            let value = match &out.value {
+                Produced::Unchanged => &d.value,
+                Produced::New(v) => v,
             };
             let declared = d.declared.as_ref();
             self.offer(
@@ -625,6 +654,7 @@ impl Intake {
     ) -> Result<(), PipelineError> {
         tracing::debug!(pipeline = %self.name(), topic = %m.topic, partition = m.partition, offset = m.offset, stage, reason, "dead-lettered");
         telemetry::records_failed(self.name(), stage);
+        telemetry::dead_letter(self.name(), stage);
         self.dead_letters
             .write(m, stage, reason)
             .map_err(|e| self.err_dl(e))?;
@@ -665,9 +695,20 @@ impl Intake {
         if closing {
             self.state.closing = true;
         }
-        self.seals
-            .blocking_send(Handoff::Seal(seal))
-            .map_err(|_| PipelineError::internal(self.name(), "the committer stopped"))
+        if self.seals.blocking_send(Handoff::Seal(seal)).is_err() {
+            return Err(self.committer_gone());
+        }
+        Ok(())
+    }
+
+    /// The committer ended: its report says why.
+    fn committer_gone(&mut self) -> PipelineError {
+        while let Ok(report) = self.reports.try_recv() {
+            if let Report::Failed(e) = report {
+                return e;
+            }
+        }
+        PipelineError::internal(self.name(), "the committer stopped")
     }
 
     /// Asks the committer to rewind once every earlier seal is done.
@@ -677,12 +718,17 @@ impl Intake {
         for t in &mut self.tables {
             let _ = t.buffer.take();
         }
-        self.seals
+        if self
+            .seals
             .blocking_send(Handoff::Rewind {
                 epoch: self.state.epoch,
                 reason,
             })
-            .map_err(|_| PipelineError::internal(self.name(), "the committer stopped"))
+            .is_err()
+        {
+            return Err(self.committer_gone());
+        }
+        Ok(())
     }
 
     fn on_report(&mut self, report: Report) -> Result<Flow, PipelineError> {
@@ -723,7 +769,10 @@ impl Intake {
                 self.state.next.clear();
                 self.state.from.clear();
                 for tp in &self.state.assigned {
-                    let p = resume.get(tp).copied();
+                    let p = resume
+                        .get(tp)
+                        .or_else(|| self.state.first_position.get(tp))
+                        .copied();
                     if let Some(o) = p {
                         self.state.next.insert(tp.clone(), o);
                         self.state.from.insert(tp.clone(), o);

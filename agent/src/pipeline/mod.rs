@@ -39,10 +39,11 @@ pub use errors::PipelineError;
 use crate::catalog::CatalogHandle;
 use crate::config::PipelineConfig;
 use crate::dead_letter::DeadLetterWriter;
-use crate::decode::Decoder;
-use crate::schema::{SchemaTracker, TableSchema};
+use crate::decode::{Decoder, InvalidPolicy};
+use crate::schema::{OnIncompatible, SchemaTracker, TableSchema};
 use crate::sink::TableSink;
 use crate::source::{KafkaSource, KnownOffsets, Source};
+use crate::telemetry;
 use crate::transform::{TransformChain, TransformEngine};
 
 /// Runs one pipeline against Kafka until `shutdown` turns true or an error stops it.
@@ -120,13 +121,21 @@ async fn run_with_source(
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), PipelineError> {
     let name = config.name.clone();
-    let decoder = Decoder::new(&config.decode).map_err(|source| PipelineError::Decode {
-        pipeline: name.clone(),
-        source: Box::new(source),
-    })?;
+    telemetry::health::pipeline_started(&name, config.sink.commit_interval);
+    let decoder = Decoder::new(&config.decode)
+        .map_err(|source| PipelineError::Decode {
+            pipeline: name.clone(),
+            source: Box::new(source),
+        })?
+        .on_invalid(match config.schema.on_incompatible {
+            OnIncompatible::DeadLetter => InvalidPolicy::DeadLetter,
+            OnIncompatible::Fail => InvalidPolicy::Fail,
+            OnIncompatible::Coerce => InvalidPolicy::Coerce,
+        });
     let chain = match (&engine, config.transforms.is_empty()) {
         (_, true) => TransformChain::empty(),
         (Some(engine), false) => TransformChain::new(&config.name, engine, &config.transforms)
+            .map(|c| c.with_max_consecutive_faults(config.max_consecutive_faults))
             .map_err(|source| PipelineError::Transform {
                 pipeline: name.clone(),
                 source: Box::new(source),

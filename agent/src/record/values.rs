@@ -85,7 +85,9 @@ pub fn parse_timestamp_nanos(s: &str, with_offset: bool) -> Option<i64> {
 /// Local microseconds since the epoch and the offset in seconds, if any.
 fn parse_timestamp_parts(s: &str) -> Option<(i64, Option<i64>)> {
     let b = s.as_bytes();
-    if b.len() < 19 || !matches!(b[10], b'T' | b' ') {
+    // Byte 19 must start a character: text such as `2024-01-01T23:59:6Н` would
+    // otherwise be cut inside a character (a panic; found by fuzzing).
+    if b.len() < 19 || !matches!(b[10], b'T' | b' ') || !s.is_char_boundary(19) {
         return None;
     }
     let days = parse_date(&s[0..10])? as i64;
@@ -242,6 +244,20 @@ pub fn millis_to_micros(ms: i64) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn text_with_a_multibyte_character_where_the_seconds_end_is_not_a_timestamp() {
+        // Found by fuzzing (json_admission): this used to panic slicing inside `Н`.
+        for s in [
+            "2024-01-01T23:59:6\u{41d}",
+            "2024-01-01T23:59:\u{41d}Z",
+            "2024-01-01T23:5\u{e9}",
+        ] {
+            assert_eq!(timestamp_shape(s), None, "{s}");
+            assert_eq!(parse_timestamp(s, true), None, "{s}");
+            assert_eq!(parse_timestamp_nanos(s, false), None, "{s}");
+        }
+    }
 
     #[test]
     fn dates_are_strict() {

@@ -3,6 +3,8 @@
 //! Besides type conflicts the walk notes the columns the record would add (for the
 //! `max_columns` limit and Iceberg's unique full names) and how deep it nests.
 
+use std::borrow::Cow;
+
 use iceberg::spec::{PrimitiveType, StructType, Type};
 use indexmap::IndexMap;
 
@@ -10,7 +12,7 @@ use super::evolve::{widening, widest};
 use super::layout::{NameCache, node_names};
 use super::{
     Conflict, Ctx, Kind, Node, RESERVED_COLUMNS, Rejection, SchemaOptions, accepts, describe,
-    list_hint, merge_value, prim, push_path, struct_hint, type_name, value_desc,
+    list_hint, merge_value, prim, push_full, push_path, struct_hint, type_name, value_desc,
 };
 use crate::record::json::{Arr, Obj, Value};
 use crate::record::values::timestamp_shape;
@@ -19,11 +21,19 @@ use crate::record::values::timestamp_shape;
 #[derive(Debug, Default)]
 pub(super) struct Fresh {
     names: Vec<String>,
+    /// A field without a type got a value (even one that makes no column yet, like `[]`).
+    learns: bool,
 }
 
 impl Fresh {
-    pub(super) fn is_empty(&self) -> bool {
+    /// Whether the record adds no column.
+    pub(super) fn adds_nothing(&self) -> bool {
         self.names.is_empty()
+    }
+
+    /// Whether the tracker learns something from the record.
+    pub(super) fn learns(&self) -> bool {
+        self.learns
     }
 
     /// Whether adding these columns keeps names unique and stays within `max_columns`.
@@ -49,24 +59,61 @@ impl Fresh {
     }
 }
 
-/// Where the walk is: dotted path for messages and overrides, Iceberg full name for the
-/// uniqueness check, depth for the limit.
-struct Walk<'a> {
+/// One step of the way from the record's top to a value.
+enum Seg<'r> {
+    /// A field name.
+    Name(Cow<'r, str>),
+    /// The element of a list.
+    Element,
+}
+
+/// Where the walk is (the names on the way, turned into text only when a message, an
+/// override or a new column needs it), how deep, and the columns the record would add.
+struct Walk<'a, 'r> {
     options: &'a SchemaOptions,
-    path: String,
-    full: String,
+    segs: Vec<Seg<'r>>,
     depth: usize,
     /// Inside a value whose columns are already being counted.
     in_fresh: bool,
     fresh: Fresh,
 }
 
-impl Walk<'_> {
+impl<'r> Walk<'_, 'r> {
+    /// The dotted path of the field (list elements have their list's path).
+    fn path(&self) -> String {
+        let mut out = String::new();
+        for s in &self.segs {
+            if let Seg::Name(n) = s {
+                push_path(&mut out, n);
+            }
+        }
+        out
+    }
+
+    /// The Iceberg full name (list elements named `element`).
+    fn full(&self) -> String {
+        let mut out = String::new();
+        for (i, s) in self.segs.iter().enumerate() {
+            match s {
+                Seg::Name(n) => push_full(&mut out, n, i == 0),
+                Seg::Element => push_full(&mut out, "element", i == 0),
+            };
+        }
+        out
+    }
+
+    fn override_type(&self) -> Option<&Type> {
+        if self.options.overrides.is_empty() {
+            return None;
+        }
+        self.options.overrides.get(self.path().as_str())
+    }
+
     fn enter(&mut self) -> Result<(), Rejection> {
         self.depth += 1;
         if self.depth > self.options.max_depth {
             return Err(Rejection::TooDeep {
-                path: self.path.clone(),
+                path: self.path(),
                 depth: self.depth,
                 max: self.options.max_depth,
             });
@@ -80,7 +127,7 @@ impl Walk<'_> {
 
     fn conflict(&self, column: String, v: Value<'_>) -> Rejection {
         Rejection::Conflict(Conflict {
-            path: self.path.clone(),
+            path: self.path(),
             column,
             value: value_desc(v),
         })
@@ -96,8 +143,7 @@ pub(super) fn check_record(
 ) -> Result<Fresh, Rejection> {
     let mut walk = Walk {
         options,
-        path: String::new(),
-        full: String::new(),
+        segs: Vec::new(),
         depth: 0,
         in_fresh: false,
         fresh: Fresh::default(),
@@ -106,11 +152,11 @@ pub(super) fn check_record(
     Ok(walk.fresh)
 }
 
-fn check_object(
+fn check_object<'r>(
     fields: &IndexMap<String, Node>,
-    record: Obj<'_>,
+    record: Obj<'r>,
     hints: Option<&StructType>,
-    walk: &mut Walk<'_>,
+    walk: &mut Walk<'_, 'r>,
     top: bool,
 ) -> Result<(), Rejection> {
     for (key, value) in record.iter() {
@@ -121,24 +167,24 @@ fn check_object(
         let hint = hints
             .and_then(|h| h.field_by_name(&name))
             .map(|f| &*f.field_type);
-        let len = push_path(&mut walk.path, &name);
-        let full_len = push_path(&mut walk.full, &name);
-        match fields.get(name.as_ref()) {
+        let node = fields.get(name.as_ref());
+        walk.segs.push(Seg::Name(name));
+        match node {
             Some(node) => check_value(node, value, hint, walk)?,
             None => fresh(value, hint, walk)?,
         }
-        walk.path.truncate(len);
-        walk.full.truncate(full_len);
+        walk.segs.pop();
     }
     Ok(())
 }
 
 /// A value of a field that has no type yet: valid on its own, and the columns it would
 /// add are noted (by learning it on a scratch node).
-fn fresh(v: Value<'_>, hint: Option<&Type>, walk: &mut Walk<'_>) -> Result<(), Rejection> {
+fn fresh<'r>(v: Value<'r>, hint: Option<&Type>, walk: &mut Walk<'_, 'r>) -> Result<(), Rejection> {
     if v.is_null() {
         return Ok(());
     }
+    walk.fresh.learns = true;
     let outer = walk.in_fresh;
     walk.in_fresh = true;
     let valid = validate_fresh(v, walk);
@@ -147,19 +193,19 @@ fn fresh(v: Value<'_>, hint: Option<&Type>, walk: &mut Walk<'_>) -> Result<(), R
     if !outer {
         let mut ctx = Ctx {
             options: walk.options,
-            path: walk.path.clone(),
+            path: walk.path(),
             changed: false,
         };
         let node = Node::create(v, hint, &mut ctx);
-        node_names(&node, &mut walk.full, &mut walk.fresh.names);
+        node_names(&node, &mut walk.full(), &mut walk.fresh.names);
     }
     Ok(())
 }
 
 /// A new value must fit its override, and the items of each array must agree with
 /// each other.
-fn validate_fresh(v: Value<'_>, walk: &mut Walk<'_>) -> Result<(), Rejection> {
-    if let Some(t) = walk.options.overrides.get(walk.path.as_str()) {
+fn validate_fresh<'r>(v: Value<'r>, walk: &mut Walk<'_, 'r>) -> Result<(), Rejection> {
+    if let Some(t) = walk.override_type() {
         return if accepts(t, v) {
             Ok(())
         } else {
@@ -170,9 +216,9 @@ fn validate_fresh(v: Value<'_>, walk: &mut Walk<'_>) -> Result<(), Rejection> {
         Value::Object(m) => {
             walk.enter()?;
             for (key, child) in m.iter() {
-                let len = push_path(&mut walk.path, &key.get());
+                walk.segs.push(Seg::Name(key.get()));
                 validate_fresh(child, walk)?;
-                walk.path.truncate(len);
+                walk.segs.pop();
             }
             walk.leave();
             Ok(())
@@ -189,13 +235,13 @@ fn validate_fresh(v: Value<'_>, walk: &mut Walk<'_>) -> Result<(), Rejection> {
 
 /// Checks the items of one array against its element node *and* each other: the
 /// element type is learnt item by item on a copy, so `[false, 0]` is a conflict.
-fn check_items(
+fn check_items<'r>(
     element: &Node,
-    items: Arr<'_>,
+    items: Arr<'r>,
     hint: Option<&Type>,
-    walk: &mut Walk<'_>,
+    walk: &mut Walk<'_, 'r>,
 ) -> Result<(), Rejection> {
-    let full_len = push_path(&mut walk.full, "element");
+    walk.segs.push(Seg::Element);
     // A committed primitive element cannot learn: no copy needed.
     let settled = element.locked
         && !matches!(
@@ -205,7 +251,11 @@ fn check_items(
     let mut learnt: Option<Node> = None;
     let mut ctx = Ctx {
         options: walk.options,
-        path: walk.path.clone(),
+        path: if settled || walk.options.overrides.is_empty() {
+            String::new()
+        } else {
+            walk.path()
+        },
         changed: false,
     };
     let mut items = items.iter().peekable();
@@ -216,15 +266,15 @@ fn check_items(
             merge_value(l, item, hint, &mut ctx);
         }
     }
-    walk.full.truncate(full_len);
+    walk.segs.pop();
     Ok(())
 }
 
-fn check_value(
+fn check_value<'r>(
     node: &Node,
-    v: Value<'_>,
+    v: Value<'r>,
     hint: Option<&Type>,
-    walk: &mut Walk<'_>,
+    walk: &mut Walk<'_, 'r>,
 ) -> Result<(), Rejection> {
     if v.is_null() {
         return Ok(());

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use iceberg::spec::{ListType, NestedField, PrimitiveType, StructType, Type};
 use indexmap::IndexMap;
 
-use super::{Kind, Node, RESERVED_COLUMNS, push_path};
+use super::{Kind, Node, RESERVED_COLUMNS, push_full};
 
 /// Full names of the known columns, rebuilt when the tracker's version moves.
 #[derive(Debug, Clone, Default)]
@@ -24,7 +24,7 @@ impl NameCache {
         let mut names = Vec::new();
         let mut full = String::new();
         for (name, node) in root {
-            let len = push_path(&mut full, name);
+            let len = push_full(&mut full, name, true);
             node_names(node, &mut full, &mut names);
             full.truncate(len);
         }
@@ -51,13 +51,13 @@ pub(super) fn node_names(node: &Node, full: &mut String, out: &mut Vec<String>) 
     match &node.kind {
         Some(Kind::Struct(children)) => {
             for (name, child) in children {
-                let len = push_path(full, name);
+                let len = push_full(full, name, false);
                 node_names(child, full, out);
                 full.truncate(len);
             }
         }
         Some(Kind::List(element)) => {
-            let len = push_path(full, "element");
+            let len = push_full(full, "element", false);
             node_names(element, full, out);
             full.truncate(len);
         }
@@ -69,7 +69,7 @@ pub(super) fn node_names(node: &Node, full: &mut String, out: &mut Vec<String>) 
 /// Nested names inside a declared type.
 fn type_names(t: &Type, full: &mut String, out: &mut Vec<String>) {
     let child = |name: &str, t: &Type, full: &mut String, out: &mut Vec<String>| {
-        let len = push_path(full, name);
+        let len = push_full(full, name, false);
         out.push(full.clone());
         type_names(t, full, out);
         full.truncate(len);

@@ -177,6 +177,9 @@ pub struct SchemaTracker {
     version: u64,
     /// Full column names and the column count, cached per `version`.
     names: layout::NameCache,
+    /// Per `version`: whether a record that adds no column can change nothing (every
+    /// known column committed or declared), so learning from it can be skipped.
+    stable: Option<(u64, bool)>,
 }
 
 impl PartialEq for SchemaTracker {
@@ -194,6 +197,7 @@ impl SchemaTracker {
             declared_seen: Vec::new(),
             version: 0,
             names: layout::NameCache::default(),
+            stable: None,
         }
     }
 
@@ -236,9 +240,13 @@ impl SchemaTracker {
         hints: Option<&StructType>,
     ) -> Result<(), Rejection> {
         let fresh = check::check_record(&self.root, record, hints, &self.options)?;
-        if !fresh.is_empty() {
+        if !fresh.adds_nothing() {
             self.names.refresh(&self.root, self.version);
             fresh.admissible(&self.names, &self.options)?;
+        }
+        if !fresh.learns() && hints.is_none() && self.is_stable() {
+            // The common case once the table exists: nothing to learn.
+            return Ok(());
         }
         let mut ctx = Ctx {
             options: &self.options,
@@ -250,6 +258,33 @@ impl SchemaTracker {
             self.version += 1;
         }
         Ok(())
+    }
+
+    fn is_stable(&mut self) -> bool {
+        if let Some((v, stable)) = self.stable
+            && v == self.version
+        {
+            return stable;
+        }
+        let waits_for_nulls = self.options.null_as_string_after.is_some();
+        fn settled(node: &Node, waits_for_nulls: bool) -> bool {
+            match &node.kind {
+                None => !waits_for_nulls,
+                Some(kind) => {
+                    node.fixed()
+                        && match kind {
+                            Kind::Struct(children) => {
+                                children.values().all(|c| settled(c, waits_for_nulls))
+                            }
+                            Kind::List(element) => settled(element, waits_for_nulls),
+                            _ => true,
+                        }
+                }
+            }
+        }
+        let stable = self.root.values().all(|n| settled(n, waits_for_nulls));
+        self.stable = Some((self.version, stable));
+        stable
     }
 
     /// [`observe_json`](Self::observe_json) for a `serde_json` map (tests and tools).
@@ -546,6 +581,18 @@ fn push_path(path: &mut String, name: &str) -> usize {
         path.push('.');
     }
     path.push_str(name);
+    len
+}
+
+/// Appends `name` to an Iceberg full name: names are joined with '.' below the root,
+/// also after a parent whose name is empty (`{"": {"k": 1}}` is `.k`, which collides
+/// with a top-level `.k`; found by fuzzing).
+fn push_full(full: &mut String, name: &str, root: bool) -> usize {
+    let len = full.len();
+    if !root {
+        full.push('.');
+    }
+    full.push_str(name);
     len
 }
 

@@ -18,6 +18,10 @@ use crate::commit::{COMMIT_KEY, OffsetMap, PIPELINE_KEY, WRITER_KEY};
 use crate::record::PartitionMap;
 use crate::schema::SchemaTracker;
 
+/// Times a commit whose deletes went stale (other writers keep committing) is redone
+/// before it is given up on (a transient failure: the committer retries the seal).
+const MAX_REBASES: u32 = 20;
+
 /// One pipeline's view of its target table.
 pub struct TableSink {
     catalog: CatalogHandle,
@@ -53,6 +57,11 @@ impl Staged {
     pub fn empty() -> Self {
         Staged::default()
     }
+
+    /// Bytes of the data files written (for `floe_bytes_committed_total`).
+    pub fn data_bytes(&self) -> u64 {
+        self.data.iter().map(DataFile::file_size_in_bytes).sum()
+    }
 }
 
 /// What a commit did.
@@ -64,6 +73,8 @@ pub struct CommitOutcome {
     pub files: usize,
     /// Delete files it added (upsert mode).
     pub delete_files: usize,
+    /// Bytes of the data files it added.
+    pub bytes: u64,
 }
 
 impl TableSink {
@@ -180,7 +191,8 @@ impl TableSink {
         }
     }
 
-    /// Creates the table, or adds the columns the tracker learned.
+    /// Creates the table (returns true), or prepares the columns the tracker learned for
+    /// the next commit (returns false).
     /// A new table starts with a snapshot carrying `initial` offsets (the pipeline's
     /// position before this commit), so that a crash before its first data commit makes
     /// the pipeline read that data again.
@@ -188,13 +200,13 @@ impl TableSink {
         &mut self,
         tracker: &SchemaTracker,
         initial: &OffsetMap,
-    ) -> Result<(), SinkError> {
+    ) -> Result<bool, SinkError> {
         let Some(table) = &self.table else {
             self.create(tracker).await?;
             let expected = initial.0.keys().map(|tp| (tp.clone(), None)).collect();
             self.commit(Staged::empty(), &expected, initial, HashMap::new())
                 .await?;
-            return Ok(());
+            return Ok(true);
         };
         // The new schema is committed with the data that needs it, in one snapshot.
         let metadata = table.metadata();
@@ -213,7 +225,7 @@ impl TableSink {
                 .collect();
             tracing::info!(pipeline = %self.pipeline, table = %self.ident, columns = ?changed, "schema changes with the next commit");
         }
-        Ok(())
+        Ok(false)
     }
 
     async fn create(&mut self, tracker: &SchemaTracker) -> Result<(), SinkError> {
@@ -225,11 +237,19 @@ impl TableSink {
             .await
             .map_err(|e| self.err("check namespace", e))?;
         if !exists {
-            self.catalog
+            match self
+                .catalog
                 .catalog
                 .create_namespace(&namespace, HashMap::new())
                 .await
-                .map_err(|e| self.err("create namespace", e))?;
+            {
+                Ok(_) => {}
+                // Another agent created it at the same moment: use it.
+                Err(e) if e.kind() == iceberg::ErrorKind::NamespaceAlreadyExists => {
+                    tracing::info!(pipeline = %self.pipeline, namespace = ?namespace, "namespace created by another writer meanwhile");
+                }
+                Err(e) => return Err(self.err("create namespace", e)),
+            }
         }
         let mut schema = tracker.new_table_schema()?;
         if let Some(u) = &self.upsert {
@@ -252,12 +272,25 @@ impl TableSink {
                 "zstd".to_string(),
             )]))
             .build();
-        let mut table = self
+        let mut table = match self
             .catalog
             .catalog
             .create_table(&namespace, creation)
             .await
-            .map_err(|e| self.err("create table", e))?;
+        {
+            Ok(table) => table,
+            Err(e) if crate::catalog::is_already_exists(&e) => {
+                // Another agent created it at the same moment. Its schema (field ids) may
+                // differ from the one our buffered rows were built for: load it and have
+                // the pipeline re-read from the offsets it stores.
+                self.reload().await?;
+                return Err(SinkError::Fenced(format!(
+                    "table {} was created by another writer at the same moment; re-reading against its schema",
+                    self.ident
+                )));
+            }
+            Err(e) => return Err(self.err("create table", e)),
+        };
         if table.metadata().format_version() < version {
             // A catalog that ignored the requested version: upgrade the empty table.
             table = self
@@ -446,20 +479,35 @@ impl TableSink {
                     self.table = Some(table);
                     self.pending_schema = None;
                     self.apply_to_index(&staged, &deletes)?;
+                    if let Some(index) = self.upsert.as_mut().and_then(|u| u.index.as_mut()) {
+                        index.set_snapshot(Some(snapshot_id));
+                    }
                     return Ok(CommitOutcome {
                         snapshot_id,
                         files: staged.data.len(),
                         delete_files,
+                        bytes: staged.data_bytes(),
                     });
                 }
-                Err(CommitFailure::Stale(table)) if rebases < 5 => {
+                Err(CommitFailure::Stale(table)) if rebases < MAX_REBASES => {
                     rebases += 1;
-                    tracing::warn!(pipeline = %self.pipeline, table = %self.ident, "another writer changed the table: rebuilding the upsert index and the deletes");
+                    // Another writer (another agent on the same table, say) committed:
+                    // learn its rows and deletes, then compute our deletes again.
+                    let caught_up = match self.upsert.as_mut() {
+                        Some(UpsertState {
+                            spec,
+                            index: Some(index),
+                        }) => index.catch_up(&table, spec).await?,
+                        _ => false,
+                    };
+                    tracing::info!(pipeline = %self.pipeline, table = %self.ident, caught_up, "another writer changed the table: updating the upsert index and the deletes");
                     self.table = Some(*table);
-                    if let Some(u) = &mut self.upsert {
-                        u.index = None;
+                    if !caught_up {
+                        if let Some(u) = &mut self.upsert {
+                            u.index = None;
+                        }
+                        self.ensure_index().await?;
                     }
-                    self.ensure_index().await?;
                 }
                 Err(e @ (CommitFailure::Fenced { .. } | CommitFailure::SchemaChanged(_))) => {
                     return Err(SinkError::Fenced(e.to_string()));

@@ -33,6 +33,9 @@ use uuid::Uuid;
 /// Rows copied into the writer at a time.
 const CHUNK_ROWS: usize = 8192;
 
+/// Rows per Parquet row group: the writer holds one encoded row group in memory.
+pub const ROW_GROUP_ROWS: usize = 128 * 1024;
+
 /// What [`write_data_files`] wrote.
 #[derive(Debug, Default)]
 pub struct Written {
@@ -193,6 +196,7 @@ impl FileFactory {
             .set_compression(Compression::ZSTD(
                 ZstdLevel::try_new(1).expect("valid zstd level"),
             ))
+            .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
             .build();
         // A name generator per partition: its counter makes names unique within it.
         let names = DefaultFileNameGenerator::new(

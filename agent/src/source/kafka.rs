@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, Sender, TrySendError};
+use crossbeam_channel::{Receiver, SendTimeoutError, Sender, TrySendError};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
 use rdkafka::message::Message as _;
 use rdkafka::types::RDKafkaRespErr;
@@ -30,6 +30,13 @@ use crate::record::{Message, PartitionMap, TopicPartition};
 
 /// How many records one event carries at most.
 const MAX_EVENT_RECORDS: usize = 4096;
+
+/// Events queued for the pipeline before the thread waits (about 4 MiB of records).
+const EVENT_QUEUE: usize = 8;
+
+/// How long the thread waits for room in the pipeline's channel before it pauses the
+/// partitions (rebalance callbacks wait at most this long meanwhile).
+const SHORT_STALL: Duration = Duration::from_millis(500);
 
 /// Events queued by the rebalance callback and the poll loop, delivered in order.
 type Pending = Arc<Mutex<VecDeque<SourceEvent>>>;
@@ -98,7 +105,24 @@ impl ConsumerContext for Context {
             .collect();
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
-                let assigned = self.lookup.lookup(&tps);
+                let mut assigned = self.lookup.lookup(&tps);
+                if self.start == StartPosition::Latest {
+                    // `latest` applies once: the end *now* becomes the partition's position,
+                    // recorded in the table with the next commit, so a rewind or a restart
+                    // does not jump to a later end and skip what came in between.
+                    for a in assigned.iter_mut().filter(|a| a.position.is_none()) {
+                        let (topic, partition) = &a.tp;
+                        match consumer.fetch_watermarks(topic, *partition, Duration::from_secs(5)) {
+                            Ok((low, high)) => {
+                                tracing::info!(pipeline = %self.pipeline, %topic, partition, low, high, "start = latest: positioned at the end");
+                                a.position = Some(high)
+                            }
+                            Err(e) => {
+                                tracing::warn!(pipeline = %self.pipeline, %topic, partition, error = %e, "cannot read the end of the partition: starting at the end as librdkafka sees it")
+                            }
+                        }
+                    }
+                }
                 let mut positioned = self.positioned.lock().expect("positioned");
                 for a in &assigned {
                     let (topic, partition) = &a.tp;
@@ -172,7 +196,7 @@ impl KafkaSource {
         config: &SourceConfig,
         lookup: Arc<dyn PositionLookup>,
     ) -> Result<KafkaSource, SourceError> {
-        let (tx, rx) = crossbeam_channel::bounded(16);
+        let (tx, rx) = crossbeam_channel::bounded(EVENT_QUEUE);
         let pending: Pending = Arc::default();
         let positioned: Arc<Mutex<PartitionMap<i64>>> = Arc::default();
         let context = Context {
@@ -218,7 +242,7 @@ impl KafkaSource {
             pending,
             positioned,
             epoch: 0,
-            topics: HashMap::new(),
+            topics: Default::default(),
             paused: false,
         };
         let thread = std::thread::Builder::new()
@@ -267,7 +291,7 @@ struct Poller {
     pending: Pending,
     positioned: Arc<Mutex<PartitionMap<i64>>>,
     epoch: u64,
-    topics: HashMap<String, Arc<str>>,
+    topics: std::cell::RefCell<HashMap<String, Arc<str>>>,
     paused: bool,
 }
 
@@ -281,13 +305,19 @@ impl Poller {
                 break;
             }
             if self.paused {
-                // Serve the group (rebalances, liveness) without taking more records.
-                if self.consumer.poll(Duration::from_millis(50)).is_some() {
-                    tracing::debug!(pipeline = %self.pipeline, "record polled while paused");
+                // Serve the group (rebalances, liveness) without taking more records; a
+                // record librdkafka still hands out is kept, in order, never dropped.
+                if let Some(Ok(m)) = self.consumer.poll(Duration::from_millis(50)) {
+                    let message = self.message(&m);
+                    self.queue(SourceEvent::Records(self.epoch, vec![message]));
                 }
                 continue;
             }
+            let polled = std::time::Instant::now();
             let batch = self.poll_batch();
+            if polled.elapsed() > Duration::from_millis(200) {
+                tracing::debug!(pipeline = %self.pipeline, ms = polled.elapsed().as_millis() as u64, records = batch.len(), "slow poll");
+            }
             if !batch.is_empty() {
                 self.queue(SourceEvent::Records(self.epoch, batch));
             }
@@ -320,18 +350,28 @@ impl Poller {
             let Some(event) = self.pending.lock().expect("pending events").pop_front() else {
                 break;
             };
-            match self.events.try_send(event) {
-                Ok(()) => {}
-                Err(TrySendError::Full(event)) => {
-                    self.pending
-                        .lock()
-                        .expect("pending events")
-                        .push_front(event);
-                    self.set_paused(true);
-                    return true;
-                }
+            // A short wait is cheaper than pausing: a paused partition drops what
+            // librdkafka prefetched and fetches it again on resume. Only a long stall
+            // pauses (and then this thread keeps polling to serve the group).
+            let event = match self.events.try_send(event) {
+                Ok(()) => continue,
                 Err(TrySendError::Disconnected(_)) => return false,
-            }
+                Err(TrySendError::Full(event)) if self.paused => event,
+                Err(TrySendError::Full(event)) => {
+                    tracing::trace!(pipeline = %self.pipeline, "pipeline behind: waiting for room");
+                    match self.events.send_timeout(event, SHORT_STALL) {
+                        Ok(()) => continue,
+                        Err(SendTimeoutError::Disconnected(_)) => return false,
+                        Err(SendTimeoutError::Timeout(event)) => event,
+                    }
+                }
+            };
+            self.pending
+                .lock()
+                .expect("pending events")
+                .push_front(event);
+            self.set_paused(true);
+            return true;
         }
         self.set_paused(false);
         true
@@ -365,23 +405,7 @@ impl Poller {
             match self.consumer.poll(timeout) {
                 None => break,
                 Some(Ok(m)) => {
-                    let topic = match self.topics.get(m.topic()) {
-                        Some(t) => t.clone(),
-                        None => {
-                            let t: Arc<str> = Arc::from(m.topic());
-                            self.topics.insert(m.topic().to_string(), t.clone());
-                            t
-                        }
-                    };
-                    let message = Message {
-                        topic,
-                        partition: m.partition(),
-                        offset: m.offset(),
-                        timestamp_ms: m.timestamp().to_millis(),
-                        key: m.key().map(<[u8]>::to_vec),
-                        value: m.payload().map(<[u8]>::to_vec),
-                    };
-                    self.check_gap(&message);
+                    let message = self.message(&m);
                     batch.push(message);
                 }
                 Some(Err(e)) => {
@@ -397,6 +421,31 @@ impl Poller {
             timeout = Duration::ZERO;
         }
         batch
+    }
+
+    /// Copies a message out of librdkafka (checking for a retention gap first).
+    fn message(&self, m: &rdkafka::message::BorrowedMessage<'_>) -> Message {
+        let cached = self.topics.borrow().get(m.topic()).cloned();
+        let topic = match cached {
+            Some(t) => t,
+            None => {
+                let t: Arc<str> = Arc::from(m.topic());
+                self.topics
+                    .borrow_mut()
+                    .insert(m.topic().to_string(), t.clone());
+                t
+            }
+        };
+        let message = Message {
+            topic,
+            partition: m.partition(),
+            offset: m.offset(),
+            timestamp_ms: m.timestamp().to_millis(),
+            key: m.key().map(<[u8]>::to_vec),
+            value: m.payload().map(<[u8]>::to_vec),
+        };
+        self.check_gap(&message);
+        message
     }
 
     /// The first record after positioning a partition: if it is past the position and

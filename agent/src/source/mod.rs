@@ -10,6 +10,7 @@
 //! through a [`PositionLookup`]; group offsets are committed afterwards, for monitoring only.
 
 mod kafka;
+pub mod probe;
 pub mod scripted;
 
 use std::collections::BTreeMap;
@@ -45,7 +46,9 @@ pub struct SourceConfig {
     pub sasl: Option<SaslConfig>,
     /// Extra librdkafka properties, passed through as they are (e.g. `ssl.ca.location`).
     #[serde(default)]
-    pub properties: BTreeMap<String, String>,
+    /// Values may hold secrets (`sasl.jaas.config`, `ssl.key.password`): `Debug`
+    /// shows the property names only.
+    pub properties: crate::config::Redacted<BTreeMap<String, String>>,
 }
 
 /// Start position for partitions the table has no offsets for.
@@ -176,7 +179,11 @@ impl SourceConfig {
             // oldest record, never silently at the end.
             .set("auto.offset.reset", "earliest")
             // Prefetched messages are bounded: memory stays flat when the pipeline is slow.
-            .set("queued.max.messages.kbytes", "16384")
+            .set("queued.max.messages.kbytes", "8192")
+            // ... and fetching resumes quickly once the pipeline takes more: librdkafka's
+            // default waits a whole second after its queue was full, which stalls reading
+            // every time the pipeline was briefly behind.
+            .set("fetch.queue.backoff.ms", "20")
             .set(
                 "security.protocol",
                 match self.security_protocol {

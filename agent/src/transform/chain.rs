@@ -1,84 +1,199 @@
 //! A pipeline's plugins, run in order over batches of records.
+//!
+//! Each stage gets the records the previous one produced, in calls of at most
+//! `limits.batch` records and `limits.batch_bytes` bytes (one buffer in, one buffer
+//! out per call). Answers are applied to the agent's own parsed objects: an unchanged
+//! record goes on as it is, a patch is applied with [`JsonObject::apply`] (a `null`
+//! parent on a `set` path becomes an object, as the SDK documents), new objects are
+//! parsed once. A call that faults is split and retried on a fresh instance until
+//! the record behind the fault is alone; that record becomes a [`RecordError`] with
+//! the fault as its message and the rest goes on.
+//!
+//! WebAssembly never runs on a tokio worker: called from inside a runtime, the chain
+//! runs its calls on a thread of its own for the duration of the call (WASI's
+//! blocking host calls would otherwise panic with "Cannot start a runtime from within
+//! a runtime"). Called from a plain thread, as the pipeline does, it runs right there.
 
+use std::hash::{Hash as _, Hasher as _};
+use std::ops::Range;
 use std::time::Instant;
 
+use floe_sdk::wire::{self, AnswerReader, InputWriter};
+
 use super::engine::TransformEngine;
-use super::plugin::{Input, Metadata, Outcome, PluginInstance};
-use super::{OnError, TransformConfig, TransformError};
-use crate::record::Message;
+use super::plugin::{CallError, FaultKind, PluginInstance};
+use super::sandbox::sanitize;
+use super::{Limits, OnError, TransformConfig, TransformError};
+use crate::record::json::{JsonObject, PatchOp, Value};
 use crate::telemetry;
+
+/// Bytes of a plugin's record error message kept.
+const MESSAGE_BYTES: usize = 4096;
+
+/// One record going into the chain.
+#[derive(Debug, Clone, Copy)]
+pub struct ChainInput<'a> {
+    /// The value, parsed once by the pipeline.
+    pub value: &'a JsonObject,
+    /// Topic the message was read from.
+    pub topic: &'a str,
+    /// Partition.
+    pub partition: i32,
+    /// Offset.
+    pub offset: i64,
+    /// Message timestamp in milliseconds since the epoch.
+    pub timestamp_ms: Option<i64>,
+    /// Message key bytes (decoded to text when the key format says so).
+    pub key: Option<&'a [u8]>,
+}
+
+/// What an output holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Produced {
+    /// The input's own value, unchanged by every plugin: reuse what was parsed.
+    Unchanged,
+    /// A new object (patched or emitted by a plugin).
+    New(JsonObject),
+}
 
 /// One record coming out of the chain.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChainOutput {
     /// Index of the input record it came from.
     pub origin: usize,
-    /// JSON object bytes.
-    pub value: Vec<u8>,
+    /// Its value.
+    pub value: Produced,
     /// Output stream; `None` is the pipeline's default table.
     pub route: Option<String>,
 }
 
-/// A record a plugin returned an error for.
+/// A record a plugin returned an error for, or whose fault was isolated to it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecordError {
     /// Index of the input record it came from.
     pub origin: usize,
     /// The plugin.
     pub plugin: String,
-    /// What the plugin said.
+    /// What the plugin said, or the fault (`panicked: ...`, `exceeded its fuel limit ...`).
     pub message: String,
     /// The plugin's policy for it.
     pub policy: OnError,
 }
 
-/// What a batch produced.
+/// What a batch produced, in input order.
 #[derive(Debug, Default)]
 pub struct ChainResult {
-    /// Outputs of the last plugin, in input order.
+    /// Outputs of the last plugin.
     pub outputs: Vec<ChainOutput>,
     /// Record errors, by plugin policy.
     pub errors: Vec<RecordError>,
 }
 
+/// A record between two stages.
+struct Item {
+    origin: usize,
+    /// `None`: still the input's own value.
+    value: Option<JsonObject>,
+    route: Option<String>,
+}
+
+/// What one answer turned into.
+enum Out {
+    Keep(Option<String>),
+    Drop,
+    New(Vec<(JsonObject, Option<String>)>),
+    Error(String),
+}
+
 struct Stage {
     instance: PluginInstance,
+    name: String,
     on_error: OnError,
-    batch: usize,
+    limits: Limits,
+    /// The input buffer, reused across calls.
+    buf: Vec<u8>,
+    /// Records in a row that faulted alone.
+    alone_in_a_row: u32,
 }
 
 /// The plugins of one pipeline.
-#[derive(Default)]
 pub struct TransformChain {
     pipeline: String,
     stages: Vec<Stage>,
+    max_consecutive_faults: u32,
+}
+
+impl Default for TransformChain {
+    fn default() -> Self {
+        TransformChain::empty()
+    }
+}
+
+/// Runs `f` where WebAssembly may run: on this thread, unless it is inside a tokio
+/// runtime, then on a short-lived thread of its own.
+pub(crate) fn off_runtime<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return f();
+    }
+    std::thread::scope(|s| {
+        let thread = std::thread::Builder::new()
+            .name("floe-plugins".into())
+            .stack_size(8 << 20)
+            .spawn_scoped(s, f)
+            .expect("cannot start a thread for plugin calls");
+        match thread.join() {
+            Ok(r) => r,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    })
 }
 
 impl TransformChain {
     /// The empty chain: records pass unchanged.
     pub fn empty() -> Self {
-        TransformChain::default()
+        TransformChain {
+            pipeline: String::new(),
+            stages: Vec::new(),
+            max_consecutive_faults: 3,
+        }
     }
 
-    /// Loads and initialises every plugin of a pipeline.
+    /// Loads and initialises every plugin of a pipeline (each `init` gets its `with`
+    /// table).
     pub fn new(
         pipeline: &str,
         engine: &TransformEngine,
         configs: &[TransformConfig],
     ) -> Result<TransformChain, TransformError> {
-        let mut stages = Vec::with_capacity(configs.len());
-        for config in configs {
-            let component = engine.load(config)?;
-            stages.push(Stage {
-                instance: PluginInstance::new(engine, config, component)?,
-                on_error: config.on_error,
-                batch: config.limits.batch.max(1),
-            });
-        }
+        let stages = off_runtime(|| {
+            configs
+                .iter()
+                .map(|config| {
+                    let component = engine.load(config)?;
+                    Ok(Stage {
+                        instance: PluginInstance::new(engine, config, component)?,
+                        name: config.display_name(),
+                        on_error: config.on_error,
+                        limits: config.limits,
+                        buf: Vec::new(),
+                        alone_in_a_row: 0,
+                    })
+                })
+                .collect::<Result<Vec<Stage>, TransformError>>()
+        })?;
         Ok(TransformChain {
             pipeline: pipeline.to_string(),
             stages,
+            max_consecutive_faults: 3,
         })
+    }
+
+    /// Sets how many records in a row may fault alone (each is handed to `on_error`)
+    /// before the plugin counts as broken and [`TransformChain::run`] fails with its
+    /// fault (default 3).
+    pub fn with_max_consecutive_faults(mut self, n: u32) -> Self {
+        self.max_consecutive_faults = n.max(1);
+        self
     }
 
     /// Whether there are no plugins.
@@ -86,78 +201,485 @@ impl TransformChain {
         self.stages.is_empty()
     }
 
-    /// Runs records (all with a value) through every plugin. A fault aborts the batch.
-    pub fn run(&mut self, records: &[&Message]) -> Result<ChainResult, TransformError> {
-        let mut current: Vec<ChainOutput> = records
-            .iter()
-            .enumerate()
-            .map(|(origin, r)| ChainOutput {
+    /// The plugins' names, in order.
+    pub fn names(&self) -> Vec<&str> {
+        self.stages.iter().map(|s| s.instance.name()).collect()
+    }
+
+    /// Runs records through every plugin. Outputs and errors come in input order.
+    ///
+    /// Errors: [`TransformError::Fault`] when a plugin faults on
+    /// `max_consecutive_faults` records in a row or cannot be rebuilt,
+    /// [`TransformError::Interrupted`] after [`TransformEngine::stop`]. Nothing of the
+    /// batch should be committed then.
+    pub fn run(&mut self, inputs: &[ChainInput<'_>]) -> Result<ChainResult, TransformError> {
+        if self.stages.is_empty() || inputs.is_empty() {
+            return Ok(ChainResult {
+                outputs: (0..inputs.len())
+                    .map(|origin| ChainOutput {
+                        origin,
+                        value: Produced::Unchanged,
+                        route: None,
+                    })
+                    .collect(),
+                errors: Vec::new(),
+            });
+        }
+        off_runtime(|| self.run_here(inputs))
+    }
+
+    fn run_here(&mut self, inputs: &[ChainInput<'_>]) -> Result<ChainResult, TransformError> {
+        let mut items: Vec<Item> = (0..inputs.len())
+            .map(|origin| Item {
                 origin,
-                value: r.value.clone().unwrap_or_default(),
+                value: None,
                 route: None,
             })
             .collect();
         let mut errors = Vec::new();
         for stage in &mut self.stages {
-            let plugin = stage.instance.name().to_string();
             let started = Instant::now();
-            let records_in = current.len();
-            let mut next = Vec::with_capacity(current.len());
-            for chunk in current.chunks_mut(stage.batch) {
-                let inputs: Vec<Input> = chunk
-                    .iter_mut()
-                    .map(|c| {
-                        let r = records[c.origin];
-                        Input {
-                            // Moved, not copied: `current` is replaced by this stage's outputs.
-                            value: std::mem::take(&mut c.value),
-                            metadata: Metadata {
-                                topic: r.topic.to_string(),
-                                partition: r.partition,
-                                offset: r.offset,
-                                timestamp_ms: r.timestamp_ms,
-                                key: r.key.clone(),
-                            },
-                        }
-                    })
-                    .collect();
-                let outcomes = match stage.instance.process(&inputs) {
-                    Ok(o) => o,
-                    Err(e) => {
-                        telemetry::plugin_fault(&self.pipeline, &plugin);
-                        return Err(e);
+            let records_in = items.len();
+            let mut next = Vec::with_capacity(items.len());
+            let mut start = 0;
+            while start < items.len() {
+                let mut end = start;
+                let mut bytes = 0u64;
+                while end < items.len() && end - start < stage.limits.batch.max(1) {
+                    let len = value_of(inputs, &items[end]).as_bytes().len() as u64;
+                    if end > start && bytes + len > stage.limits.batch_bytes {
+                        break;
                     }
-                };
-                for (input, outcome) in chunk.iter().zip(outcomes) {
-                    match outcome {
-                        Outcome::Emit(outputs) => {
-                            next.extend(outputs.into_iter().map(|o| ChainOutput {
-                                origin: input.origin,
-                                value: o.value,
-                                route: o.route.or_else(|| input.route.clone()),
+                    bytes += len;
+                    end += 1;
+                }
+                stage.run_range(
+                    &self.pipeline,
+                    self.max_consecutive_faults,
+                    inputs,
+                    &mut items,
+                    start..end,
+                    &mut next,
+                    &mut errors,
+                )?;
+                start = end;
+            }
+            stage.metrics(&self.pipeline, records_in, next.len(), started);
+            items = next;
+        }
+        errors.sort_by_key(|e| e.origin);
+        Ok(ChainResult {
+            outputs: items
+                .into_iter()
+                .map(|item| ChainOutput {
+                    origin: item.origin,
+                    value: match item.value {
+                        None => Produced::Unchanged,
+                        Some(v) => Produced::New(v),
+                    },
+                    route: item.route,
+                })
+                .collect(),
+            errors,
+        })
+    }
+}
+
+fn value_of<'a>(inputs: &'a [ChainInput<'_>], item: &'a Item) -> &'a JsonObject {
+    item.value.as_ref().unwrap_or(inputs[item.origin].value)
+}
+
+impl Stage {
+    /// Runs `items[range]` through the plugin, splitting the range on a fault.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the state of one stage of one batch"
+    )]
+    fn run_range(
+        &mut self,
+        pipeline: &str,
+        max_faults: u32,
+        inputs: &[ChainInput<'_>],
+        items: &mut [Item],
+        range: Range<usize>,
+        next: &mut Vec<Item>,
+        errors: &mut Vec<RecordError>,
+    ) -> Result<(), TransformError> {
+        match self.call(inputs, &items[range.clone()]) {
+            Ok(outs) => {
+                self.alone_in_a_row = 0;
+                for (item, out) in items[range].iter_mut().zip(outs) {
+                    let inherited = || item.route.clone();
+                    match out {
+                        Out::Keep(route) => next.push(Item {
+                            origin: item.origin,
+                            route: route.or_else(inherited),
+                            value: item.value.take(),
+                        }),
+                        Out::Drop => {}
+                        Out::New(values) => {
+                            next.extend(values.into_iter().map(|(v, route)| Item {
+                                origin: item.origin,
+                                value: Some(v),
+                                route: route.or_else(inherited),
                             }))
                         }
-                        Outcome::Error(message) => errors.push(RecordError {
-                            origin: input.origin,
-                            plugin: plugin.clone(),
+                        Out::Error(message) => errors.push(RecordError {
+                            origin: item.origin,
+                            plugin: self.name.clone(),
                             message,
-                            policy: stage.on_error,
+                            policy: self.on_error,
                         }),
                     }
                 }
+                Ok(())
             }
-            telemetry::plugin_batch(
-                &self.pipeline,
-                &plugin,
-                records_in,
-                next.len(),
-                started.elapsed(),
-            );
-            current = next;
+            Err(CallError::Interrupted) => Err(TransformError::Interrupted {
+                plugin: self.name.clone(),
+            }),
+            Err(CallError::Fatal(e)) => Err(e),
+            Err(CallError::Fault(fault)) => {
+                telemetry::plugin_fault(pipeline, &self.name);
+                if range.len() == 1 {
+                    self.alone_in_a_row += 1;
+                    let input = &inputs[items[range.start].origin];
+                    if self.alone_in_a_row >= max_faults {
+                        tracing::error!(pipeline, plugin = %self.name, %fault, records = self.alone_in_a_row, "plugin faulted on records in a row, each alone: the plugin is broken");
+                        return Err(TransformError::Fault(fault));
+                    }
+                    tracing::warn!(pipeline, plugin = %self.name, %fault, topic = input.topic, partition = input.partition, offset = input.offset, "plugin fault isolated to one record; it goes to on_error");
+                    errors.push(RecordError {
+                        origin: items[range.start].origin,
+                        plugin: self.name.clone(),
+                        message: fault.reason(),
+                        policy: self.on_error,
+                    });
+                    return Ok(());
+                }
+                tracing::info!(pipeline, plugin = %self.name, %fault, records = range.len(), "plugin fault in a batch: retrying it in parts to find the record");
+                for part in split(range, fault.index) {
+                    self.run_range(pipeline, max_faults, inputs, items, part, next, errors)?;
+                }
+                Ok(())
+            }
         }
-        Ok(ChainResult {
-            outputs: current,
-            errors,
-        })
+    }
+
+    /// One call over `items`: encode, run, decode.
+    fn call(&mut self, inputs: &[ChainInput<'_>], items: &[Item]) -> Result<Vec<Out>, CallError> {
+        let mut topics: Vec<&str> = Vec::new();
+        for item in items {
+            let topic = inputs[item.origin].topic;
+            if !topics.contains(&topic) {
+                topics.push(topic);
+            }
+        }
+        let mut buf = std::mem::take(&mut self.buf);
+        let mut writer = InputWriter::new(&mut buf, items.len(), &topics);
+        for item in items {
+            let input = &inputs[item.origin];
+            let topic = topics.iter().position(|t| *t == input.topic).unwrap_or(0) as u32;
+            writer.push(
+                value_of(inputs, item).as_bytes(),
+                input.key,
+                topic,
+                input.partition,
+                input.offset,
+                input.timestamp_ms,
+            );
+        }
+        let first = &inputs[items[0].origin];
+        let mut seed = std::collections::hash_map::DefaultHasher::new();
+        (&self.name, first.topic, first.partition, first.offset).hash(&mut seed);
+        let max_outputs = self.limits.max_outputs;
+        let result = self.instance.call(&buf, seed.finish(), |answers| {
+            decode(answers, inputs, items, max_outputs)
+        });
+        self.buf = buf;
+        result
+    }
+
+    fn metrics(&self, pipeline: &str, records_in: usize, records_out: usize, started: Instant) {
+        telemetry::plugin_batch(
+            pipeline,
+            &self.name,
+            records_in,
+            records_out,
+            started.elapsed(),
+        );
+    }
+}
+
+/// The parts to retry after a fault in `range`: around the record a panic named, or
+/// two halves.
+fn split(range: Range<usize>, index: Option<u32>) -> Vec<Range<usize>> {
+    let parts = match index.map(|i| range.start + i as usize) {
+        Some(at) if at < range.end => vec![range.start..at, at..at + 1, at + 1..range.end],
+        _ => {
+            let mid = range.start + range.len() / 2;
+            vec![range.start..mid, mid..range.end]
+        }
+    };
+    parts.into_iter().filter(|r| !r.is_empty()).collect()
+}
+
+fn text(bytes: &[u8], what: &str) -> Result<String, String> {
+    std::str::from_utf8(bytes)
+        .map(str::to_string)
+        .map_err(|_| format!("{what} is not UTF-8"))
+}
+
+/// Reads the answers to `items` and applies them to the records.
+fn decode(
+    answers: &[u8],
+    inputs: &[ChainInput<'_>],
+    items: &[Item],
+    max_outputs: usize,
+) -> Result<Vec<Out>, FaultKind> {
+    let mut reader = AnswerReader::new(answers)
+        .map_err(|e| FaultKind::Contract(format!("unreadable answers: {e}")))?;
+    if reader.count != items.len() {
+        return Err(FaultKind::Contract(format!(
+            "returned {} answers for {} records",
+            reader.count,
+            items.len()
+        )));
+    }
+    let too_many = |n: usize| {
+        FaultKind::Output(format!(
+            "more than {max_outputs} records from one batch of {} (raise limits.max_outputs); {n} so far",
+            items.len()
+        ))
+    };
+    let mut outs = Vec::with_capacity(items.len());
+    let mut produced = 0usize;
+    for item in items {
+        let answer = reader
+            .next_answer()
+            .expect("as many answers as announced")
+            .map_err(|e| FaultKind::Contract(format!("unreadable answers: {e}")))?;
+        let route = |r: Option<&[u8]>| r.map(|r| text(r, "a route")).transpose();
+        let out = match answer {
+            wire::Answer::Unchanged { route: r } => {
+                produced += 1;
+                match route(r) {
+                    Ok(r) => Out::Keep(r),
+                    Err(e) => Out::Error(e),
+                }
+            }
+            wire::Answer::Dropped => Out::Drop,
+            wire::Answer::Patch { route: r, ops } => {
+                produced += 1;
+                match route(r).and_then(|r| patch(value_of(inputs, item), ops).map(|v| (v, r))) {
+                    Ok((v, r)) => Out::New(vec![(v, r)]),
+                    Err(e) => Out::Error(e),
+                }
+            }
+            wire::Answer::Emit { outputs } => {
+                produced += outputs.len();
+                if produced > max_outputs {
+                    return Err(too_many(produced));
+                }
+                let parsed: Result<Vec<(JsonObject, Option<String>)>, String> = outputs
+                    .map(|(r, json)| {
+                        let r = route(r)?;
+                        let v = JsonObject::parse(json.to_vec()).map_err(|e| {
+                            format!("emitted something that is not a JSON object: {e}")
+                        })?;
+                        Ok((v, r))
+                    })
+                    .collect();
+                match parsed {
+                    Ok(values) => Out::New(values),
+                    Err(e) => Out::Error(e),
+                }
+            }
+            wire::Answer::Error { message } => {
+                Out::Error(sanitize(&String::from_utf8_lossy(message), MESSAGE_BYTES))
+            }
+        };
+        if produced > max_outputs {
+            return Err(too_many(produced));
+        }
+        outs.push(out);
+    }
+    if !reader.at_end() {
+        return Err(FaultKind::Contract("bytes after the last answer".into()));
+    }
+    Ok(outs)
+}
+
+/// Applies a patch to a record, one operation after the other.
+fn patch(value: &JsonObject, ops: wire::Ops<'_>) -> Result<JsonObject, String> {
+    let mut current: Option<JsonObject> = None;
+    for op in ops {
+        let (path, new) = match op {
+            wire::Op::Set { path, value } => (path, Some(value)),
+            wire::Op::Remove { path } => (path, None),
+        };
+        if path.is_empty() {
+            return Err("its patch names an empty path".to_string());
+        }
+        let path = path
+            .map(|k| text(k, "a patch path"))
+            .collect::<Result<Vec<String>, String>>()?;
+        let base = current.as_ref().unwrap_or(value);
+        let op = match new {
+            Some(v) => through_null(base, path, v),
+            None => PatchOp::Remove { path },
+        };
+        current = Some(
+            base.apply(std::slice::from_ref(&op))
+                .map_err(|e| format!("its patch cannot be applied: {e}"))?,
+        );
+    }
+    Ok(current.unwrap_or_else(|| value.clone()))
+}
+
+/// A `set` of `value` at `path`; where a parent on the path holds `null`, the `set`
+/// of that parent to the nested objects instead (a `null` parent becomes an object).
+fn through_null(object: &JsonObject, path: Vec<String>, value: &[u8]) -> PatchOp {
+    let view = object.view();
+    let mut obj = view.root();
+    for (i, key) in path[..path.len() - 1].iter().enumerate() {
+        match obj.get(key) {
+            Some(Value::Object(inner)) => obj = inner,
+            Some(Value::Null) => {
+                let mut nested = Vec::with_capacity(value.len() + 16);
+                for k in &path[i + 1..] {
+                    nested.push(b'{');
+                    floe_sdk::json::write_str(&mut nested, k);
+                    nested.push(b':');
+                }
+                nested.extend_from_slice(value);
+                nested.extend(std::iter::repeat_n(b'}', path.len() - i - 1));
+                return PatchOp::Set {
+                    path: path[..=i].to_vec(),
+                    value: nested,
+                };
+            }
+            _ => break,
+        }
+    }
+    PatchOp::Set {
+        path,
+        value: value.to_vec(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chain_can_move_to_the_pipeline_thread() {
+        fn send<T: Send>() {}
+        send::<TransformChain>();
+        send::<ChainResult>();
+    }
+
+    #[test]
+    fn a_null_parent_becomes_an_object() {
+        let o = JsonObject::parse(br#"{"meta": null, "k": {"x": null}, "s": 1}"#.to_vec()).unwrap();
+        let mut ops = Vec::new();
+        wire::put_set(&mut ops, ["meta", "a", "b"].into_iter(), b"1");
+        wire::put_set(&mut ops, ["k", "x", "q\""].into_iter(), b"true");
+        wire::put_set(&mut ops, ["new", "c"].into_iter(), b"2");
+        wire::put_remove(&mut ops, ["s", "z"].into_iter());
+        let mut w = wire::AnswerWriter::new(1, 0);
+        w.patch(None, 4, &ops);
+        let answers = w.finish();
+        let mut r = AnswerReader::new(&answers).unwrap();
+        let Some(Ok(wire::Answer::Patch { ops, .. })) = r.next_answer() else {
+            panic!("a patch")
+        };
+        let patched = patch(&o, ops).unwrap();
+        assert_eq!(
+            patched.to_serde(),
+            serde_json::json!({"meta": {"a": {"b": 1}}, "k": {"x": {"q\"": true}}, "s": 1, "new": {"c": 2}})
+        );
+        let mut bad = Vec::new();
+        wire::put_set(&mut bad, ["s", "z"].into_iter(), b"1");
+        let mut w = wire::AnswerWriter::new(1, 0);
+        w.patch(None, 1, &bad);
+        let answers = w.finish();
+        let mut r = AnswerReader::new(&answers).unwrap();
+        let Some(Ok(wire::Answer::Patch { ops, .. })) = r.next_answer() else {
+            panic!("a patch")
+        };
+        assert!(patch(&o, ops).unwrap_err().contains("cannot set s.z"));
+    }
+
+    #[test]
+    fn splits_around_a_reported_record_or_in_halves() {
+        assert_eq!(split(0..10, None), vec![0..5, 5..10]);
+        assert_eq!(split(4..7, None), vec![4..5, 5..7]);
+        assert_eq!(split(0..10, Some(3)), vec![0..3, 3..4, 4..10]);
+        assert_eq!(split(10..20, Some(0)), vec![10..11, 11..20]);
+        assert_eq!(split(10..20, Some(9)), vec![10..19, 19..20]);
+        assert_eq!(
+            split(10..20, Some(10)),
+            vec![10..15, 15..20],
+            "an index out of range is ignored"
+        );
+    }
+
+    #[test]
+    fn answers_are_applied_to_the_records() {
+        let a = JsonObject::parse(br#"{"a": 1, "b": 2}"#.to_vec()).unwrap();
+        let inputs: Vec<ChainInput<'_>> = (0..5)
+            .map(|i| ChainInput {
+                value: &a,
+                topic: "t",
+                partition: 0,
+                offset: i,
+                timestamp_ms: None,
+                key: None,
+            })
+            .collect();
+        let items: Vec<Item> = (0..5)
+            .map(|origin| Item {
+                origin,
+                value: None,
+                route: None,
+            })
+            .collect();
+        let mut ops = Vec::new();
+        wire::put_set(&mut ops, ["c"].into_iter(), b"[3]");
+        wire::put_remove(&mut ops, ["a"].into_iter());
+        let mut bad = Vec::new();
+        wire::put_set(&mut bad, ["a", "x"].into_iter(), b"1");
+        let mut w = wire::AnswerWriter::new(5, 0);
+        w.unchanged(Some("eu"));
+        w.patch(None, 2, &ops);
+        w.emit([(None, &b"{\"n\":1}"[..]), (Some("x"), &b"[1]"[..])].into_iter());
+        w.patch(None, 1, &bad);
+        w.dropped();
+        let outs = decode(&w.finish(), &inputs, &items, 100).unwrap();
+        assert!(matches!(&outs[0], Out::Keep(Some(r)) if r == "eu"));
+        assert!(
+            matches!(&outs[1], Out::New(v) if v[0].0.to_serde() == serde_json::json!({"b": 2, "c": [3]}))
+        );
+        assert!(matches!(&outs[2], Out::Error(e) if e.contains("not a JSON object")));
+        assert!(matches!(&outs[3], Out::Error(e) if e.contains("cannot set a.x")));
+        assert!(matches!(&outs[4], Out::Drop));
+
+        let mut w = wire::AnswerWriter::new(4, 0);
+        for _ in 0..4 {
+            w.unchanged(None);
+        }
+        let answers = w.finish();
+        assert!(
+            matches!(decode(&answers, &inputs, &items, 100), Err(FaultKind::Contract(m)) if m.contains("4 answers for 5 records"))
+        );
+        assert!(matches!(
+            decode(&answers, &inputs, &items[..4], 3),
+            Err(FaultKind::Output(_))
+        ));
+        let mut trailing = answers.clone();
+        trailing.push(0);
+        assert!(
+            matches!(decode(&trailing, &inputs, &items[..4], 100), Err(FaultKind::Contract(m)) if m.contains("after the last answer"))
+        );
     }
 }

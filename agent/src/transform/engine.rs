@@ -1,7 +1,8 @@
-//! The shared wasmtime engine and plugin lookup.
+//! The shared wasmtime engine, plugin lookup and the contract version check.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::Deserialize;
 use wasmtime::component::Component;
@@ -10,6 +11,11 @@ use wasmtime::{
 };
 
 use super::{TransformConfig, TransformError};
+
+/// The interface every plugin exports, with the contract version this agent runs.
+pub(crate) const PLUGIN_EXPORT: &str = "floe-plugin:transform/plugin@0.2.0";
+/// The package whose interfaces name the contract version.
+const CONTRACT_PACKAGE: &str = "floe-plugin:transform/";
 
 /// `[plugins]`: where plugins are found and compiled code is cached.
 #[derive(Debug, Clone, Deserialize)]
@@ -59,11 +65,14 @@ impl PluginsConfig {
     }
 }
 
-/// The engine every plugin instance of the agent runs in.
+/// The engine every plugin instance of the agent runs in. A background thread
+/// advances its epoch every few milliseconds so that calls can be stopped at their
+/// deadline or at shutdown ([`TransformEngine::stop`]).
 #[derive(Clone)]
 pub struct TransformEngine {
     pub(crate) engine: Engine,
     pub(crate) plugins: Arc<PluginsConfig>,
+    pub(crate) shutdown: Arc<AtomicBool>,
 }
 
 impl TransformEngine {
@@ -77,6 +86,11 @@ impl TransformEngine {
         let engine_err = |e: wasmtime::Error| TransformError::Engine(format!("{e:#}"));
         let mut config = Config::new();
         config.consume_fuel(true);
+        config.epoch_interruption(true);
+        // `FLOE_WASM_PERFMAP=1`: name plugin functions for `perf` (/tmp/perf-PID.map).
+        if std::env::var_os("FLOE_WASM_PERFMAP").is_some_and(|v| v == "1") {
+            config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
         let mut pool = PoolingAllocationConfig::default();
         let instances = instances.max(1) * 2; // room to rebuild an instance while the old one drops
         pool.total_component_instances(instances)
@@ -98,10 +112,30 @@ impl TransformEngine {
         );
         config.cache(Some(Cache::new(cache).map_err(engine_err)?));
         let engine = Engine::new(&config).map_err(engine_err)?;
+        let weak = engine.weak();
+        std::thread::Builder::new()
+            .name("floe-plugin-clock".into())
+            .spawn(move || {
+                // Ends once every clone of the engine (stores, components) is gone.
+                while let Some(engine) = weak.upgrade() {
+                    engine.increment_epoch();
+                    drop(engine);
+                    std::thread::sleep(super::sandbox::TICK);
+                }
+            })
+            .map_err(|e| TransformError::Engine(format!("cannot start the plugin clock: {e}")))?;
         Ok(TransformEngine {
             engine,
             plugins: Arc::new(plugins.clone()),
+            shutdown: Arc::new(AtomicBool::new(false)),
         })
+    }
+
+    /// Interrupts every running plugin call of this engine at its next epoch tick, and
+    /// every later one: for shutdown. The calls end with
+    /// [`TransformError::Interrupted`].
+    pub fn stop(&self) {
+        self.shutdown.store(true, Ordering::Relaxed);
     }
 
     /// Finds and compiles (or loads from the cache) the component of one transform.
@@ -133,9 +167,57 @@ impl TransformEngine {
         };
         let component = Component::from_binary(&self.engine, &bytes)
             .map_err(|e| load_err(format!("{}: {e:#}", path.display())))?;
+        check_contract(&self.engine, &component).map_err(|reason| TransformError::Contract {
+            plugin: plugin.clone(),
+            reason: format!("{}: {reason}", path.display()),
+        })?;
         tracing::info!(plugin = %plugin, path = %path.display(), ms = started.elapsed().as_millis() as u64, "plugin loaded");
         Ok(component)
     }
+}
+
+/// Checks that a component was built for the contract this agent runs: it must
+/// export [`PLUGIN_EXPORT`]. A plugin built for another version says which one, and
+/// how to rebuild it.
+fn check_contract(engine: &Engine, component: &Component) -> Result<(), String> {
+    let ty = component.component_type();
+    let names: Vec<String> = ty
+        .exports(engine)
+        .map(|(n, _)| n.to_string())
+        .chain(ty.imports(engine).map(|(n, _)| n.to_string()))
+        .collect();
+    if names.iter().any(|n| n == PLUGIN_EXPORT) {
+        return Ok(());
+    }
+    let ours = floe_sdk::CONTRACT_VERSION;
+    let other = names.iter().find_map(|n| {
+        n.strip_prefix(CONTRACT_PACKAGE)
+            .and_then(|rest| rest.split_once('@'))
+            .map(|(_, version)| version.to_string())
+    });
+    Err(match other {
+        Some(version) => format!(
+            "built for the plugin contract floe-plugin:transform@{version}, but this agent runs \
+             @{ours}; rebuild it with floe-sdk {sdk} (set `floe-sdk = \"{sdk}\"` in its Cargo.toml, \
+             move it to #[filter], #[map], #[flat_map] or the new `Transform` trait as plugins/README.md \
+             shows under \"Upgrading from floe-sdk 0.1\", then `cargo build --release --target wasm32-wasip2`)",
+            sdk = sdk_requirement(),
+        ),
+        None => format!(
+            "not a Floe plugin: it does not export {PLUGIN_EXPORT} (build it with floe-sdk {})",
+            sdk_requirement()
+        ),
+    })
+}
+
+/// The floe-sdk version requirement plugins need (`0.2`).
+fn sdk_requirement() -> String {
+    let mut parts = floe_sdk::CONTRACT_VERSION.split('.');
+    format!(
+        "{}.{}",
+        parts.next().unwrap_or("0"),
+        parts.next().unwrap_or("0")
+    )
 }
 
 /// Wraps a core module (built for `wasm32-unknown-unknown` or `wasm32-wasip1` with the

@@ -1,27 +1,40 @@
 //! Transform stage: the config-declared chain of WebAssembly plugins.
 //!
-//! - `engine`: one wasmtime engine per agent (pooling allocator, fuel, on-disk cache of
-//!   compiled components) and the lookup of `uses = "name-or-path"`.
+//! - `engine`: one wasmtime engine per agent (pooling allocator, fuel, epoch ticks for
+//!   deadlines, on-disk cache of compiled components), the lookup of
+//!   `uses = "name-or-path"` and the contract version check.
+//! - `sandbox`: what a plugin instance may touch: WASI with no files, network or
+//!   environment, frozen clocks and sleeps that return at once, random seeded per
+//!   batch, stdout/stderr captured into the log, sanitised plugin log lines.
 //! - `plugin`: one sandboxed instance of a plugin, its limits, and fault detection.
-//! - `chain`: runs a batch of records through every plugin in order.
+//! - `chain`: runs a batch of records through every plugin in order, applies answers,
+//!   and isolates the record behind a fault by splitting the batch.
+//! - `probe`: `floe check`'s plugin step; `tools`: `floe plugin new` and `floe plugin test`.
 //!
-//! The contract with plugins is `wit/transform.wit`: records cross the boundary in
-//! batches as JSON bytes with their Kafka metadata; each record yields zero, one or many
-//! outputs (optionally routed to a named stream) or an error for that record alone.
-//! A record error follows the plugin's `on_error` policy; a trap, a panic or a limit hit
-//! is a *fault*: the batch is not committed, the instance is rebuilt, and after
-//! `max_consecutive_faults` the pipeline stops.
+//! The contract with plugins is `wit/transform.wit` (`floe-plugin:transform@0.2.0`):
+//! one buffer of records per batch into the plugin, one buffer of answers out; each
+//! record is answered unchanged, dropped, patched (fields set or removed), replaced by
+//! new objects (flat-map), each optionally routed to a named stream, or an error for
+//! that record alone. A record error follows the plugin's `on_error` policy. A trap, a
+//! panic or a limit hit is a *fault*: the instance is rebuilt and the batch split and
+//! retried until the record behind it is alone; that record then follows `on_error`
+//! with the fault as its message. Only faults that cannot be pinned on one record
+//! (`init` fails, or `max_consecutive_faults` records in a row fault alone) stop the
+//! chain with [`TransformError::Fault`].
 
 mod chain;
 mod engine;
 mod plugin;
+pub mod probe;
+mod sandbox;
 pub mod tools;
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde::Deserialize;
 
-pub use chain::{ChainOutput, ChainResult, RecordError, TransformChain};
+pub use chain::{ChainInput, ChainOutput, ChainResult, Produced, RecordError, TransformChain};
 pub use engine::{PluginsConfig, TransformEngine};
 pub use plugin::{Fault, FaultKind};
 
@@ -34,9 +47,11 @@ pub struct TransformConfig {
     pub uses: String,
     /// Name used in logs, metrics and dead letters (default: the file stem of `uses`).
     pub name: Option<String>,
-    /// The plugin's own settings, passed to its `init` as JSON.
+    /// The plugin's own settings, passed to its `init` as JSON (the plugin deserializes
+    /// them into its config type).
     #[serde(default = "empty_table", rename = "with")]
-    pub with: toml::Value,
+    /// May hold credentials: `Debug` shows its keys only.
+    pub with: crate::config::Redacted<toml::Value>,
     /// Resource limits.
     #[serde(default)]
     pub limits: Limits,
@@ -46,10 +61,14 @@ pub struct TransformConfig {
     /// Give the plugin the host's wall and monotonic clocks (frozen at zero otherwise).
     #[serde(default)]
     pub allow_clock: bool,
+    /// Give the plugin the host's random numbers (otherwise they are seeded from the
+    /// batch, so a replay of the same records gives the same numbers).
+    #[serde(default)]
+    pub allow_random: bool,
 }
 
-fn empty_table() -> toml::Value {
-    toml::Value::Table(toml::Table::new())
+fn empty_table() -> crate::config::Redacted<toml::Value> {
+    crate::config::Redacted(toml::Value::Table(toml::Table::new()))
 }
 
 impl TransformConfig {
@@ -69,11 +88,13 @@ impl TransformConfig {
     }
 }
 
-/// Per-plugin limits (`limits = { fuel = ..., memory = "64MiB" }`).
+/// Per-plugin limits (`limits = { fuel = ..., memory = "64MiB", timeout = "5s" }`).
+/// "Per call" is one batch into the plugin: at most `batch` records and `batch_bytes`
+/// bytes of values (a single larger record goes alone).
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
-    /// Fuel (roughly, WebAssembly instructions) one batch may use (default 10 billion).
+    /// Fuel (roughly, WebAssembly instructions) one call may use (default 10 billion).
     #[serde(default = "default_fuel")]
     pub fuel: u64,
     /// Linear memory a plugin instance may grow to (default 64MiB).
@@ -82,9 +103,31 @@ pub struct Limits {
         deserialize_with = "crate::config::size::deserialize"
     )]
     pub memory: u64,
-    /// Records per call into the plugin (default 1024).
+    /// Wall-clock time one call may take (default 5s); also how long shutdown waits
+    /// for a plugin at most.
+    #[serde(
+        default = "default_timeout",
+        deserialize_with = "crate::config::duration::deserialize"
+    )]
+    pub timeout: Duration,
+    /// Records per call (default 1024).
     #[serde(default = "default_batch")]
     pub batch: usize,
+    /// Bytes of record values per call (default 4MiB).
+    #[serde(
+        default = "default_batch_bytes",
+        deserialize_with = "crate::config::size::deserialize"
+    )]
+    pub batch_bytes: u64,
+    /// Records one call may output (default 100000).
+    #[serde(default = "default_max_outputs")]
+    pub max_outputs: usize,
+    /// Bytes of answers one call may return (default 32MiB).
+    #[serde(
+        default = "default_max_output_bytes",
+        deserialize_with = "crate::config::size::deserialize"
+    )]
+    pub max_output_bytes: u64,
 }
 
 fn default_fuel() -> u64 {
@@ -93,8 +136,20 @@ fn default_fuel() -> u64 {
 fn default_memory() -> u64 {
     64 * 1024 * 1024
 }
+fn default_timeout() -> Duration {
+    Duration::from_secs(5)
+}
 fn default_batch() -> usize {
     1024
+}
+fn default_batch_bytes() -> u64 {
+    4 * 1024 * 1024
+}
+fn default_max_outputs() -> usize {
+    100_000
+}
+fn default_max_output_bytes() -> u64 {
+    32 * 1024 * 1024
 }
 
 impl Default for Limits {
@@ -102,7 +157,11 @@ impl Default for Limits {
         Limits {
             fuel: default_fuel(),
             memory: default_memory(),
+            timeout: default_timeout(),
             batch: default_batch(),
+            batch_bytes: default_batch_bytes(),
+            max_outputs: default_max_outputs(),
+            max_output_bytes: default_max_output_bytes(),
         }
     }
 }
@@ -114,7 +173,7 @@ pub enum OnError {
     /// Write the original message to the dead-letter file, with the plugin and its message.
     #[default]
     DeadLetter,
-    /// Drop the record (counted in `floe_plugin_records_dropped_total`).
+    /// Drop the record (counted in `floe_plugin_records_failed_total{policy="drop"}`).
     Drop,
     /// Stop the pipeline.
     Fail,
@@ -144,9 +203,25 @@ pub enum TransformError {
         /// What the plugin said.
         reason: String,
     },
-    /// The plugin trapped, panicked or hit a limit.
+    /// The plugin is built for another version of the plugin contract.
+    #[error("plugin {plugin}: {reason}")]
+    Contract {
+        /// Plugin name.
+        plugin: String,
+        /// Which version it has, which one the agent runs, and how to rebuild.
+        reason: String,
+    },
+    /// A fault that could not be pinned on one record: `init` trapped, or
+    /// `max_consecutive_faults` records in a row faulted alone.
     #[error(transparent)]
     Fault(#[from] Fault),
+    /// The agent is shutting down: the call was interrupted and nothing of the batch
+    /// was produced.
+    #[error("plugin {plugin}: interrupted by shutdown")]
+    Interrupted {
+        /// Plugin name.
+        plugin: String,
+    },
 }
 
 #[cfg(test)]
@@ -163,7 +238,19 @@ mod tests {
         assert_eq!(t.limits.memory, 64 << 20);
         let json: serde_json::Value = serde_json::from_str(&t.with_json()).unwrap();
         assert_eq!(json, serde_json::json!({"field": "x", "n": 2}));
-        let t: TransformConfig = toml::from_str("uses = \"route\"\nname = \"r1\"\non_error = \"fail\"\nlimits = { memory = \"1MiB\", fuel = 5 }").unwrap();
+        assert_eq!(t.limits.timeout, Duration::from_secs(5));
+        assert!(!t.allow_random && !t.allow_clock);
+        let t: TransformConfig = toml::from_str("uses = \"route\"\nname = \"r1\"\non_error = \"fail\"\nallow_random = true\nlimits = { memory = \"1MiB\", fuel = 5, timeout = \"250ms\", batch_bytes = \"1KiB\", max_outputs = 7, max_output_bytes = 100 }").unwrap();
+        assert_eq!(
+            (
+                t.limits.timeout,
+                t.limits.batch_bytes,
+                t.limits.max_outputs,
+                t.limits.max_output_bytes,
+                t.allow_random
+            ),
+            (Duration::from_millis(250), 1024, 7, 100, true)
+        );
         assert_eq!(
             (
                 t.display_name().as_str(),
@@ -174,5 +261,24 @@ mod tests {
             ("r1", OnError::Fail, 5, 1 << 20)
         );
         assert!(toml::from_str::<TransformConfig>("uses = \"x\"\non_error = \"ignore\"").is_err());
+        assert!(
+            toml::from_str::<TransformConfig>("uses = \"x\"\nlimits = { timeout = \"soon\" }")
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn the_sdk_carries_the_same_contract() {
+        assert_eq!(
+            include_str!("../../../wit/transform.wit"),
+            include_str!("../../../sdk/wit/transform.wit"),
+            "sdk/wit/transform.wit must be a copy of wit/transform.wit"
+        );
+        assert!(
+            include_str!("../../../wit/transform.wit").contains(&format!(
+                "package floe-plugin:transform@{};",
+                floe_sdk::CONTRACT_VERSION
+            ))
+        );
     }
 }

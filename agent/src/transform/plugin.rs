@@ -1,41 +1,36 @@
-//! One sandboxed plugin instance.
+//! One sandboxed plugin instance: instantiation with `init`, one call per batch, and
+//! what a failed call was.
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
+use wasmtime::component::{Component, Func, InstancePre};
 use wasmtime::{ResourceLimiter, Store, Trap};
-use wasmtime_wasi::{
-    HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView,
-};
 
-use super::engine::TransformEngine;
+use super::engine::{PLUGIN_EXPORT, TransformEngine};
+use super::sandbox::{self, HostState, Stop};
 use super::{TransformConfig, TransformError};
 
-wasmtime::component::bindgen!({
-    world: "transform",
-    path: "../wit/transform.wit",
-});
-
-use floe_plugin::transform::types::Level;
-pub use floe_plugin::transform::types::Metadata;
-
-/// A plugin fault: the batch it happened in is not committed and the instance is rebuilt.
+/// A plugin fault: a call that trapped, panicked or hit a limit. The chain rebuilds
+/// the instance and splits the batch until the record behind it is alone.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub struct Fault {
     /// Plugin name.
     pub plugin: String,
     /// What went wrong.
     pub kind: FaultKind,
+    /// For a panic, the index in the call's batch of the record being processed, as
+    /// the plugin reported it: a hint for splitting the batch.
+    pub index: Option<u32>,
 }
 
 /// The kinds of plugin faults.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FaultKind {
-    /// The batch used all its fuel.
+    /// The call used all its fuel.
     Fuel {
-        /// The configured fuel per batch.
+        /// The configured fuel per call.
         limit: u64,
     },
     /// The instance tried to grow its memory past the limit.
@@ -43,128 +38,74 @@ pub enum FaultKind {
         /// The configured limit in bytes.
         limit: u64,
     },
+    /// The call ran past its deadline.
+    Timeout {
+        /// The configured time per call.
+        limit: Duration,
+    },
+    /// The call returned more records or bytes than allowed.
+    Output(String),
     /// A Rust panic inside the plugin (message from the SDK's panic hook).
     Panic(String),
     /// Any other trap.
     Trap(String),
-    /// The plugin broke the contract (e.g. wrong number of outcomes).
+    /// The plugin broke the contract (e.g. wrong number of answers).
     Contract(String),
+}
+
+impl Fault {
+    /// What happened, without the plugin's name: `panicked: ...`, `exceeded its fuel
+    /// limit (...)`.
+    pub fn reason(&self) -> String {
+        match &self.kind {
+            FaultKind::Fuel { limit } => format!(
+                "exceeded its fuel limit ({limit} per batch; raise limits.fuel or make it cheaper)"
+            ),
+            FaultKind::Memory { limit } => format!(
+                "exceeded its memory limit ({} MiB; raise limits.memory)",
+                limit >> 20
+            ),
+            FaultKind::Timeout { limit } => format!(
+                "exceeded its time limit ({} per batch; raise limits.timeout or make it cheaper)",
+                humantime::format_duration(*limit)
+            ),
+            FaultKind::Output(m) => format!("exceeded its output limit: {m}"),
+            FaultKind::Panic(m) => format!("panicked: {m}"),
+            FaultKind::Trap(m) => format!("trapped: {m}"),
+            FaultKind::Contract(m) => format!("broke the plugin contract: {m}"),
+        }
+    }
 }
 
 impl fmt::Display for Fault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let p = &self.plugin;
-        match &self.kind {
-            FaultKind::Fuel { limit } => write!(
-                f,
-                "plugin {p} exceeded its fuel limit ({limit} per batch; raise limits.fuel or make it cheaper)"
-            ),
-            FaultKind::Memory { limit } => write!(
-                f,
-                "plugin {p} exceeded its memory limit ({} MiB; raise limits.memory)",
-                limit >> 20
-            ),
-            FaultKind::Panic(m) => write!(f, "plugin {p} panicked: {m}"),
-            FaultKind::Trap(m) => write!(f, "plugin {p} trapped: {m}"),
-            FaultKind::Contract(m) => write!(f, "plugin {p} broke the plugin contract: {m}"),
-        }
+        write!(f, "plugin {} {}", self.plugin, self.reason())
     }
 }
 
-/// Per-instance host state: WASI (no files, no network), limits, and what the plugin logged.
-struct HostState {
-    plugin: Arc<str>,
-    wasi: WasiCtx,
-    table: ResourceTable,
-    memory_limit: usize,
-    memory_exceeded: bool,
-    last_panic: Option<String>,
+/// Why a call produced nothing.
+#[derive(Debug)]
+pub(crate) enum CallError {
+    /// The plugin faulted; the instance is rebuilt on the next call.
+    Fault(Fault),
+    /// The agent is shutting down.
+    Interrupted,
+    /// The instance could not be rebuilt (its `init` failed).
+    Fatal(TransformError),
 }
 
-impl WasiView for HostState {
-    fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView {
-            ctx: &mut self.wasi,
-            table: &mut self.table,
-        }
-    }
+struct Live {
+    store: Store<HostState>,
+    process: Func,
 }
 
-impl floe_plugin::transform::types::Host for HostState {}
-
-impl floe_plugin::transform::host::Host for HostState {
-    fn log(&mut self, level: Level, message: String) {
-        if let Some(panic) = message.strip_prefix("panic: ") {
-            self.last_panic = Some(panic.to_string());
-        }
-        let plugin = &*self.plugin;
-        match level {
-            Level::Trace => tracing::trace!(plugin, "{message}"),
-            Level::Debug => tracing::debug!(plugin, "{message}"),
-            Level::Info => tracing::info!(plugin, "{message}"),
-            Level::Warn => tracing::warn!(plugin, "{message}"),
-            Level::Error => tracing::error!(plugin, "{message}"),
-        }
-    }
-}
-
-impl ResourceLimiter for HostState {
-    fn memory_growing(
-        &mut self,
-        _current: usize,
-        desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        if desired > self.memory_limit {
-            self.memory_exceeded = true;
-            // An error (not `Ok(false)`) traps right here, so the plugin cannot limp on.
-            return Err(wasmtime::Error::msg(format!(
-                "memory limit of {} bytes reached",
-                self.memory_limit
-            )));
-        }
-        Ok(true)
-    }
-
-    fn table_growing(
-        &mut self,
-        _current: usize,
-        desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        Ok(desired <= 1_000_000)
-    }
-}
-
-/// Clocks for plugins that were not granted one: always zero.
-struct FrozenClock;
-
-impl HostWallClock for FrozenClock {
-    fn resolution(&self) -> Duration {
-        Duration::from_secs(1)
-    }
-    fn now(&self) -> Duration {
-        Duration::ZERO
-    }
-}
-
-impl HostMonotonicClock for FrozenClock {
-    fn resolution(&self) -> u64 {
-        1_000_000_000
-    }
-    fn now(&self) -> u64 {
-        0
-    }
-}
-
-/// A plugin, instantiated lazily and rebuilt after a fault.
-pub struct PluginInstance {
+/// A plugin, instantiated at startup and rebuilt after a fault.
+pub(crate) struct PluginInstance {
     name: Arc<str>,
     config: TransformConfig,
     engine: TransformEngine,
-    component: Component,
-    linker: Linker<HostState>,
-    live: Option<(Store<HostState>, Transform)>,
+    pre: InstancePre<HostState>,
+    live: Option<Live>,
 }
 
 impl PluginInstance {
@@ -175,17 +116,19 @@ impl PluginInstance {
         component: Component,
     ) -> Result<PluginInstance, TransformError> {
         let name: Arc<str> = Arc::from(config.display_name());
-        let mut linker = Linker::new(&engine.engine);
-        let engine_err = |e: wasmtime::Error| TransformError::Engine(format!("{e:#}"));
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(engine_err)?;
-        Transform::add_to_linker::<_, HasSelf<HostState>>(&mut linker, |s| s)
-            .map_err(engine_err)?;
+        let load_err = |e: wasmtime::Error| TransformError::Load {
+            plugin: name.to_string(),
+            uses: config.uses.clone(),
+            reason: format!("cannot link: {e:#}"),
+        };
+        let linker = sandbox::linker(&engine.engine)
+            .map_err(|e| TransformError::Engine(format!("{e:#}")))?;
+        let pre = linker.instantiate_pre(&component).map_err(load_err)?;
         let mut instance = PluginInstance {
             name,
             config: config.clone(),
             engine: engine.clone(),
-            component,
-            linker,
+            pre,
             live: None,
         };
         instance.live = Some(instance.instantiate()?);
@@ -197,94 +140,159 @@ impl PluginInstance {
         &self.name
     }
 
-    fn instantiate(&self) -> Result<(Store<HostState>, Transform), TransformError> {
-        let mut wasi = WasiCtxBuilder::new();
-        wasi.allow_tcp(false)
-            .allow_udp(false)
-            .allow_ip_name_lookup(false);
-        if !self.config.allow_clock {
-            wasi.wall_clock(FrozenClock).monotonic_clock(FrozenClock);
-        }
-        let state = HostState {
-            plugin: self.name.clone(),
-            wasi: wasi.build(),
-            table: ResourceTable::new(),
-            memory_limit: usize::try_from(self.config.limits.memory).unwrap_or(usize::MAX),
-            memory_exceeded: false,
-            last_panic: None,
-        };
+    fn instantiate(&self) -> Result<Live, TransformError> {
+        let limits = &self.config.limits;
+        let state = HostState::new(
+            self.name.clone(),
+            &self.config,
+            self.engine.shutdown.clone(),
+        );
         let mut store = Store::new(&self.engine.engine, state);
         store.limiter(|s| s as &mut dyn ResourceLimiter);
-        store
-            .set_fuel(self.config.limits.fuel)
-            .map_err(|e| TransformError::Engine(format!("{e:#}")))?;
-        let bindings = Transform::instantiate(&mut store, &self.component, &self.linker).map_err(
-            |e| TransformError::Load {
-                plugin: self.name.to_string(),
-                uses: self.config.uses.clone(),
-                reason: format!(
-                    "cannot instantiate (built for another version of wit/transform.wit?): {e:#}"
-                ),
-            },
-        )?;
-        match bindings.call_init(&mut store, &self.config.with_json()) {
-            Ok(Ok(())) => Ok((store, bindings)),
-            Ok(Err(reason)) => Err(TransformError::Init {
-                plugin: self.name.to_string(),
-                reason,
-            }),
-            Err(e) => Err(TransformError::Fault(self.fault(&store, e))),
-        }
-    }
-
-    /// Runs one batch; on a fault the instance is dropped and rebuilt on the next call.
-    pub fn process(&mut self, inputs: &[Input]) -> Result<Vec<Outcome>, TransformError> {
-        if self.live.is_none() {
-            self.live = Some(self.instantiate()?);
-        }
-        let (store, bindings) = self.live.as_mut().expect("instantiated above");
-        store
-            .set_fuel(self.config.limits.fuel)
-            .map_err(|e| TransformError::Engine(format!("{e:#}")))?;
-        match bindings.call_process(&mut *store, inputs) {
-            Ok(outcomes) if outcomes.len() == inputs.len() => Ok(outcomes),
-            Ok(outcomes) => {
-                self.live = None;
-                Err(Fault {
-                    plugin: self.name.to_string(),
-                    kind: FaultKind::Contract(format!(
-                        "returned {} outcomes for {} records",
-                        outcomes.len(),
-                        inputs.len()
-                    )),
-                }
-                .into())
-            }
-            Err(e) => {
-                let (store, _) = self.live.take().expect("live instance");
-                Err(self.fault(&store, e).into())
-            }
-        }
-    }
-
-    fn fault(&self, store: &Store<HostState>, error: wasmtime::Error) -> Fault {
-        let state = store.data();
-        let kind = if error.downcast_ref::<Trap>() == Some(&Trap::OutOfFuel) {
-            FaultKind::Fuel {
-                limit: self.config.limits.fuel,
-            }
-        } else if state.memory_exceeded {
-            FaultKind::Memory {
-                limit: self.config.limits.memory,
-            }
-        } else if let Some(message) = &state.last_panic {
-            FaultKind::Panic(message.clone())
-        } else {
-            FaultKind::Trap(format!("{error:#}"))
+        sandbox::watch_deadline(&mut store);
+        let engine_err = |e: wasmtime::Error| TransformError::Engine(format!("{e:#}"));
+        store.set_fuel(limits.fuel).map_err(engine_err)?;
+        store.set_epoch_deadline(1);
+        store.data_mut().begin_call(limits.timeout, 0);
+        let contract = |what: &str| TransformError::Contract {
+            plugin: self.name.to_string(),
+            reason: format!("does not export {what} (not a Floe plugin?)"),
         };
+        let instance = match self.pre.instantiate(&mut store) {
+            Ok(i) => i,
+            Err(e) => {
+                store.data_mut().end_call();
+                return Err(self.fatal(&store, e));
+            }
+        };
+        let export = instance
+            .get_export_index(&mut store, None, PLUGIN_EXPORT)
+            .ok_or_else(|| contract(PLUGIN_EXPORT))?;
+        let func = |store: &mut Store<HostState>, name: &str| {
+            instance
+                .get_export_index(&mut *store, Some(&export), name)
+                .and_then(|i| instance.get_func(&mut *store, i))
+                .ok_or_else(|| contract(&format!("{PLUGIN_EXPORT}#{name}")))
+        };
+        let init = func(&mut store, "init")?;
+        let process = func(&mut store, "process")?;
+        let init = init
+            .typed::<(&str,), (Result<(), String>,)>(&store)
+            .map_err(|e| contract(&format!("init with the contract's type ({e})")))?;
+        process
+            .typed::<(&[u8],), (Vec<u8>,)>(&store)
+            .map_err(|e| contract(&format!("process with the contract's type ({e})")))?;
+        let result = init.call(&mut store, (&self.config.with_json(),));
+        store.data_mut().end_call();
+        match result {
+            Ok((Ok(()),)) => Ok(Live { store, process }),
+            Ok((Err(reason),)) => Err(TransformError::Init {
+                plugin: self.name.to_string(),
+                reason: sandbox::sanitize(&reason, 4096),
+            }),
+            Err(e) => Err(self.fatal(&store, e)),
+        }
+    }
+
+    /// A failure while instantiating: never isolated to a record.
+    fn fatal(&self, store: &Store<HostState>, error: wasmtime::Error) -> TransformError {
+        match self.classify(store, error) {
+            CallError::Fault(f) => TransformError::Fault(f),
+            CallError::Interrupted => TransformError::Interrupted {
+                plugin: self.name.to_string(),
+            },
+            CallError::Fatal(e) => e,
+        }
+    }
+
+    /// Runs one batch (an input buffer, see `wit/transform.wit`) and hands the answer
+    /// buffer to `decode`, whose error is a fault too. After a fault the instance is
+    /// dropped and rebuilt on the next call.
+    pub fn call<R>(
+        &mut self,
+        input: &[u8],
+        seed: u64,
+        decode: impl FnOnce(&[u8]) -> Result<R, FaultKind>,
+    ) -> Result<R, CallError> {
+        if self.live.is_none() {
+            self.live = Some(self.instantiate().map_err(|e| match e {
+                TransformError::Interrupted { .. } => CallError::Interrupted,
+                other => CallError::Fatal(other),
+            })?);
+        }
+        let limits = self.config.limits;
+        let live = self.live.as_mut().expect("instantiated above");
+        let store = &mut live.store;
+        store
+            .set_fuel(limits.fuel)
+            .map_err(|e| CallError::Fatal(TransformError::Engine(format!("{e:#}"))))?;
+        store.set_epoch_deadline(1);
+        store.data_mut().begin_call(limits.timeout, seed);
+        let result = live
+            .process
+            .typed::<(&[u8],), (Vec<u8>,)>(&*store)
+            .and_then(|f| f.call(&mut *store, (input,)));
+        store.data_mut().end_call();
+        let outcome = match result {
+            Ok((answers,)) if answers.len() as u64 > limits.max_output_bytes => {
+                Err(CallError::Fault(self.fault(
+                    FaultKind::Output(format!(
+                        "{} bytes of answers for one batch of {} bytes (limit {}; raise limits.max_output_bytes)",
+                        answers.len(),
+                        input.len(),
+                        limits.max_output_bytes
+                    )),
+                    None,
+                )))
+            }
+            Ok((answers,)) => decode(&answers).map_err(|kind| CallError::Fault(self.fault(kind, None))),
+            Err(e) => {
+                let live = self.live.as_ref().expect("live");
+                Err(self.classify(&live.store, e))
+            }
+        };
+        if outcome.is_err() {
+            self.live = None;
+        }
+        outcome
+    }
+
+    fn fault(&self, kind: FaultKind, index: Option<u32>) -> Fault {
         Fault {
             plugin: self.name.to_string(),
             kind,
+            index,
         }
+    }
+
+    /// What a failed call was, from the error and what the host saw during it.
+    fn classify(&self, store: &Store<HostState>, error: wasmtime::Error) -> CallError {
+        let state = store.data();
+        let limits = &self.config.limits;
+        let kind = match state.stopped {
+            Some(Stop::Shutdown) => return CallError::Interrupted,
+            Some(Stop::Timeout) => FaultKind::Timeout {
+                limit: limits.timeout,
+            },
+            None => {
+                if let Some((message, index)) = &state.panic {
+                    return CallError::Fault(self.fault(FaultKind::Panic(message.clone()), *index));
+                }
+                if error.downcast_ref::<Trap>() == Some(&Trap::OutOfFuel) {
+                    FaultKind::Fuel { limit: limits.fuel }
+                } else if state.memory_exceeded {
+                    FaultKind::Memory {
+                        limit: limits.memory,
+                    }
+                } else if let Some(exit) = error.downcast_ref::<wasmtime_wasi::I32Exit>() {
+                    FaultKind::Trap(format!("the plugin exited with code {}", exit.0))
+                } else if let Some(trap) = error.downcast_ref::<Trap>() {
+                    FaultKind::Trap(trap.to_string())
+                } else {
+                    FaultKind::Trap(sandbox::sanitize(&error.root_cause().to_string(), 1024))
+                }
+            }
+        };
+        CallError::Fault(self.fault(kind, None))
     }
 }

@@ -3,13 +3,18 @@
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
+use super::chain::{ChainInput, Produced, TransformChain};
 use super::engine::{PluginsConfig, TransformEngine};
-use super::plugin::{Input, Metadata, Outcome, PluginInstance};
 use super::{Limits, OnError, TransformConfig, TransformError};
+use crate::record::json::JsonObject;
+
+/// The floe-sdk version a new plugin depends on.
+pub const SDK_VERSION: &str = "0.2";
 
 /// Creates a plugin crate at `dir/name` that builds and passes its tests as it is.
-/// `sdk` is how the crate finds `floe-sdk` (a path to the SDK folder).
-pub fn scaffold(dir: &Path, name: &str, sdk: &Path) -> std::io::Result<PathBuf> {
+/// It depends on `floe-sdk` by version; `sdk` (a path to the SDK folder) is added as a
+/// path override, for working on Floe itself.
+pub fn scaffold(dir: &Path, name: &str, sdk: Option<&Path>) -> std::io::Result<PathBuf> {
     let valid = !name.is_empty()
         && name
             .chars()
@@ -26,7 +31,13 @@ pub fn scaffold(dir: &Path, name: &str, sdk: &Path) -> std::io::Result<PathBuf> 
             root.display()
         )));
     }
-    let sdk = std::path::absolute(sdk)?;
+    let sdk_dependency = match sdk {
+        Some(path) => format!(
+            "{{ version = \"{SDK_VERSION}\", path = \"{}\" }}",
+            std::path::absolute(path)?.display()
+        ),
+        None => format!("\"{SDK_VERSION}\""),
+    };
     std::fs::create_dir_all(root.join("src"))?;
     let ident = name.replace('-', "_");
     std::fs::write(
@@ -42,16 +53,16 @@ publish = false
 crate-type = ["cdylib", "rlib"]
 
 [dependencies]
-floe-sdk = {{ path = "{sdk}" }}
+floe-sdk = {sdk_dependency}
+serde = {{ version = "1", features = ["derive"] }}
 
 # Its own workspace, so it builds wherever it is created.
 [workspace]
 
 [profile.release]
 strip = true
-opt-level = "s"
-"#,
-            sdk = sdk.display()
+codegen-units = 1
+"#
         ),
     )?;
     std::fs::write(
@@ -63,40 +74,80 @@ opt-level = "s"
         root.join("sample.ndjson"),
         "{\"id\": 1, \"email\": \"a@example.com\"}\n{\"id\": 2}\n",
     )?;
-    std::fs::write(
-        root.join("README.md"),
-        format!(
-            "# {name}\n\nA Floe transform plugin.\n\n```sh\ncargo test                                      # native unit tests\ncargo build --release --target wasm32-wasip2    # target/wasm32-wasip2/release/{ident}.wasm\nfloe plugin test target/wasm32-wasip2/release/{ident}.wasm --input sample.ndjson\n```\n\nUse it in a pipeline:\n\n```toml\n[[pipelines.transforms]]\nuses = \"path/to/{ident}.wasm\"\nwith = {{ field = \"email\" }}\n```\n"
-        ),
-    )?;
-    std::fs::write(
-        root.join("src/lib.rs"),
-        r#"//! A Floe transform plugin: removes one field (`with = { field = "email" }`) from every record.
+    std::fs::write(root.join("README.md"), scaffold_readme(name, &ident))?;
+    std::fs::write(root.join("src/lib.rs"), SCAFFOLD_LIB)?;
+    Ok(root)
+}
 
-use floe_sdk::{Config, Emit, Record, Transform};
+fn scaffold_readme(name: &str, ident: &str) -> String {
+    format!(
+        r#"# {name}
 
-/// The plugin's state, built once from its config.
-pub struct Plugin {
+A Floe transform plugin: it removes one field (`email` unless configured) from every
+record. Edit `src/lib.rs`; the `floe-sdk` docs show the other shapes (`#[filter]`,
+`#[flat_map]`) and what a plugin may and may not do.
+
+## Build and test
+
+```sh
+rustup target add wasm32-wasip2                 # once
+cargo test                                      # unit tests, natively
+cargo build --release --target wasm32-wasip2    # -> target/wasm32-wasip2/release/{ident}.wasm
+floe plugin test target/wasm32-wasip2/release/{ident}.wasm --input sample.ndjson --with '{{"field": "email"}}'
+```
+
+`floe plugin test` runs the built component in the agent's own sandbox (the same
+code path as `floe run`) and prints what each record becomes.
+
+## Load it
+
+Copy the `.wasm` file where the agent can read it and name it in a pipeline:
+
+```toml
+[[pipelines.transforms]]
+uses = "/path/to/{ident}.wasm"     # or "{ident}" when the file is in [plugins] path
+with = {{ field = "email" }}
+on_error = "dead_letter"           # dead_letter (default) | drop | fail
+limits = {{ timeout = "5s", memory = "64MiB" }}
+```
+
+`floe check --config ...` loads and initialises it with its `with` table and reports
+any problem before you run.
+"#
+    )
+}
+
+const SCAFFOLD_LIB: &str = r#"//! A Floe transform plugin: removes one field from every record that has it.
+
+use floe_sdk::{Patch, Record, map};
+use serde::Deserialize;
+
+/// The plugin's settings: the pipeline's `with` table.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Config {
+    /// The field to remove, a dotted path such as `user.email` (default `email`).
+    #[serde(default = "default_field")]
     field: String,
 }
 
-impl Transform for Plugin {
-    fn init(config: &Config) -> Result<Self, String> {
-        Ok(Plugin { field: config.str_or("field", "email")?.to_string() })
-    }
-
-    fn process(&mut self, mut record: Record) -> Result<Vec<Emit>, String> {
-        record.value.remove(&self.field);
-        Ok(vec![Emit::new(record.value)])
-    }
+fn default_field() -> String {
+    "email".to_string()
 }
 
-floe_sdk::export_transform!(Plugin);
+/// Removes the field. An empty patch leaves the record unchanged.
+#[map]
+fn drop_field(record: &Record, config: &Config) -> Patch {
+    match record.get(config.field.as_str()) {
+        Some(_) => Patch::new().remove(config.field.as_str()),
+        None => Patch::new(),
+    }
+}
 
 #[cfg(test)]
 mod tests {
     use floe_sdk::json;
-    use floe_sdk::testing::{Harness, object};
+    use floe_sdk::testing::{Harness, Output, object};
 
     use super::*;
 
@@ -104,13 +155,17 @@ mod tests {
     fn removes_the_field() {
         let mut plugin = Harness::<Plugin>::new(json!({"field": "email"})).unwrap();
         let out = plugin.run(json!({"id": 1, "email": "a@example.com"})).unwrap();
-        assert_eq!(out, vec![Emit::new(object(json!({"id": 1})))]);
+        assert_eq!(out, vec![Output::new(object(json!({"id": 1})))]);
+        assert_eq!(plugin.run_one(json!({"id": 2})), json!({"id": 2}));
+    }
+
+    #[test]
+    fn refuses_unknown_settings() {
+        let e = Harness::<Plugin>::init_error(json!({"feild": "x"}));
+        assert!(e.contains("unknown field `feild`"), "{e}");
     }
 }
-"#,
-    )?;
-    Ok(root)
-}
+"#;
 
 /// Counts of a `floe plugin test` run.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -121,11 +176,13 @@ pub struct TestSummary {
     pub records_out: usize,
     /// Inputs that produced nothing.
     pub dropped: usize,
-    /// Inputs the plugin returned an error for.
+    /// Inputs that are not JSON objects, and inputs the plugin returned an error for
+    /// (or faulted on).
     pub errors: usize,
 }
 
-/// Runs a plugin over an NDJSON file and writes what happens to each record to `out`.
+/// Runs a plugin over an NDJSON file through the same chain `floe run` uses, and
+/// writes what happens to each record to `out`.
 pub fn test_plugin(
     uses: &str,
     with: &str,
@@ -143,64 +200,85 @@ pub fn test_plugin(
     let config = TransformConfig {
         uses: uses.to_string(),
         name: None,
-        with,
+        with: with.into(),
         limits,
         on_error: OnError::DeadLetter,
         allow_clock: false,
+        allow_random: false,
     };
-    let component = engine.load(&config)?;
-    let mut plugin = PluginInstance::new(&engine, &config, component)?;
+    let mut chain = TransformChain::new("plugin-test", &engine, std::slice::from_ref(&config))?;
     let file = std::fs::File::open(input)
         .map_err(|e| TransformError::Engine(format!("{}: {e}", input.display())))?;
     let lines: Vec<String> = std::io::BufReader::new(file)
         .lines()
         .collect::<Result<_, _>>()
         .map_err(|e| TransformError::Engine(format!("{}: {e}", input.display())))?;
-    let inputs: Vec<Input> = lines
-        .iter()
-        .filter(|l| !l.trim().is_empty())
-        .enumerate()
-        .map(|(i, l)| Input {
-            value: l.as_bytes().to_vec(),
-            metadata: Metadata {
-                topic: "test".into(),
-                partition: 0,
-                offset: i as i64,
-                timestamp_ms: None,
-                key: None,
-            },
-        })
-        .collect();
+    let lines: Vec<&String> = lines.iter().filter(|l| !l.trim().is_empty()).collect();
     let mut summary = TestSummary {
-        records_in: inputs.len(),
+        records_in: lines.len(),
         ..TestSummary::default()
     };
-    for chunk in inputs.chunks(limits.batch.max(1)) {
-        for (input, outcome) in chunk.iter().zip(plugin.process(chunk)?) {
-            let n = input.metadata.offset;
-            let _ = match outcome {
-                Outcome::Emit(outputs) if outputs.is_empty() => {
-                    summary.dropped += 1;
-                    writeln!(out, "#{n} -> (dropped)")
-                }
-                Outcome::Emit(outputs) => {
-                    summary.records_out += outputs.len();
-                    let mut r = Ok(());
-                    for o in outputs {
-                        let stream = o
-                            .route
-                            .map(|s| format!("  [stream {s}]"))
-                            .unwrap_or_default();
-                        r = writeln!(out, "#{n} -> {}{stream}", String::from_utf8_lossy(&o.value));
-                    }
-                    r
-                }
-                Outcome::Error(message) => {
-                    summary.errors += 1;
-                    writeln!(out, "#{n} !! error: {message}")
-                }
-            };
+    // Like the pipeline: only JSON objects reach the chain.
+    let mut parsed = Vec::new();
+    let mut bad: Vec<(usize, String)> = Vec::new();
+    for (n, line) in lines.iter().enumerate() {
+        match JsonObject::parse(line.as_bytes().to_vec()) {
+            Ok(o) => parsed.push((n, o)),
+            Err(e) => bad.push((n, format!("input is not a JSON object: {e}"))),
         }
+    }
+    let inputs: Vec<ChainInput<'_>> = parsed
+        .iter()
+        .map(|(n, value)| ChainInput {
+            value,
+            topic: "test",
+            partition: 0,
+            offset: *n as i64,
+            timestamp_ms: None,
+            key: None,
+        })
+        .collect();
+    let result = chain.run(&inputs)?;
+    let compact = |bytes: &[u8]| -> String {
+        serde_json::from_slice::<serde_json::Value>(bytes)
+            .map(|v| v.to_string())
+            .unwrap_or_else(|_| String::from_utf8_lossy(bytes).into_owned())
+    };
+    let mut lines_out: Vec<(usize, String)> = Vec::new();
+    let mut produced = vec![false; inputs.len()];
+    for o in &result.outputs {
+        produced[o.origin] = true;
+        summary.records_out += 1;
+        let bytes = match &o.value {
+            Produced::Unchanged => inputs[o.origin].value.as_bytes(),
+            Produced::New(v) => v.as_bytes(),
+        };
+        let stream = o
+            .route
+            .as_ref()
+            .map(|s| format!("  [stream {s}]"))
+            .unwrap_or_default();
+        lines_out.push((parsed[o.origin].0, format!("-> {}{stream}", compact(bytes))));
+    }
+    let mut failed = vec![false; inputs.len()];
+    for e in &result.errors {
+        failed[e.origin] = true;
+        summary.errors += 1;
+        lines_out.push((parsed[e.origin].0, format!("!! error: {}", e.message)));
+    }
+    for (i, (n, _)) in parsed.iter().enumerate() {
+        if !produced[i] && !failed[i] {
+            summary.dropped += 1;
+            lines_out.push((*n, "-> (dropped)".to_string()));
+        }
+    }
+    for (n, message) in bad {
+        summary.errors += 1;
+        lines_out.push((n, format!("!! error: {message}")));
+    }
+    lines_out.sort_by_key(|(n, _)| *n);
+    for (n, line) in lines_out {
+        let _ = writeln!(out, "#{n} {line}");
     }
     let _ = writeln!(
         out,

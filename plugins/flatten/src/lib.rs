@@ -24,18 +24,53 @@
 //! `{"a_b": {}}`), so the field is not lost. Fields keep their order, nested fields
 //! taking the place of their parent.
 //!
+//! A record without a nested object is answered "unchanged"; otherwise the new
+//! record is written from the text of the old one, values copied as they are.
+//!
 //! Per-record error: two fields that flatten to the same name, e.g. an existing
 //! `a_b` next to `{"a": {"b": ...}}`. Config errors: `max_depth = 0`, wrong types,
 //! an unknown key.
 
 use std::collections::HashMap;
 
-use floe_sdk::{Config, Emit, Map, Record, Transform, Value};
+use floe_sdk::json::{Json, Kind, ObjectWriter};
+use floe_sdk::{Answer, Emit, Error, Record, error, map};
 use serde::Deserialize;
 
-/// The plugin.
-#[derive(Debug)]
-pub struct Flatten {
+/// Flattens nested objects.
+#[map(Flatten)]
+fn flatten(record: &Record, config: &Config) -> Result<Answer, Error> {
+    if !record.fields().any(|(_, v)| nested(v)) {
+        return Ok(Answer::UNCHANGED);
+    }
+    let mut out = Out {
+        fields: ObjectWriter::with_capacity(record.json().len() + 32),
+        origins: HashMap::new(),
+    };
+    for (key, value) in record.fields() {
+        let key = key
+            .as_str()
+            .ok_or_else(|| error!("flatten: a key is not valid JSON text"))?;
+        config.add(
+            &mut out,
+            key.to_string(),
+            key.to_string(),
+            value,
+            config.max_depth,
+        )?;
+    }
+    Ok(Emit::json(out.fields.finish()).into())
+}
+
+/// A non-empty object: what is flattened.
+fn nested(value: Json<'_>) -> bool {
+    value.kind() == Kind::Object && value.fields().next().is_some()
+}
+
+/// The parsed config.
+#[derive(Debug, Deserialize)]
+#[serde(try_from = "RawConfig")]
+struct Config {
     separator: String,
     max_depth: Option<usize>,
 }
@@ -47,71 +82,58 @@ struct RawConfig {
     max_depth: Option<usize>,
 }
 
-/// Output being built: the flattened fields and, for error messages, where each came from.
-struct Out {
-    fields: Map<String, Value>,
-    origins: HashMap<String, String>,
-}
+impl TryFrom<RawConfig> for Config {
+    type Error = String;
 
-impl Flatten {
-    fn add(
-        &self,
-        out: &mut Out,
-        name: String,
-        origin: String,
-        value: Value,
-        levels_left: Option<usize>,
-    ) -> Result<(), String> {
-        match value {
-            Value::Object(inner) if !inner.is_empty() && levels_left != Some(0) => {
-                for (key, v) in inner {
-                    let child_name = format!("{name}{}{key}", self.separator);
-                    let child_origin = format!("{origin}.{key}");
-                    self.add(out, child_name, child_origin, v, levels_left.map(|n| n - 1))?;
-                }
-                Ok(())
-            }
-            value => {
-                if let Some(first) = out.origins.get(&name) {
-                    return Err(format!(
-                        "flatten: `{first}` and `{origin}` both flatten to `{name}`"
-                    ));
-                }
-                out.origins.insert(name.clone(), origin);
-                out.fields.insert(name, value);
-                Ok(())
-            }
-        }
-    }
-}
-
-impl Transform for Flatten {
-    fn init(config: &Config) -> Result<Self, String> {
-        let raw: RawConfig = config.parse()?;
+    fn try_from(raw: RawConfig) -> Result<Config, String> {
         if raw.max_depth == Some(0) {
             return Err(
                 "flatten: `max_depth` must be at least 1 (leave it out for unlimited)".to_string(),
             );
         }
-        Ok(Flatten {
+        Ok(Config {
             separator: raw.separator.unwrap_or_else(|| "_".to_string()),
             max_depth: raw.max_depth,
         })
     }
-
-    fn process(&mut self, record: Record) -> Result<Vec<Emit>, String> {
-        let mut out = Out {
-            fields: Map::new(),
-            origins: HashMap::new(),
-        };
-        for (key, value) in record.value {
-            self.add(&mut out, key.clone(), key, value, self.max_depth)?;
-        }
-        Ok(vec![Emit::new(out.fields)])
-    }
 }
 
-floe_sdk::export_transform!(Flatten);
+/// Output being built: the flattened fields and, for error messages, where each came from.
+struct Out {
+    fields: ObjectWriter,
+    origins: HashMap<String, String>,
+}
+
+impl Config {
+    fn add(
+        &self,
+        out: &mut Out,
+        name: String,
+        origin: String,
+        value: Json<'_>,
+        levels_left: Option<usize>,
+    ) -> Result<(), Error> {
+        if nested(value) && levels_left != Some(0) {
+            for (key, v) in value.fields() {
+                let key = key
+                    .as_str()
+                    .ok_or_else(|| error!("flatten: a key is not valid JSON text"))?;
+                let child_name = format!("{name}{}{key}", self.separator);
+                let child_origin = format!("{origin}.{key}");
+                self.add(out, child_name, child_origin, v, levels_left.map(|n| n - 1))?;
+            }
+            return Ok(());
+        }
+        if let Some(first) = out.origins.get(&name) {
+            return Err(error!(
+                "flatten: `{first}` and `{origin}` both flatten to `{name}`"
+            ));
+        }
+        out.fields.raw(&name, value);
+        out.origins.insert(name, origin);
+        Ok(())
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -227,19 +249,28 @@ mod tests {
     fn collisions_are_record_errors() {
         let mut h = flatten(json!({}));
         let err = h.run(json!({"a_b": 1, "a": {"b": 2}})).unwrap_err();
-        assert_eq!(err, "flatten: `a_b` and `a.b` both flatten to `a_b`");
+        assert_eq!(
+            err.to_string(),
+            "flatten: `a_b` and `a.b` both flatten to `a_b`"
+        );
         let err = h.run(json!({"a": {"b": 2}, "a_b": 1})).unwrap_err();
-        assert_eq!(err, "flatten: `a.b` and `a_b` both flatten to `a_b`");
+        assert_eq!(
+            err.to_string(),
+            "flatten: `a.b` and `a_b` both flatten to `a_b`"
+        );
         let err = h
             .run(json!({"a": {"b_c": 1}, "a_b": {"c": 2}}))
             .unwrap_err();
-        assert_eq!(err, "flatten: `a.b_c` and `a_b.c` both flatten to `a_b_c`");
+        assert_eq!(
+            err.to_string(),
+            "flatten: `a.b_c` and `a_b.c` both flatten to `a_b_c`"
+        );
         // The next record is fine.
         assert_eq!(h.run_one(json!({"a": {"b": 2}})), json!({"a_b": 2}));
         // A collision with a field that is not flattened (beyond max_depth) counts too.
         let mut h = flatten(json!({"max_depth": 1}));
         let err = h.run(json!({"a": {"b": {"c": 1}}, "a_b": 0})).unwrap_err();
-        assert!(err.contains("both flatten to `a_b`"), "{err}");
+        assert!(err.to_string().contains("both flatten to `a_b`"), "{err}");
     }
 
     #[test]
@@ -259,10 +290,7 @@ mod tests {
     #[test]
     fn input_that_is_not_an_object_is_a_record_error() {
         let mut h = flatten(json!({}));
-        assert!(
-            h.run_bytes(b"42")
-                .unwrap_err()
-                .contains("not a JSON object")
-        );
+        let e = h.run_json(b"42").unwrap_err().to_string();
+        assert!(e.contains("not a JSON object"), "{e}");
     }
 }

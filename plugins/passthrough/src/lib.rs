@@ -1,26 +1,19 @@
-//! `passthrough`: emits every record unchanged. Useful as a baseline for the cost of the chain.
+//! `passthrough`: emits every record unchanged. A baseline for the cost of the chain:
+//! the record crosses into the plugin and back, and the answer ("unchanged") lets the
+//! agent keep the record it already parsed.
 
-use floe_sdk::{Config, Emit, Record, Transform};
+use floe_sdk::{Record, filter};
 
-/// The plugin.
-pub struct Passthrough;
-
-impl Transform for Passthrough {
-    fn init(_config: &Config) -> Result<Self, String> {
-        Ok(Passthrough)
-    }
-
-    fn process(&mut self, record: Record) -> Result<Vec<Emit>, String> {
-        Ok(vec![Emit::new(record.value)])
-    }
+/// Keeps every record.
+#[filter(Passthrough)]
+fn passthrough(_record: &Record) -> bool {
+    true
 }
-
-floe_sdk::export_transform!(Passthrough);
 
 #[cfg(test)]
 mod tests {
     use floe_sdk::json;
-    use floe_sdk::testing::{Harness, object};
+    use floe_sdk::testing::{Answered, Harness, Output, object};
 
     use super::*;
 
@@ -30,12 +23,19 @@ mod tests {
         let out = h.run(json!({"a": 1, "b": {"c": [true]}})).unwrap();
         assert_eq!(
             out,
-            vec![Emit::new(object(json!({"a": 1, "b": {"c": [true]}})))]
+            vec![Output::new(object(json!({"a": 1, "b": {"c": [true]}})))]
+        );
+        assert_eq!(
+            h.answer(json!({"x": 1})).unwrap(),
+            Answered::Unchanged(None)
         );
         assert!(
-            h.run_bytes(b"not json")
+            h.run_json(b"not json")
                 .unwrap_err()
+                .to_string()
                 .contains("not valid JSON")
         );
+        let e = Harness::<Passthrough>::init_error(json!({"x": 1}));
+        assert!(e.contains("unknown field `x`"), "{e}");
     }
 }

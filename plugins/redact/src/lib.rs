@@ -30,21 +30,52 @@
 //! would look like a real value). Masking runs first, then hashing, then dropping.
 //! At least one of `drop`, `hash`, `mask` must be given; a path listed under two of
 //! them, an empty path or an unknown key fails `init`.
-
-use std::fmt::Write as _;
+//!
+//! The answer is a patch (the agent sets and removes the fields in its own copy of the
+//! record); only when a `mask` or `hash` path lies inside another one does the plugin
+//! rebuild the record itself, to apply them one after the other.
 
 use floe_sdk::path::FieldPath;
-use floe_sdk::{Config, Emit, Record, Transform, Value};
+use floe_sdk::{Answer, Emit, Error, Patch, Record, Value, map};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-/// The plugin.
-#[derive(Debug)]
-pub struct Redact {
+/// Masks, hashes and drops the configured fields.
+#[map(Redact)]
+fn redact(record: &Record, config: &Config) -> Result<Answer, Error> {
+    if config.nested {
+        return config.rebuild(record);
+    }
+    let mut patch = Patch::new();
+    for path in &config.mask {
+        if let Some(v) = record.get(path).filter(|v| !v.is_null()) {
+            patch = patch.set(path, mask_value(&v.to_value()?));
+        }
+    }
+    for path in &config.hash {
+        if let Some(v) = record.get(path).filter(|v| !v.is_null()) {
+            patch = patch.set(path, hash_value(&config.salt, &v.to_value()?));
+        }
+    }
+    for path in &config.drop {
+        if record.get(path).is_some() {
+            patch = patch.remove(path);
+        }
+    }
+    Ok(patch.into())
+}
+
+/// The parsed config.
+#[derive(Debug, Deserialize)]
+#[serde(try_from = "RawConfig")]
+struct Config {
     drop: Vec<FieldPath>,
     hash: Vec<FieldPath>,
     mask: Vec<FieldPath>,
     salt: String,
+    /// Whether a `mask` or `hash` path lies inside another `mask` or `hash` path, so
+    /// that they must be applied one after the other on the whole record.
+    nested: bool,
 }
 
 #[derive(Deserialize)]
@@ -85,12 +116,17 @@ pub fn hash_value(salt: &str, value: &Value) -> String {
         Value::String(s) => hasher.update(s.as_bytes()),
         other => hasher.update(other.to_string().as_bytes()),
     }
-    let digest = hasher.finalize();
-    let mut hex = String::with_capacity(digest.len() * 2);
-    for byte in digest {
-        let _ = write!(hex, "{byte:02x}");
-    }
-    hex
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    hasher
+        .finalize()
+        .iter()
+        .flat_map(|b| {
+            [
+                HEX[(b >> 4) as usize] as char,
+                HEX[(b & 0xf) as usize] as char,
+            ]
+        })
+        .collect()
 }
 
 /// `"***"` + the last 4 characters of `text`, or `"***"` alone for short text.
@@ -114,9 +150,10 @@ fn mask_value(value: &Value) -> Value {
     }
 }
 
-impl Transform for Redact {
-    fn init(config: &Config) -> Result<Self, String> {
-        let raw: RawConfig = config.parse()?;
+impl TryFrom<RawConfig> for Config {
+    type Error = String;
+
+    fn try_from(raw: RawConfig) -> Result<Config, String> {
         if raw.drop.is_empty() && raw.hash.is_empty() && raw.mask.is_empty() {
             return Err("redact: nothing to do; give `drop`, `hash` and/or `mask`".to_string());
         }
@@ -134,16 +171,29 @@ impl Transform for Redact {
                 }
             }
         }
-        Ok(Redact {
+        let hash = parse_paths(&raw.hash, "hash")?;
+        let mask = parse_paths(&raw.mask, "mask")?;
+        let changed: Vec<&FieldPath> = mask.iter().chain(&hash).collect();
+        let nested = changed.iter().enumerate().any(|(i, a)| {
+            changed
+                .iter()
+                .enumerate()
+                .any(|(j, b)| i != j && a.starts_with(b))
+        });
+        Ok(Config {
             drop: parse_paths(&raw.drop, "drop")?,
-            hash: parse_paths(&raw.hash, "hash")?,
-            mask: parse_paths(&raw.mask, "mask")?,
+            hash,
+            mask,
             salt: raw.salt,
+            nested,
         })
     }
+}
 
-    fn process(&mut self, record: Record) -> Result<Vec<Emit>, String> {
-        let mut value = record.value;
+impl Config {
+    /// Masks, hashes and drops one after the other on the whole record.
+    fn rebuild(&self, record: &Record) -> Result<Answer, Error> {
+        let mut value = record.to_map()?;
         for path in &self.mask {
             if let Some(v) = path.get_mut(&mut value).filter(|v| !v.is_null()) {
                 *v = mask_value(v);
@@ -157,15 +207,13 @@ impl Transform for Redact {
         for path in &self.drop {
             path.remove(&mut value);
         }
-        Ok(vec![Emit::new(value)])
+        Ok(Emit::new(value).into())
     }
 }
 
-floe_sdk::export_transform!(Redact);
-
 #[cfg(test)]
 mod tests {
-    use floe_sdk::testing::{Harness, object};
+    use floe_sdk::testing::{Answered, Harness, Output, object};
     use floe_sdk::{Value, json};
 
     use super::*;
@@ -344,7 +392,23 @@ mod tests {
         let record = json!({"a": [1, {"b": null}], "c": {"d": "e"}, "f": 1.5});
         assert_eq!(
             h.run(record.clone()).unwrap(),
-            vec![Emit::new(object(record))]
+            vec![Output::new(object(record.clone()))]
+        );
+        // Nothing to do: the agent keeps its copy.
+        assert_eq!(h.answer(record).unwrap(), Answered::Unchanged(None));
+        // Without nesting, changes are a patch: no record is rebuilt.
+        let mut h = redact(json!({"drop": ["a"], "hash": ["b"], "mask": ["c.d"]}));
+        let answered = h
+            .answer(json!({"a": 1, "b": 2, "c": {"d": "12345"}, "e": 3}))
+            .unwrap();
+        assert_eq!(
+            answered,
+            Answered::Patched(
+                3,
+                Output::new(object(
+                    json!({"b": hash_value("", &json!(2)), "c": {"d": "***2345"}, "e": 3})
+                ))
+            )
         );
     }
 
@@ -376,12 +440,10 @@ mod tests {
     #[test]
     fn input_that_is_not_an_object_is_a_record_error() {
         let mut h = redact(json!({"drop": ["a"]}));
-        assert!(
-            h.run_bytes(b"\"text\"")
-                .unwrap_err()
-                .contains("not a JSON object")
-        );
-        assert!(h.run_bytes(b"").unwrap_err().contains("not valid JSON"));
+        let e = h.run_json(b"\"text\"").unwrap_err().to_string();
+        assert!(e.contains("not a JSON object"), "{e}");
+        let e = h.run_json(b"").unwrap_err().to_string();
+        assert!(e.contains("not valid JSON"), "{e}");
         assert_eq!(h.run_one(json!({"a": 1, "b": 2})), json!({"b": 2}));
     }
 

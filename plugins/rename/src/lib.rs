@@ -25,6 +25,11 @@
 //! source and target are in the same object; otherwise it is added at the end of the
 //! target object. A missing source is ignored (its target is left alone).
 //!
+//! When every rename stays inside its object (`a` -> `b`, `user.nm` -> `user.name`),
+//! the plugin rewrites only the objects concerned, copying the other fields' text as
+//! it is; a record without any source is answered "unchanged". Moves between objects
+//! parse the record.
+//!
 //! Per-record errors: a target that already exists (without `overwrite`), or a target
 //! whose parent path runs through a value that is not an object (`user.name` when
 //! `user` is a string). Config errors: no `fields`, a target that is not a string, an
@@ -33,27 +38,62 @@
 
 use std::collections::HashMap;
 
+use floe_sdk::json::{Json, Key, Kind, ObjectWriter};
 use floe_sdk::path::FieldPath;
-use floe_sdk::{Config, Emit, Map, Record, Transform, Value};
+use floe_sdk::{Answer, Emit, Error, Map, Record, Value, error, map};
 use serde::Deserialize;
 
-/// The plugin.
-#[derive(Debug)]
-pub struct Rename {
+/// Renames and moves the configured fields.
+#[map(Rename)]
+fn rename(record: &Record, config: &Config) -> Result<Answer, Error> {
+    match &config.in_place {
+        Some(groups) => config.rename_in_place(record, groups),
+        None if !config.renames.iter().any(|m| record.get(&m.from).is_some()) => {
+            Ok(Answer::UNCHANGED)
+        }
+        None => config.rebuild(record),
+    }
+}
+
+/// What one pass over an object found for one rename.
+#[derive(Debug, Clone, Copy, Default)]
+struct Found {
+    /// The source key is there.
+    source: bool,
+    /// The target key is there: whether its value is null.
+    target: Option<bool>,
+}
+
+/// The parsed config.
+#[derive(Debug, Deserialize)]
+#[serde(try_from = "RawConfig")]
+struct Config {
     renames: Vec<Move>,
     overwrite: bool,
+    /// When every rename stays in its parent object: the renames grouped by parent.
+    in_place: Option<Vec<Group>>,
 }
 
 #[derive(Debug)]
 struct Move {
     from: FieldPath,
     to: FieldPath,
+    /// The last keys of `from` and `to`.
+    from_key: String,
+    to_key: String,
 }
 
 impl Move {
     fn same_parent(&self) -> bool {
         self.from.parent_segments() == self.to.parent_segments()
     }
+}
+
+/// Renames inside one object: its path and (index into `renames`) its moves.
+#[derive(Debug)]
+struct Group {
+    parent: Vec<String>,
+    moves: Vec<usize>,
 }
 
 #[derive(Deserialize)]
@@ -81,27 +121,30 @@ fn check_overlaps(paths: &[&FieldPath], what: &str) -> Result<(), String> {
     Ok(())
 }
 
+fn exists_error(path: &FieldPath) -> Error {
+    error!("rename: target `{path}` already exists (set `overwrite = true` to replace it)")
+}
+
 /// Writes a value at a dotted path, creating absent (or null) intermediate objects.
 fn put(
     record: &mut Map<String, Value>,
     path: &FieldPath,
     value: Value,
     overwrite: bool,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     // A value found here means every parent is an object, so `insert` could not fail.
     if !overwrite && path.get(record).is_some_and(|v| !v.is_null()) {
-        return Err(format!(
-            "rename: target `{path}` already exists (set `overwrite = true` to replace it)"
-        ));
+        return Err(exists_error(path));
     }
     path.insert(record, value)
-        .map_err(|e| format!("rename: {e}"))?;
+        .map_err(|e| error!("rename: {e}"))?;
     Ok(())
 }
 
-impl Transform for Rename {
-    fn init(config: &Config) -> Result<Self, String> {
-        let raw: RawConfig = config.parse()?;
+impl TryFrom<RawConfig> for Config {
+    type Error = String;
+
+    fn try_from(raw: RawConfig) -> Result<Config, String> {
         let fields = raw
             .fields
             .ok_or("rename: `fields` is required, e.g. fields = { old = \"new\" }")?;
@@ -124,9 +167,12 @@ impl Transform for Rename {
                     "rename: `{other}` and `{from}` are both renamed to `{to}`"
                 ));
             }
+            let (from, to) = (parse_path(&from)?, parse_path(&to)?);
             renames.push(Move {
-                from: parse_path(&from)?,
-                to: parse_path(&to)?,
+                from_key: from.key().to_string(),
+                to_key: to.key().to_string(),
+                from,
+                to,
             });
         }
         check_overlaps(
@@ -137,14 +183,130 @@ impl Transform for Rename {
             &renames.iter().map(|m| &m.to).collect::<Vec<_>>(),
             "targets",
         )?;
-        Ok(Rename {
+        let in_place = renames.iter().all(Move::same_parent).then(|| {
+            let mut groups: Vec<Group> = Vec::new();
+            for (i, m) in renames.iter().enumerate() {
+                let parent = m.from.parent_segments();
+                match groups.iter_mut().find(|g| g.parent == parent) {
+                    Some(g) => g.moves.push(i),
+                    None => groups.push(Group {
+                        parent: parent.to_vec(),
+                        moves: vec![i],
+                    }),
+                }
+            }
+            groups
+        });
+        Ok(Config {
             renames,
             overwrite: raw.overwrite,
+            in_place,
+        })
+    }
+}
+
+/// The object a group renames in, if `root` has it.
+fn object_of<'a>(group: &Group, root: Json<'a>) -> Option<Json<'a>> {
+    if group.parent.is_empty() {
+        Some(root)
+    } else {
+        root.get(group.parent.as_slice())
+            .filter(|o| o.kind() == Kind::Object)
+    }
+}
+
+impl Config {
+    /// Renames inside objects by rewriting only those objects' text: one pass over each
+    /// object to see what is there, one over what it found to write it.
+    fn rename_in_place(&self, record: &Record, groups: &[Group]) -> Result<Answer, Error> {
+        let root = record.value();
+        let mut found = vec![Found::default(); self.renames.len()];
+        let mut members: Vec<Vec<(Key<'_>, Json<'_>)>> = Vec::with_capacity(groups.len());
+        for group in groups {
+            let fields: Vec<(Key<'_>, Json<'_>)> = object_of(group, root)
+                .map(|o| o.fields().collect())
+                .unwrap_or_default();
+            for (key, value) in &fields {
+                for &i in &group.moves {
+                    let m = &self.renames[i];
+                    if key.is(&m.from_key) {
+                        found[i].source = true;
+                    } else if key.is(&m.to_key) {
+                        found[i].target = Some(value.is_null());
+                    }
+                }
+            }
+            members.push(fields);
+        }
+        if !found.iter().any(|f| f.source) {
+            return Ok(Answer::UNCHANGED);
+        }
+        // Targets in the way, in config order.
+        for (i, m) in self.renames.iter().enumerate() {
+            if !found[i].source || found[i].target != Some(false) || self.overwrite {
+                continue;
+            }
+            let group = groups
+                .iter()
+                .find(|g| g.moves.contains(&i))
+                .expect("grouped");
+            let target_moves_away = group
+                .moves
+                .iter()
+                .any(|&j| found[j].source && self.renames[j].from_key == m.to_key);
+            if !target_moves_away {
+                return Err(exists_error(&m.to));
+            }
+        }
+        let mut text: Option<Vec<u8>> = None;
+        for (group, original) in groups.iter().zip(&members) {
+            let moves: Vec<&Move> = group
+                .moves
+                .iter()
+                .filter(|&&j| found[j].source)
+                .map(|&j| &self.renames[j])
+                .collect();
+            if moves.is_empty() {
+                continue;
+            }
+            let new_text = {
+                let current = text.as_deref().unwrap_or(record.json());
+                let rescanned: Vec<(Key<'_>, Json<'_>)>;
+                let fields = match &text {
+                    None => original,
+                    Some(t) => {
+                        rescanned = object_of(group, Json::new(t))
+                            .map(|o| o.fields().collect())
+                            .unwrap_or_default();
+                        &rescanned
+                    }
+                };
+                let mut out = ObjectWriter::with_capacity(current.len() + 16);
+                for (key, value) in fields {
+                    if let Some(m) = moves.iter().find(|m| key.is(&m.from_key)) {
+                        out.raw(&m.to_key, *value);
+                    } else if !moves.iter().any(|m| key.is(&m.to_key)) {
+                        out.raw_member(*key, *value);
+                    }
+                }
+                let rewritten = out.finish();
+                if group.parent.is_empty() {
+                    rewritten
+                } else {
+                    floe_sdk::json::set(current, group.parent.as_slice(), &rewritten)?
+                }
+            };
+            text = Some(new_text);
+        }
+        Ok(match text {
+            Some(text) => Emit::json(text).into(),
+            None => Answer::UNCHANGED,
         })
     }
 
-    fn process(&mut self, record: Record) -> Result<Vec<Emit>, String> {
-        let mut value = record.value;
+    /// Renames on the whole parsed record (moves between objects).
+    fn rebuild(&self, record: &Record) -> Result<Answer, Error> {
+        let mut value = record.to_map()?;
 
         // Key order of the objects where a field is renamed in place, to restore it;
         // each object is named by the first source in it.
@@ -196,11 +358,9 @@ impl Transform for Rename {
             *map = entries.into_iter().collect();
         }
 
-        Ok(vec![Emit::new(value)])
+        Ok(Emit::new(value).into())
     }
 }
-
-floe_sdk::export_transform!(Rename);
 
 #[cfg(test)]
 mod tests {
@@ -211,6 +371,13 @@ mod tests {
 
     fn rename(config: Value) -> Harness<Rename> {
         Harness::new(config).unwrap()
+    }
+
+    /// The same renames forced through the whole-record path.
+    fn rebuilt(config: Value) -> Harness<Rename> {
+        let mut h = rename(config);
+        h.plugin().0.in_place = None;
+        h
     }
 
     fn keys(v: &Value) -> Vec<String> {
@@ -275,14 +442,16 @@ mod tests {
         let mut h = rename(json!({"fields": {"old": "new", "user.name": "user.full_name"}}));
         let err = h.run(json!({"old": 1, "new": 2})).unwrap_err();
         assert!(
-            err.contains("target `new` already exists") && err.contains("overwrite = true"),
+            err.to_string().contains("target `new` already exists")
+                && err.to_string().contains("overwrite = true"),
             "{err}"
         );
         let err = h
             .run(json!({"user": {"name": "a", "full_name": "b"}}))
             .unwrap_err();
         assert!(
-            err.contains("target `user.full_name` already exists"),
+            err.to_string()
+                .contains("target `user.full_name` already exists"),
             "{err}"
         );
         // A null target counts as absent; the next record works again.
@@ -308,11 +477,12 @@ mod tests {
         let mut h = rename(json!({"fields": {"name": "user.name"}}));
         let err = h.run(json!({"name": "ann", "user": "bob"})).unwrap_err();
         assert!(
-            err.contains("cannot write `user.name`: `user` is a string, not an object"),
+            err.to_string()
+                .contains("cannot write `user.name`: `user` is a string, not an object"),
             "{err}"
         );
         let err = h.run(json!({"name": "ann", "user": [1]})).unwrap_err();
-        assert!(err.contains("is an array"), "{err}");
+        assert!(err.to_string().contains("is an array"), "{err}");
         // Null intermediates are replaced by objects, even with overwrite off.
         assert_eq!(
             h.run_one(json!({"name": "ann", "user": null})),
@@ -320,7 +490,7 @@ mod tests {
         );
         let mut h = rename(json!({"fields": {"name": "a.b.c"}, "overwrite": true}));
         let err = h.run(json!({"name": 1, "a": {"b": 2}})).unwrap_err();
-        assert!(err.contains("`a.b` is a number"), "{err}");
+        assert!(err.to_string().contains("`a.b` is a number"), "{err}");
     }
 
     #[test]
@@ -343,7 +513,10 @@ mod tests {
         assert_eq!(h.run_one(json!({"a": 5})), json!({"a": {"value": 5}}));
         let mut h = rename(json!({"fields": {"a.value": "a"}}));
         let err = h.run(json!({"a": {"value": 5, "x": 1}})).unwrap_err();
-        assert!(err.contains("target `a` already exists"), "{err}");
+        assert!(
+            err.to_string().contains("target `a` already exists"),
+            "{err}"
+        );
         let mut h = rename(json!({"fields": {"a.value": "a"}, "overwrite": true}));
         assert_eq!(
             h.run_one(json!({"a": {"value": 5, "x": 1}})),
@@ -386,13 +559,68 @@ mod tests {
     }
 
     #[test]
+    fn in_place_and_whole_record_paths_agree() {
+        let configs = [
+            json!({"fields": {"a": "b"}}),
+            json!({"fields": {"a": "b"}, "overwrite": true}),
+            json!({"fields": {"a": "b", "b": "a"}}),
+            json!({"fields": {"a": "b", "b": "c"}}),
+            json!({"fields": {"c": "a", "d": "b"}, "overwrite": true}),
+            json!({"fields": {"a": "b", "u.x": "u.y"}}),
+            json!({"fields": {"u.x": "u.y", "u.y": "u.x", "d": "e"}, "overwrite": true}),
+        ];
+        let mut compared = 0;
+        for bits in 0..(1u32 << 7) {
+            for null in [false, true] {
+                let mut record = floe_sdk::Map::new();
+                for (i, key) in ["d", "a", "c", "b"].iter().enumerate() {
+                    if bits & (1 << i) != 0 {
+                        let v = if null && i == 3 {
+                            Value::Null
+                        } else {
+                            json!(i)
+                        };
+                        record.insert(key.to_string(), v);
+                    }
+                }
+                if bits & (1 << 4) != 0 {
+                    let mut u = floe_sdk::Map::new();
+                    if bits & (1 << 5) != 0 {
+                        u.insert("y".into(), json!("y"));
+                    }
+                    if bits & (1 << 6) != 0 {
+                        u.insert("x".into(), json!("x"));
+                    }
+                    u.insert("z".into(), json!(0));
+                    record.insert("u".into(), Value::Object(u));
+                }
+                let record = Value::Object(record);
+                for config in &configs {
+                    let fast = rename(config.clone()).run(record.clone());
+                    let slow = rebuilt(config.clone()).run(record.clone());
+                    let show = |r: Result<Vec<floe_sdk::testing::Output>, floe_sdk::Error>| match r
+                    {
+                        Ok(out) => format!(
+                            "{:?}",
+                            out.iter()
+                                .map(|o| floe_sdk::serde_json::to_string(&o.value).unwrap())
+                                .collect::<Vec<_>>()
+                        ),
+                        Err(e) => format!("error {e}"),
+                    };
+                    assert_eq!(show(fast), show(slow), "{config} on {record}");
+                    compared += 1;
+                }
+            }
+        }
+        assert_eq!(compared, 128 * 2 * configs.len());
+    }
+
+    #[test]
     fn input_that_is_not_an_object_is_a_record_error() {
         let mut h = rename(json!({"fields": {"a": "b"}}));
-        assert!(
-            h.run_bytes(b"null")
-                .unwrap_err()
-                .contains("not a JSON object")
-        );
+        let e = h.run_json(b"null").unwrap_err().to_string();
+        assert!(e.contains("not a JSON object"), "{e}");
         assert_eq!(h.run_one(json!({"a": 1})), json!({"b": 1}));
     }
 }

@@ -31,13 +31,34 @@
 
 use std::collections::HashMap;
 
+use floe_sdk::json::{Json, Kind};
 use floe_sdk::path::FieldPath;
-use floe_sdk::{Config, Emit, Record, Transform, Value};
+use floe_sdk::{Answer, Patch, Record, Value, map};
 use serde::Deserialize;
 
-/// The plugin.
-#[derive(Debug)]
-pub struct Route {
+/// Routes each record by the value of one field.
+#[map(Route)]
+fn route(record: &Record, config: &Config) -> Answer {
+    let found = record.get(&config.path);
+    let stream = found
+        .and_then(as_text)
+        .and_then(|text| config.routes.get(&text))
+        .or(config.default.as_ref())
+        .cloned();
+    if config.drop_field && found.is_some() {
+        let patch = Patch::new().remove(&config.path);
+        return match stream {
+            Some(stream) => patch.route(stream).into(),
+            None => patch.into(),
+        };
+    }
+    Answer::Unchanged { route: stream }
+}
+
+/// The parsed config.
+#[derive(Debug, Deserialize)]
+#[serde(try_from = "RawConfig")]
+struct Config {
     path: FieldPath,
     routes: HashMap<String, String>,
     default: Option<String>,
@@ -54,19 +75,24 @@ struct RawConfig {
     drop_field: bool,
 }
 
-/// The routing text of a value: strings, numbers and booleans only.
-fn as_text(value: &Value) -> Option<String> {
-    match value {
-        Value::String(s) => Some(s.clone()),
-        Value::Number(n) => Some(n.to_string()),
-        Value::Bool(b) => Some(b.to_string()),
+/// The routing text of a value: strings, numbers (as `serde_json` writes them) and
+/// booleans only.
+fn as_text(value: Json<'_>) -> Option<String> {
+    match value.kind() {
+        Kind::String => value.as_str().map(|s| s.into_owned()),
+        Kind::Number => match value.to_value().ok()? {
+            Value::Number(n) => Some(n.to_string()),
+            _ => None,
+        },
+        Kind::Bool => value.as_bool().map(|b| b.to_string()),
         _ => None,
     }
 }
 
-impl Transform for Route {
-    fn init(config: &Config) -> Result<Self, String> {
-        let raw: RawConfig = config.parse()?;
+impl TryFrom<RawConfig> for Config {
+    type Error = String;
+
+    fn try_from(raw: RawConfig) -> Result<Config, String> {
         let path = FieldPath::parse(&raw.field).map_err(|_| {
             format!(
                 "route: `field` must be a dotted path like `geo.region`, got {:?}",
@@ -85,38 +111,18 @@ impl Transform for Route {
                     .to_string(),
             );
         }
-        Ok(Route {
+        Ok(Config {
             path,
             routes: raw.routes,
             default: raw.default,
             drop_field: raw.drop_field,
         })
     }
-
-    fn process(&mut self, record: Record) -> Result<Vec<Emit>, String> {
-        let mut value = record.value;
-        let stream = self
-            .path
-            .get(&value)
-            .and_then(as_text)
-            .and_then(|text| self.routes.get(&text))
-            .or(self.default.as_ref())
-            .cloned();
-        if self.drop_field {
-            self.path.remove(&mut value);
-        }
-        Ok(vec![match stream {
-            Some(stream) => Emit::to(stream, value),
-            None => Emit::new(value),
-        }])
-    }
 }
-
-floe_sdk::export_transform!(Route);
 
 #[cfg(test)]
 mod tests {
-    use floe_sdk::testing::{Harness, object};
+    use floe_sdk::testing::{Harness, Output, object};
     use floe_sdk::{Value, json};
 
     use super::*;
@@ -152,7 +158,7 @@ mod tests {
         let record = json!({"region": "eu", "x": 1});
         assert_eq!(
             h.run(record.clone()).unwrap(),
-            vec![Emit::to("events_eu", object(record))]
+            vec![Output::to("events_eu", object(record))]
         );
         assert_eq!(stream(&mut h, json!({"region": "us"})), s("events_us"));
         assert_eq!(
@@ -294,10 +300,7 @@ mod tests {
     #[test]
     fn input_that_is_not_an_object_is_a_record_error() {
         let mut h = route(json!({"field": "region", "routes": {"eu": "x"}}));
-        assert!(
-            h.run_bytes(b"[]")
-                .unwrap_err()
-                .contains("not a JSON object")
-        );
+        let e = h.run_json(b"[]").unwrap_err().to_string();
+        assert!(e.contains("not a JSON object"), "{e}");
     }
 }

@@ -45,13 +45,64 @@
 
 use chrono::format::{Item, Parsed, StrftimeItems};
 use chrono::{DateTime, Datelike, FixedOffset, SecondsFormat, TimeZone, Utc};
+use floe_sdk::json::Kind;
 use floe_sdk::path::FieldPath;
-use floe_sdk::{Config, Emit, Record, Transform, Value};
+use floe_sdk::{Answer, Error, Patch, Record, Value, error, map};
 use serde::Deserialize;
 
-/// The plugin.
-#[derive(Debug)]
-pub struct Timestamp {
+/// Parses the configured field into an RFC 3339 UTC timestamp.
+#[map(Timestamp)]
+fn timestamp(record: &Record, config: &Config) -> Result<Answer, Error> {
+    let found = record.get(&config.field).filter(|v| !v.is_null());
+    let Some(found) = found else {
+        if config.required {
+            return Err(error!(
+                "timestamp: field `{}` is missing or null",
+                config.field
+            ));
+        }
+        return Ok(Answer::UNCHANGED);
+    };
+    let found = found.to_value()?;
+    let instant = config.parse(&found).map_err(|e| {
+        error!(
+            "timestamp: cannot parse field `{}` = {} with format {:?}: {e}",
+            config.field,
+            show(&found),
+            config.format_name
+        )
+    })?;
+    if !(0..=9999).contains(&instant.year()) {
+        return Err(error!(
+            "timestamp: field `{}` = {} with format {:?} is outside the years 0000-9999",
+            config.field,
+            show(&found),
+            config.format_name
+        ));
+    }
+    // Absent (or null) parent objects are created; anything else is in the way.
+    let parents = config.target.parent_segments();
+    for depth in 1..=parents.len() {
+        match record.get(&parents[..depth]).map(|v| v.kind()) {
+            None | Some(Kind::Null) => break,
+            Some(Kind::Object) => {}
+            Some(_) => {
+                return Err(error!(
+                    "timestamp: cannot write `{}`: `{}` is not an object",
+                    config.target,
+                    parents[..depth].join(".")
+                ));
+            }
+        }
+    }
+    let text = instant.to_rfc3339_opts(SecondsFormat::Micros, true);
+    Ok(Patch::new().set(&config.target, text).into())
+}
+
+/// The parsed config.
+#[derive(Debug, Deserialize)]
+#[serde(try_from = "RawConfig")]
+struct Config {
     field: FieldPath,
     target: FieldPath,
     format: Format,
@@ -229,7 +280,7 @@ fn show(value: &Value) -> String {
     }
 }
 
-impl Timestamp {
+impl Config {
     /// Parses one value into a UTC instant.
     fn parse(&self, value: &Value) -> Result<DateTime<Utc>, String> {
         let text = match value {
@@ -253,9 +304,10 @@ impl Timestamp {
     }
 }
 
-impl Transform for Timestamp {
-    fn init(config: &Config) -> Result<Self, String> {
-        let raw: RawConfig = config.parse()?;
+impl TryFrom<RawConfig> for Config {
+    type Error = String;
+
+    fn try_from(raw: RawConfig) -> Result<Config, String> {
         let field = parse_path(&raw.field, "field")?;
         let target = match &raw.target {
             Some(target) => parse_path(target, "target")?,
@@ -276,7 +328,7 @@ impl Transform for Timestamp {
             Some(text) => parse_offset(text)
                 .ok_or_else(|| format!("timestamp: `offset` must look like \"+02:00\", \"-0530\" or \"Z\", got {text:?}"))?,
         };
-        Ok(Timestamp {
+        Ok(Config {
             field,
             target,
             format,
@@ -285,51 +337,7 @@ impl Transform for Timestamp {
             required: raw.required,
         })
     }
-
-    fn process(&mut self, record: Record) -> Result<Vec<Emit>, String> {
-        let mut value = record.value;
-        let found = self.field.get(&value).filter(|v| !v.is_null());
-        let Some(found) = found else {
-            if self.required {
-                return Err(format!(
-                    "timestamp: field `{}` is missing or null",
-                    self.field
-                ));
-            }
-            return Ok(vec![Emit::new(value)]);
-        };
-        let instant = self.parse(found).map_err(|e| {
-            format!(
-                "timestamp: cannot parse field `{}` = {} with format {:?}: {e}",
-                self.field,
-                show(found),
-                self.format_name
-            )
-        })?;
-        if !(0..=9999).contains(&instant.year()) {
-            return Err(format!(
-                "timestamp: field `{}` = {} with format {:?} is outside the years 0000-9999",
-                self.field,
-                show(found),
-                self.format_name
-            ));
-        }
-        let text = instant.to_rfc3339_opts(SecondsFormat::Micros, true);
-        // Absent (or null) parent objects are created.
-        self.target
-            .insert(&mut value, Value::String(text))
-            .map_err(|e| {
-                format!(
-                    "timestamp: cannot write `{}`: `{}` is not an object",
-                    e.path(),
-                    e.parent()
-                )
-            })?;
-        Ok(vec![Emit::new(value)])
-    }
 }
-
-floe_sdk::export_transform!(Timestamp);
 
 #[cfg(test)]
 mod tests {
@@ -345,7 +353,7 @@ mod tests {
     /// The converted `ts` of `{"ts": value}` with format `format`.
     fn convert(format: &str, value: Value) -> Result<String, String> {
         let mut h = timestamp(json!({"field": "ts", "format": format}));
-        let mut out = h.run(json!({"ts": value}))?;
+        let mut out = h.run(json!({"ts": value})).map_err(|e| e.to_string())?;
         Ok(out.remove(0).value["ts"].as_str().unwrap().to_string())
     }
 
@@ -628,7 +636,7 @@ mod tests {
         );
         let err = h.run(json!({"event": {"time": 0}, "meta": 5})).unwrap_err();
         assert_eq!(
-            err,
+            err.to_string(),
             "timestamp: cannot write `meta.ts`: `meta` is not an object"
         );
 
@@ -665,7 +673,10 @@ mod tests {
         let mut h =
             timestamp(json!({"field": "event.time", "format": "epoch_seconds", "required": true}));
         let err = h.run(json!({"a": 1})).unwrap_err();
-        assert_eq!(err, "timestamp: field `event.time` is missing or null");
+        assert_eq!(
+            err.to_string(),
+            "timestamp: field `event.time` is missing or null"
+        );
         assert!(h.run(json!({"event": {"time": null}})).is_err());
         assert!(h.run(json!({"event": {"time": 1}})).is_ok());
     }
@@ -747,10 +758,7 @@ mod tests {
     #[test]
     fn input_that_is_not_an_object_is_a_record_error() {
         let mut h = timestamp(json!({"field": "ts", "format": "epoch_seconds"}));
-        assert!(
-            h.run_bytes(b"\"2024\"")
-                .unwrap_err()
-                .contains("not a JSON object")
-        );
+        let e = h.run_json(b"\"2024\"").unwrap_err().to_string();
+        assert!(e.contains("not a JSON object"), "{e}");
     }
 }

@@ -13,6 +13,8 @@ use super::error::RestError;
 
 /// Refresh when this share of the token's life has passed (48 minutes into an hour).
 const REFRESH_AT_SHARE: f64 = 0.8;
+/// Attempts of one token fetch when the endpoint is unreachable or answers 408/429/5xx.
+const TOKEN_ATTEMPTS: u32 = 6;
 
 /// Where tokens come from.
 pub(crate) enum TokenSource {
@@ -94,7 +96,7 @@ impl TokenSource {
                     .as_ref()
                     .is_none_or(|t| t.refresh_at.is_some_and(|at| Instant::now() >= at));
                 if due {
-                    *current = Some(self.fetch(http).await?);
+                    *current = Some(self.fetch_with_retries(http).await?);
                 }
                 Ok(current.as_ref().map(|t| t.value.expose().to_string()))
             }
@@ -124,6 +126,27 @@ impl TokenSource {
         match self {
             TokenSource::ClientCredentials { fetched, .. } => fetched.load(Ordering::Relaxed),
             _ => 0,
+        }
+    }
+
+    /// [`TokenSource::fetch`], retried with capped backoff while the failure is transient
+    /// (no answer, 408, 429, 5xx); a refused credential fails at once.
+    async fn fetch_with_retries(&self, http: &reqwest::Client) -> Result<Token, RestError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.fetch(http).await {
+                Err(e) if e.transient() && attempt < TOKEN_ATTEMPTS => {
+                    let wait = crate::error::backoff(
+                        attempt,
+                        Duration::from_millis(500),
+                        Duration::from_secs(15),
+                    );
+                    tracing::warn!(attempt, error = %e, wait_ms = wait.as_millis() as u64, "OAuth2 token request failed: retrying");
+                    tokio::time::sleep(wait).await;
+                }
+                other => return other,
+            }
         }
     }
 

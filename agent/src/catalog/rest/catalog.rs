@@ -20,6 +20,11 @@ use iceberg_catalog_rest::{
 use reqwest::Method;
 use serde_json::Value;
 
+/// Pages of one listing before it is given up on (a catalog that never stops paging).
+const MAX_PAGES: usize = 10_000;
+/// Attempts of a namespace or table creation while the catalog fails transiently.
+const CREATE_ATTEMPTS: u32 = 6;
+
 use super::config::S3Settings;
 use super::session::{RestSession, encode, namespace_path};
 use super::storage::table_file_io;
@@ -111,6 +116,36 @@ impl RestCatalog {
             .map_err(|e| e.into_iceberg(not_found))
     }
 
+    /// A creation request, sent again with backoff while the catalog fails transiently
+    /// (a creation that landed before its answer was lost then answers 409).
+    async fn create<T: serde::de::DeserializeOwned>(
+        &self,
+        operation: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> std::result::Result<T, super::RestError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self
+                .session
+                .call_as(operation, Method::POST, path, &[], body.as_ref())
+                .await
+            {
+                Err(e) if e.transient() && attempt < CREATE_ATTEMPTS => {
+                    let wait = crate::error::backoff(
+                        attempt,
+                        std::time::Duration::from_millis(500),
+                        std::time::Duration::from_secs(15),
+                    );
+                    tracing::warn!(%operation, attempt, error = %e, wait_ms = wait.as_millis() as u64, "catalog failed transiently: retrying");
+                    tokio::time::sleep(wait).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
     async fn exists(&self, operation: String, path: &str) -> Result<bool> {
         match self
             .session
@@ -121,6 +156,41 @@ impl RestCatalog {
             Err(e) if e.status() == Some(404) => Ok(false),
             Err(e) => Err(e.into_iceberg(ErrorKind::Unexpected)),
         }
+    }
+}
+
+/// A 409 on a creation means another client created it first.
+fn already_exists(e: super::RestError, kind: ErrorKind) -> Error {
+    if e.status() == Some(409) {
+        Error::new(kind, e.to_string())
+    } else {
+        e.into_iceberg(ErrorKind::NamespaceNotFound)
+    }
+}
+
+/// Page tokens of one listing: a token seen twice would loop forever.
+#[derive(Default)]
+struct Pages {
+    seen: std::collections::HashSet<String>,
+}
+
+impl Pages {
+    /// The token of the next page, `None` at the end; an error on a repeated token or
+    /// past [`MAX_PAGES`].
+    fn next(&mut self, operation: &str, token: Option<String>) -> Result<Option<String>> {
+        let Some(token) = token.filter(|t| !t.is_empty()) else {
+            return Ok(None);
+        };
+        if self.seen.len() >= MAX_PAGES || !self.seen.insert(token.clone()) {
+            return Err(Error::new(
+                ErrorKind::Unexpected,
+                format!(
+                    "{operation}: the catalog returned page token {token:?} again (or more than \
+                     {MAX_PAGES} pages); stopping instead of looping forever"
+                ),
+            ));
+        }
+        Ok(Some(token))
     }
 }
 
@@ -142,6 +212,7 @@ impl Catalog for RestCatalog {
         let parent_arg = parent.map(|p| p.as_ref().join("\u{1f}"));
         let mut out = Vec::new();
         let mut page: Option<String> = None;
+        let mut pages = Pages::default();
         loop {
             let mut query = Vec::new();
             if let Some(p) = &parent_arg {
@@ -161,9 +232,9 @@ impl Catalog for RestCatalog {
                 )
                 .await?;
             out.extend(answer.namespaces);
-            match answer.next_page_token {
-                Some(t) if !t.is_empty() => page = Some(t),
-                _ => return Ok(out),
+            match pages.next("list namespaces", answer.next_page_token)? {
+                Some(t) => page = Some(t),
+                None => return Ok(out),
             }
         }
     }
@@ -177,16 +248,11 @@ impl Catalog for RestCatalog {
             namespace: namespace.clone(),
             properties,
         };
+        let operation = format!("create namespace {}", namespace.to_url_string());
         let answer: NamespaceResponse = self
-            .json(
-                format!("create namespace {}", namespace.to_url_string()),
-                Method::POST,
-                "namespaces",
-                &[],
-                body(request)?,
-                ErrorKind::NamespaceNotFound,
-            )
-            .await?;
+            .create(&operation, "namespaces", body(request)?)
+            .await
+            .map_err(|e| already_exists(e, ErrorKind::NamespaceAlreadyExists))?;
         Ok(Namespace::with_properties(
             answer.namespace,
             answer.properties,
@@ -253,6 +319,7 @@ impl Catalog for RestCatalog {
         let path = format!("namespaces/{}/tables", namespace_path(namespace.as_ref()));
         let mut out = Vec::new();
         let mut page: Option<String> = None;
+        let mut pages = Pages::default();
         loop {
             let query: Vec<(&str, &str)> = page.iter().map(|t| ("pageToken", t.as_str())).collect();
             let answer: ListTablesResponse = self
@@ -266,9 +333,9 @@ impl Catalog for RestCatalog {
                 )
                 .await?;
             out.extend(answer.identifiers);
-            match answer.next_page_token {
-                Some(t) if !t.is_empty() => page = Some(t),
-                _ => return Ok(out),
+            match pages.next("list tables", answer.next_page_token)? {
+                Some(t) => page = Some(t),
+                None => return Ok(out),
             }
         }
     }
@@ -289,15 +356,13 @@ impl Catalog for RestCatalog {
             properties: creation.properties,
         };
         let _: LoadTableResult = self
-            .json(
-                format!("create table {ident}"),
-                Method::POST,
+            .create(
+                &format!("create table {ident}"),
                 &format!("namespaces/{}/tables", namespace_path(namespace.as_ref())),
-                &[],
                 body(request)?,
-                ErrorKind::NamespaceNotFound,
             )
-            .await?;
+            .await
+            .map_err(|e| already_exists(e, ErrorKind::TableAlreadyExists))?;
         // Catalogs may vend storage credentials on load only: load the new table.
         self.load_table(&ident).await
     }
@@ -406,5 +471,54 @@ impl Catalog for RestCatalog {
             tracing::debug!(table = %ident, "table moved on after our commit");
         }
         Ok(loaded)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_repeated_page_token_ends_the_listing_with_an_error() {
+        let mut pages = Pages::default();
+        assert_eq!(
+            pages.next("list", Some("a".into())).unwrap(),
+            Some("a".into())
+        );
+        assert_eq!(
+            pages.next("list", Some("b".into())).unwrap(),
+            Some("b".into())
+        );
+        let e = pages.next("list", Some("a".into())).unwrap_err();
+        assert!(e.to_string().contains("again"), "{e}");
+        assert_eq!(
+            Pages::default().next("list", Some(String::new())).unwrap(),
+            None
+        );
+        assert_eq!(Pages::default().next("list", None).unwrap(), None);
+    }
+
+    #[test]
+    fn a_conflict_on_creation_means_it_exists() {
+        let conflict = super::super::RestError::Status {
+            status: 409,
+            operation: "create table a.b".into(),
+            message: "Table already exists".into(),
+        };
+        assert_eq!(
+            already_exists(conflict, ErrorKind::TableAlreadyExists).kind(),
+            ErrorKind::TableAlreadyExists
+        );
+        let unavailable = super::super::RestError::Status {
+            status: 503,
+            operation: "create table a.b".into(),
+            message: String::new(),
+        };
+        let e = already_exists(unavailable, ErrorKind::TableAlreadyExists);
+        assert!(e.retryable(), "a 503 is transient");
+        assert_eq!(
+            crate::error::iceberg_class(&e),
+            crate::error::ErrorClass::Transient
+        );
     }
 }

@@ -7,28 +7,8 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-/// A string that never appears in logs or `Debug` output.
-#[derive(Clone, Deserialize, PartialEq, Eq)]
-#[serde(transparent)]
-pub struct Secret(String);
-
-impl Secret {
-    /// Wraps a value.
-    pub fn new(value: impl Into<String>) -> Secret {
-        Secret(value.into())
-    }
-
-    /// The value itself; only for sending it where it belongs.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("\"***\"")
-    }
-}
+use crate::config::Redacted;
+pub use crate::config::Secret;
 
 /// Whether the catalog hands out storage credentials for each table.
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
@@ -123,8 +103,14 @@ pub struct RestCatalogConfig {
     /// A static bearer token instead of client credentials (not refreshed).
     pub token: Option<Secret>,
     /// Extra HTTP headers sent with every catalog request (`header.X-Name = "v"` works too).
+    /// Values may hold credentials (`Authorization`): `Debug` shows the names only.
     #[serde(default, alias = "header")]
-    pub headers: BTreeMap<String, String>,
+    pub headers: Redacted<BTreeMap<String, String>>,
+    /// Allow `http://` to a host other than loopback while a credential, token or
+    /// `Authorization` header is sent (it then travels in the clear; a warning is logged
+    /// at every start). Default false: such a config is refused.
+    #[serde(default)]
+    pub allow_insecure_http: bool,
     /// `vended-credentials` (default) or `none`.
     #[serde(default, alias = "access-delegation")]
     pub access_delegation: AccessDelegation,
@@ -164,6 +150,39 @@ impl RestCatalogConfig {
                 out.push((format!("headers.{name}"), "not a valid header name".into()));
             }
         }
+        if !self.allow_insecure_http {
+            for (field, url) in self.cleartext_secrets() {
+                out.push((
+                    field.into(),
+                    format!(
+                        "{url} is plain http:// to a host that is not loopback, and the \
+                         catalog's credentials would travel in the clear: use https://, or \
+                         set allow_insecure_http = true to accept that"
+                    ),
+                ));
+            }
+        }
+        out
+    }
+
+    /// The endpoints (`(field, url)`) that would receive a credential, token or
+    /// credential-like header over plain HTTP on a non-loopback host.
+    pub fn cleartext_secrets(&self) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        let client_credentials =
+            self.token.is_none() && (self.credential.is_some() || self.credential_file.is_some());
+        let bearer = self.token.is_some()
+            || client_credentials
+            || self.headers.keys().any(|h| secret_header(h));
+        if bearer && insecure(&self.uri) {
+            out.push(("uri", self.uri.clone()));
+        }
+        if client_credentials && self.oauth2_server_uri.is_some() {
+            let endpoint = self.token_endpoint();
+            if insecure(&endpoint) {
+                out.push(("oauth2_server_uri", endpoint));
+            }
+        }
         out
     }
 
@@ -173,6 +192,33 @@ impl RestCatalogConfig {
             .clone()
             .unwrap_or_else(|| format!("{}/v1/oauth/tokens", self.uri.trim_end_matches('/')))
     }
+}
+
+/// Whether a header's value is likely a credential (`Authorization`, `X-Api-Key`, ...).
+fn secret_header(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    ["auth", "key", "token", "secret", "cookie", "password"]
+        .iter()
+        .any(|w| n.contains(w))
+}
+
+/// `http://` to a host other than loopback (`127.0.0.0/8`, `::1`, `localhost`).
+fn insecure(url: &str) -> bool {
+    let Some(rest) = url.strip_prefix("http://") else {
+        return false;
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host_port = authority.rsplit('@').next().unwrap_or("");
+    let host = if let Some(v6) = host_port.strip_prefix('[') {
+        v6.split(']').next().unwrap_or("")
+    } else {
+        host_port.split(':').next().unwrap_or("")
+    };
+    let loopback = host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    !loopback
 }
 
 /// Whether `text` reads `client_id:client_secret` with both parts present.
@@ -189,7 +235,7 @@ mod tests {
     fn flink_style_keys_parse_and_secrets_stay_hidden() {
         let c: RestCatalogConfig = toml::from_str(
             r#"
-uri = "http://polaris:8181/api/catalog"
+uri = "https://polaris:8181/api/catalog"
 warehouse = "prod"
 credential = "etl:s3cr3t"
 scope = "PRINCIPAL_ROLE:ALL"
@@ -205,7 +251,7 @@ s3.secret-access-key = "hidden-key"
         assert_eq!(c.s3.path_style_access, Some(true));
         assert_eq!(
             c.token_endpoint(),
-            "http://polaris:8181/api/catalog/v1/oauth/tokens"
+            "https://polaris:8181/api/catalog/v1/oauth/tokens"
         );
         assert!(c.problems().is_empty(), "{:?}", c.problems());
         let debug = format!("{c:?}");
@@ -227,5 +273,52 @@ s3.secret-access-key = "hidden-key"
         )
         .unwrap_err();
         assert!(e.to_string().contains("vended-credentials"), "{e}");
+    }
+
+    #[test]
+    fn credentials_over_plain_http_are_refused_unless_allowed() {
+        let parse = |text: &str| toml::from_str::<RestCatalogConfig>(text).unwrap();
+        let refused = parse("uri = \"http://polaris:8181/api/catalog\"\ncredential = \"a:b\"");
+        let problems = refused.problems();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].0, "uri");
+        assert!(
+            problems[0].1.contains("allow_insecure_http"),
+            "{problems:?}"
+        );
+        // A static token, an Authorization header, or an http:// token endpoint too.
+        for extra in [
+            "uri = \"http://10.0.0.5/api\"\ntoken = \"t\"",
+            "uri = \"http://cat.example/api\"\nheader.Authorization = \"Bearer x\"",
+            "uri = \"https://cat.example/api\"\ncredential = \"a:b\"\noauth2_server_uri = \"http://idp.example/token\"",
+        ] {
+            assert_eq!(parse(extra).problems().len(), 1, "{extra}");
+        }
+        // Allowed explicitly; loopback (a local sidecar, the tests); https; no secret sent.
+        for fine in [
+            "uri = \"http://polaris:8181/api\"\ncredential = \"a:b\"\nallow_insecure_http = true",
+            "uri = \"http://127.0.0.1:8181/api\"\ncredential = \"a:b\"",
+            "uri = \"http://[::1]:8181/api\"\ntoken = \"t\"",
+            "uri = \"http://localhost/api\"\nheader.Authorization = \"x\"",
+            "uri = \"https://polaris/api\"\ncredential = \"a:b\"",
+            "uri = \"http://polaris/api\"\nheader.X-Tenant = \"acme\"",
+        ] {
+            assert!(parse(fine).problems().is_empty(), "{fine}");
+        }
+        let allowed =
+            parse("uri = \"http://polaris/api\"\ntoken = \"t\"\nallow_insecure_http = true");
+        assert_eq!(allowed.cleartext_secrets().len(), 1);
+    }
+
+    #[test]
+    fn header_values_are_not_printed() {
+        let c: RestCatalogConfig =
+            toml::from_str("uri = \"https://x\"\nheader.Authorization = \"Bearer top-secret\"")
+                .unwrap();
+        let debug = format!("{c:?}");
+        assert!(
+            debug.contains("Authorization") && !debug.contains("top-secret"),
+            "{debug}"
+        );
     }
 }

@@ -58,6 +58,7 @@ fn status_text(status: u16, message: &str) -> String {
         }
         409 => "conflict: the table changed since it was read",
         419 => "the token expired",
+        429 => "the catalog asks to slow down (too many requests); retried",
         500..=599 => "server error",
         _ => "",
     };
@@ -77,14 +78,28 @@ impl RestError {
         }
     }
 
-    /// As an Iceberg error of the kind the `Catalog` trait's callers look for.
+    /// Whether trying again later can help: no answer at all (connection refused or
+    /// reset, timeout), 408, 429 and 5xx. A 4xx other than those says the request itself
+    /// is wrong (credential, privilege, missing table): trying again will not help.
+    pub fn transient(&self) -> bool {
+        match self {
+            RestError::Http { .. } => true,
+            RestError::Status { status, .. } | RestError::Token { status, .. } => {
+                matches!(status, 408 | 429 | 500..=599)
+            }
+            RestError::Decode { .. } | RestError::Config(_) => false,
+        }
+    }
+
+    /// As an Iceberg error of the kind the `Catalog` trait's callers look for; transient
+    /// failures (see [`RestError::transient`]) and conflicts are marked retryable.
     pub(crate) fn into_iceberg(self, not_found: ErrorKind) -> iceberg::Error {
         let kind = match self.status() {
             Some(404) => not_found,
             Some(409) => ErrorKind::CatalogCommitConflicts,
             _ => ErrorKind::Unexpected,
         };
-        let retryable = matches!(self.status(), Some(409));
+        let retryable = matches!(self.status(), Some(409)) || self.transient();
         iceberg::Error::new(kind, self.to_string()).with_retryable(retryable)
     }
 }

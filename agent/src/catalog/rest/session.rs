@@ -15,6 +15,10 @@ use super::error::RestError;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+/// Answers of 429 (Too Many Requests) waited out before the error is returned.
+const MAX_THROTTLED: u32 = 8;
+/// Longest `Retry-After` honoured; a longer one is waited this long.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
 
 /// An authenticated client of one REST catalog; cheap to clone, shared by every table
 /// of the catalog. Tokens are renewed before they expire and once after a 401.
@@ -76,6 +80,11 @@ impl RestSession {
                 RestError::Config(format!("header {k:?}: not a valid header value"))
             })?;
             headers.insert(name, value);
+        }
+        if config.allow_insecure_http {
+            for (field, url) in config.cleartext_secrets() {
+                tracing::warn!(catalog = %name, %field, %url, "INSECURE: catalog credentials are sent over plain http:// to a host that is not loopback (allow_insecure_http = true); anyone on the network path can read them");
+            }
         }
         let uri = config.uri.trim_end_matches('/').to_string();
         Ok(RestSession {
@@ -169,6 +178,7 @@ impl RestSession {
     ) -> Result<Option<Value>, RestError> {
         let url = format!("{}{path}", self.inner.base);
         let mut retried = false;
+        let mut throttled = 0;
         loop {
             let bearer = self.inner.tokens.bearer(&self.inner.http).await?;
             let mut request = self
@@ -196,6 +206,16 @@ impl RestSession {
             {
                 tracing::info!(catalog = %self.inner.catalog, %operation, "token rejected (401); fetching a new one");
                 retried = true;
+                continue;
+            }
+            if status == StatusCode::TOO_MANY_REQUESTS && throttled < MAX_THROTTLED {
+                // The request was not processed: waiting and sending it again is safe.
+                throttled += 1;
+                let wait = retry_after(response.headers()).unwrap_or_else(|| {
+                    crate::error::backoff(throttled, Duration::from_millis(500), MAX_RETRY_AFTER)
+                });
+                tracing::warn!(catalog = %self.inner.catalog, %operation, attempt = throttled, wait_ms = wait.as_millis() as u64, "catalog answered 429 (too many requests): waiting");
+                tokio::time::sleep(wait).await;
                 continue;
             }
             let text = response.text().await.unwrap_or_default();
@@ -273,6 +293,25 @@ impl RestSession {
     }
 }
 
+/// The wait a `Retry-After` header asks for (seconds or an HTTP date), capped.
+pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim();
+    let wait = match value.parse::<u64>() {
+        Ok(secs) => Duration::from_secs(secs),
+        Err(_) => {
+            let at = chrono::DateTime::parse_from_rfc2822(value).ok()?;
+            (at.with_timezone(&chrono::Utc) - chrono::Utc::now())
+                .to_std()
+                .unwrap_or(Duration::ZERO)
+        }
+    };
+    Some(wait.min(MAX_RETRY_AFTER))
+}
+
 /// The `message` of an Iceberg `ErrorModel` body, else the body itself (shortened).
 fn error_message(body: &str) -> String {
     let parsed: Option<Value> = serde_json::from_str(body).ok();
@@ -300,6 +339,21 @@ pub(crate) fn encode(segment: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retry_after_in_seconds_or_as_a_date_is_capped() {
+        let mut h = HeaderMap::new();
+        assert_eq!(retry_after(&h), None);
+        h.insert("retry-after", HeaderValue::from_static("3"));
+        assert_eq!(retry_after(&h), Some(Duration::from_secs(3)));
+        h.insert("retry-after", HeaderValue::from_static("86400"));
+        assert_eq!(retry_after(&h), Some(MAX_RETRY_AFTER));
+        h.insert(
+            "retry-after",
+            HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
+        );
+        assert_eq!(retry_after(&h), Some(Duration::ZERO), "a date in the past");
+    }
 
     #[test]
     fn paths_and_error_bodies() {

@@ -21,9 +21,10 @@ use serde_json::{Map, Number, Value};
 
 use super::DecodeError;
 use crate::record::json::{JsonObject, JsonWriter};
+
 pub mod types;
 
-use self::types::{AvroMappingError, record_columns, union_branch_name};
+use self::types::{AvroMappingError, record_columns_with, union_branch_name};
 
 /// The Confluent wire format's first byte.
 pub const MAGIC_BYTE: u8 = 0;
@@ -39,39 +40,71 @@ pub struct WriterSchema {
     pub columns: Arc<StructType>,
     /// Named types by full name, resolved once (unions and arrays refer to them).
     names: HashMap<Name, AvroSchema>,
+    /// Schemas of registry references, which define named types the schema uses.
+    schemata: Vec<AvroSchema>,
 }
 
 impl WriterSchema {
     /// Parses an Avro schema (JSON text) and maps it to columns. A schema that is not a
     /// record parses (keys may be primitives) but declares no columns.
     pub fn parse(id: Option<u32>, text: &str) -> Result<WriterSchema, DecodeError> {
-        let schema = AvroSchema::parse_str(text).map_err(|e| DecodeError::BadSchema {
+        WriterSchema::parse_with_references(id, text, &[])
+    }
+
+    /// [`WriterSchema::parse`] for a schema that uses named types defined in other
+    /// schemas (registry references), given as their JSON texts.
+    pub fn parse_with_references(
+        id: Option<u32>,
+        text: &str,
+        references: &[&str],
+    ) -> Result<WriterSchema, DecodeError> {
+        let bad = |e: &dyn std::fmt::Display| DecodeError::BadSchema {
             id,
             reason: e.to_string(),
+        };
+        // apache-avro 0.21 panics on some invalid schemas (an invalid record name such as
+        // "a-b" is unwrapped; found by fuzzing): a schema from a registry must not take
+        // the pipeline down, so a panic is a bad schema like any other.
+        let parsed = std::panic::catch_unwind(|| {
+            if references.is_empty() {
+                AvroSchema::parse_str(text).map(|s| (s, Vec::new()))
+            } else {
+                AvroSchema::parse_str_with_list(text, references)
+            }
+        })
+        .map_err(|panic| {
+            let what = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("unknown");
+            DecodeError::BadSchema {
+                id,
+                reason: format!("the Avro library cannot parse it ({what})"),
+            }
         })?;
-        let columns = match record_columns(&schema) {
+        let (schema, schemata) = parsed.map_err(|e| bad(&e))?;
+        let columns = match record_columns_with(&schema, &schemata) {
             Ok(c) => c,
             Err(AvroMappingError::NotARecord(_)) => IndexMap::new(),
-            Err(e) => {
-                return Err(DecodeError::BadSchema {
-                    id,
-                    reason: e.to_string(),
-                });
-            }
+            Err(e) => return Err(bad(&e)),
         };
-        let names = ResolvedSchema::try_from(&schema)
-            .map_err(|e| DecodeError::BadSchema {
-                id,
-                reason: e.to_string(),
-            })?
-            .get_names()
-            .iter()
-            .map(|(name, s)| (name.clone(), (*s).clone()))
-            .collect();
+        let names = ResolvedSchema::try_from(
+            schemata
+                .iter()
+                .chain(std::iter::once(&schema))
+                .collect::<Vec<_>>(),
+        )
+        .map_err(|e| bad(&e))?
+        .get_names()
+        .iter()
+        .map(|(name, s)| (name.clone(), (*s).clone()))
+        .collect();
         Ok(WriterSchema {
             id,
             names,
             schema,
+            schemata,
             columns: Arc::new(StructType::new(
                 columns
                     .into_iter()
@@ -101,8 +134,21 @@ impl WriterSchema {
             rest: bytes,
             hit_eof: false,
         };
-        let value = apache_avro::from_avro_datum(&self.schema, &mut reader, None)
-            .map_err(|e| DecodeError::NotAvro(e.to_string()))?;
+        let value = if self.schemata.is_empty() {
+            apache_avro::from_avro_datum(&self.schema, &mut reader, None)
+        } else {
+            // Named types from references: the names come from every schema given.
+            apache_avro::from_avro_datum_schemata(
+                &self.schema,
+                self.schemata
+                    .iter()
+                    .chain(std::iter::once(&self.schema))
+                    .collect(),
+                &mut reader,
+                None,
+            )
+        }
+        .map_err(|e| DecodeError::NotAvro(e.to_string()))?;
         if reader.hit_eof {
             // apache-avro reads a string, boolean or union cut off by the end as null.
             return Err(DecodeError::NotAvro(format!(

@@ -367,3 +367,16 @@ proptest! {
         let _ = schema.decode(&bytes);
     }
 }
+
+#[test]
+fn a_schema_the_avro_library_panics_on_is_a_bad_schema() {
+    // Found by fuzzing (registry_response): apache-avro 0.21 unwraps the record name.
+    let text = r#"{"type":"record","name":"nod-e","fields":[{"name":"v","type":"int"}]}"#;
+    match WriterSchema::parse(Some(3), text) {
+        Err(DecodeError::BadSchema { id, reason }) => {
+            assert_eq!(id, Some(3));
+            assert!(reason.contains("cannot parse"), "{reason}");
+        }
+        other => panic!("expected a bad schema, got {:?}", other.map(|_| ())),
+    }
+}

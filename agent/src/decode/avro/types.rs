@@ -33,8 +33,19 @@ pub enum AvroMappingError {
 /// The payload columns an Avro record schema declares, by name, in schema order.
 /// Fields of type `null` (only) have no column.
 pub fn record_columns(schema: &AvroSchema) -> Result<IndexMap<String, Type>, AvroMappingError> {
+    record_columns_with(schema, &[])
+}
+
+/// [`record_columns`] for a schema whose named types may be defined in `schemata`
+/// (the schemas of registry references).
+pub fn record_columns_with(
+    schema: &AvroSchema,
+    schemata: &[AvroSchema],
+) -> Result<IndexMap<String, Type>, AvroMappingError> {
+    // Referenced schemas first: names resolve in order.
+    let all: Vec<&AvroSchema> = schemata.iter().chain(std::iter::once(schema)).collect();
     let resolved =
-        ResolvedSchema::try_from(schema).map_err(|e| AvroMappingError::Invalid(e.to_string()))?;
+        ResolvedSchema::try_from(all).map_err(|e| AvroMappingError::Invalid(e.to_string()))?;
     let mapper = Mapper {
         names: resolved.get_names(),
     };

@@ -51,6 +51,8 @@ pub struct KeyIndex {
     file_ids: HashMap<Arc<str>, u32, RandomState>,
     rows: HashMap<KeyHash, RowRef, RandomState>,
     max_keys: usize,
+    /// The table snapshot the index reflects (`None`: the table had none).
+    snapshot: Option<i64>,
 }
 
 /// What a rebuild found, for the log.
@@ -128,6 +130,128 @@ impl KeyIndex {
         Ok(())
     }
 
+    /// The table snapshot the index reflects.
+    pub fn snapshot(&self) -> Option<i64> {
+        self.snapshot
+    }
+
+    /// Marks the index as reflecting `snapshot` (after this writer's own commit).
+    pub fn set_snapshot(&mut self, snapshot: Option<i64>) {
+        self.snapshot = snapshot;
+    }
+
+    /// Learns what other writers committed after the snapshot the index reflects: the
+    /// keys of the data files they added and the rows their position deletes removed.
+    /// Returns false when that cannot be done incrementally (the snapshot left `main`,
+    /// or a later snapshot rewrote or removed files, as compaction does): rebuild then.
+    pub async fn catch_up(&mut self, table: &Table, spec: &KeySpec) -> Result<bool, UpsertError> {
+        let metadata = table.metadata();
+        let mut newer = Vec::new();
+        let mut current = metadata.current_snapshot();
+        loop {
+            match current {
+                Some(s) if Some(s.snapshot_id()) == self.snapshot => break,
+                Some(s) => {
+                    newer.push(s.clone());
+                    current = s
+                        .parent_snapshot_id()
+                        .and_then(|id| metadata.snapshot_by_id(id));
+                }
+                None if self.snapshot.is_none() => break,
+                None => return Ok(false),
+            }
+        }
+        newer.reverse();
+        let key_ids = key_field_ids(table, spec)?;
+        for snapshot in &newer {
+            let summary = snapshot.summary();
+            let count = |key: &str| {
+                summary
+                    .additional_properties
+                    .get(key)
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            let rewrites = !matches!(
+                summary.operation,
+                iceberg::spec::Operation::Append | iceberg::spec::Operation::Overwrite
+            ) || count("deleted-data-files") > 0
+                || count("removed-delete-files") > 0
+                || count("added-equality-deletes") > 0;
+            if rewrites {
+                return Ok(false);
+            }
+            let list = table.manifest_list_reader(snapshot).load().await?;
+            for manifest_file in list.entries() {
+                if manifest_file.added_snapshot_id != snapshot.snapshot_id() {
+                    continue;
+                }
+                let manifest = manifest_file.load_manifest(table.file_io()).await?;
+                for entry in manifest.entries() {
+                    if entry.status() != iceberg::spec::ManifestStatus::Added {
+                        continue;
+                    }
+                    if entry.file_format() != iceberg::spec::DataFileFormat::Parquet {
+                        return Ok(false);
+                    }
+                    match entry.content_type() {
+                        DataContentType::Data => {
+                            let path = entry.file_path().to_string();
+                            let file = self.register_file(
+                                &path,
+                                manifest_file.partition_spec_id,
+                                entry.data_file().partition(),
+                            );
+                            let keys = read_keys(table, &path, &key_ids).await?;
+                            for (pos, key) in keys.into_iter().enumerate() {
+                                if let Some(key) = key {
+                                    self.put(key, file, pos as u64)?;
+                                }
+                            }
+                        }
+                        DataContentType::PositionDeletes => {
+                            let mut deleted = HashMap::default();
+                            read_position_deletes(table, entry.file_path(), &mut deleted).await?;
+                            self.forget_deleted(table, &key_ids, deleted).await?;
+                        }
+                        DataContentType::EqualityDeletes => return Ok(false),
+                    }
+                }
+            }
+        }
+        self.snapshot = metadata.current_snapshot_id();
+        Ok(true)
+    }
+
+    /// Drops the keys whose live row is among `deleted` (file -> positions).
+    async fn forget_deleted(
+        &mut self,
+        table: &Table,
+        key_ids: &[i32],
+        deleted: HashMap<String, Vec<u64>, RandomState>,
+    ) -> Result<(), UpsertError> {
+        for (path, positions) in deleted {
+            let Some(&file) = self.file_ids.get(path.as_str()) else {
+                continue;
+            };
+            let keys = read_keys(table, &path, key_ids).await?;
+            for pos in positions {
+                let Some(Some(key)) = keys.get(pos as usize) else {
+                    continue;
+                };
+                if self.rows.get(key)
+                    == Some(&RowRef {
+                        file,
+                        pos: pos as u32,
+                    })
+                {
+                    self.rows.remove(key);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Records that `key` has no live row.
     pub fn remove(&mut self, key: &KeyHash) {
         self.rows.remove(key);
@@ -140,6 +264,7 @@ impl KeyIndex {
         max_keys: usize,
     ) -> Result<(KeyIndex, RebuildStats), UpsertError> {
         let mut index = KeyIndex::new(max_keys);
+        index.snapshot = table.metadata().current_snapshot_id();
         let mut stats = RebuildStats::default();
         let Some(snapshot) = table.metadata().current_snapshot() else {
             return Ok((index, stats));

@@ -32,7 +32,7 @@
 
 use std::hint::black_box;
 
-use floe_sdk::{Config, Emit, Record, Transform, Value};
+use floe_sdk::{Answer, Error, Record, Transform, error};
 use serde::Deserialize;
 
 /// One mebibyte, the chunk size of `hog`.
@@ -59,9 +59,10 @@ enum Mode {
     Hog { bytes: u64, at_offset: Option<i64> },
 }
 
+/// The `with` table.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawConfig {
+pub struct RawConfig {
     mode: String,
     at_offset: Option<i64>,
     every: Option<i64>,
@@ -74,7 +75,7 @@ impl Faulty {
     /// Whether a trigger with an optional `at_offset` fires for this record.
     fn fires(&self, at_offset: Option<i64>, record: &Record) -> bool {
         match at_offset {
-            Some(offset) => record.metadata.offset == offset,
+            Some(offset) => record.offset() == offset,
             None => self.seen == 0,
         }
     }
@@ -105,9 +106,10 @@ fn spin() -> ! {
 }
 
 impl Transform for Faulty {
-    fn init(config: &Config) -> Result<Self, String> {
-        let raw: RawConfig = config.parse()?;
-        let unused = |allowed: &[&str]| -> Result<(), String> {
+    type Config = RawConfig;
+
+    fn new(raw: RawConfig) -> Result<Self, Error> {
+        let unused = |allowed: &[&str]| -> Result<(), Error> {
             let given = [
                 ("at_offset", raw.at_offset.is_some()),
                 ("every", raw.every.is_some()),
@@ -117,9 +119,7 @@ impl Transform for Faulty {
                 .iter()
                 .find(|(name, set)| *set && !allowed.contains(name))
             {
-                Some((name, _)) => {
-                    Err(format!("faulty: mode `{}` does not use `{name}`", raw.mode))
-                }
+                Some((name, _)) => Err(error!("faulty: mode `{}` does not use `{name}`", raw.mode)),
                 None => Ok(()),
             }
         };
@@ -139,9 +139,9 @@ impl Transform for Faulty {
                 match raw.every {
                     Some(every) if every >= 1 => Mode::FailEvery { every },
                     Some(every) => {
-                        return Err(format!("faulty: `every` must be at least 1, got {every}"));
+                        return Err(error!("faulty: `every` must be at least 1, got {every}"));
                     }
-                    None => return Err("faulty: mode `fail_every` needs `every`".to_string()),
+                    None => return Err(error!("faulty: mode `fail_every` needs `every`")),
                 }
             }
             "spin" => {
@@ -157,9 +157,9 @@ impl Transform for Faulty {
                     at_offset: raw.at_offset,
                 }
             }
-            "init_error" => return Err("faulty: init refused".to_string()),
+            "init_error" => return Err(error!("faulty: init refused")),
             other => {
-                return Err(format!(
+                return Err(error!(
                     "faulty: unknown mode `{other}` (expected one of {MODES})"
                 ));
             }
@@ -172,55 +172,53 @@ impl Transform for Faulty {
         })
     }
 
-    fn process(&mut self, record: Record) -> Result<Vec<Emit>, String> {
+    fn process(&mut self, record: &Record<'_>) -> Result<Answer, Error> {
         match self.mode {
             Mode::Ok => {}
             Mode::Panic { at_offset } => {
-                if at_offset.is_none_or(|offset| offset == record.metadata.offset) {
+                if at_offset.is_none_or(|offset| offset == record.offset()) {
                     panic!(
                         "faulty plugin panicked on purpose at offset {}",
-                        record.metadata.offset
+                        record.offset()
                     );
                 }
             }
             Mode::FailEvery { every } => {
-                let id = match record.value.get("id") {
-                    Some(Value::Number(n)) => n
-                        .as_i64()
+                let id = record.get("id").and_then(|n| {
+                    n.as_i64()
                         .map(i128::from)
-                        .or_else(|| n.as_u64().map(i128::from)),
-                    _ => None,
-                };
+                        .or_else(|| n.as_u64().map(i128::from))
+                });
                 if let Some(id) = id
                     && id.rem_euclid(i128::from(every)) == 0
                 {
-                    return Err(format!("faulty: rejected record {id}"));
+                    return Err(error!("faulty: rejected record {id}"));
                 }
             }
             Mode::Spin { at_offset } => {
-                if self.fires(at_offset, &record) {
+                if self.fires(at_offset, record) {
                     spin();
                 }
             }
             Mode::Hog { bytes, at_offset } => {
-                if !self.hogged && self.fires(at_offset, &record) {
+                if !self.hogged && self.fires(at_offset, record) {
                     self.hogged = true;
                     self.hog(bytes);
                 }
             }
         }
         self.seen += 1;
-        Ok(vec![Emit::new(record.value)])
+        Ok(Answer::UNCHANGED)
     }
 }
 
-floe_sdk::export_transform!(Faulty);
+floe_sdk::export!(Faulty);
 
 #[cfg(test)]
 mod tests {
     use std::panic::{AssertUnwindSafe, catch_unwind};
 
-    use floe_sdk::testing::{Harness, object};
+    use floe_sdk::testing::{Harness, Output, object};
     use floe_sdk::{Metadata, Value, json};
 
     use super::*;
@@ -232,7 +230,7 @@ mod tests {
     fn init_error(config: Value) -> String {
         match Harness::<Faulty>::new(config) {
             Ok(_) => panic!("init should fail"),
-            Err(e) => e,
+            Err(e) => e.to_string(),
         }
     }
 
@@ -254,7 +252,7 @@ mod tests {
             Ok(result) => {
                 assert_eq!(
                     result.unwrap(),
-                    vec![Emit::new(object(json!({"id": offset})))]
+                    vec![Output::new(object(json!({"id": offset})))]
                 );
                 None
             }
@@ -275,7 +273,7 @@ mod tests {
             let record = json!({"id": i, "nested": {"x": [i]}});
             assert_eq!(
                 h.run(record.clone()).unwrap(),
-                vec![Emit::new(object(record))]
+                vec![Output::new(object(record))]
             );
         }
     }
@@ -286,20 +284,23 @@ mod tests {
         for id in 0..10 {
             let result = h.run(json!({"id": id, "v": "x"}));
             if id % 3 == 0 {
-                assert_eq!(result.unwrap_err(), format!("faulty: rejected record {id}"));
+                assert_eq!(
+                    result.unwrap_err().to_string(),
+                    format!("faulty: rejected record {id}")
+                );
             } else {
                 assert_eq!(
                     result.unwrap(),
-                    vec![Emit::new(object(json!({"id": id, "v": "x"})))]
+                    vec![Output::new(object(json!({"id": id, "v": "x"})))]
                 );
             }
         }
         assert_eq!(
-            h.run(json!({"id": -6})).unwrap_err(),
+            h.run(json!({"id": -6})).unwrap_err().to_string(),
             "faulty: rejected record -6"
         );
         assert_eq!(
-            h.run(json!({"id": u64::MAX})).unwrap_err(),
+            h.run(json!({"id": u64::MAX})).unwrap_err().to_string(),
             format!("faulty: rejected record {}", u64::MAX)
         );
         assert_eq!(h.run(json!({"id": u64::MAX - 1})).unwrap().len(), 1);
@@ -312,12 +313,12 @@ mod tests {
         ] {
             assert_eq!(
                 h.run(passing.clone()).unwrap(),
-                vec![Emit::new(object(passing))]
+                vec![Output::new(object(passing))]
             );
         }
         let mut h = faulty(json!({"mode": "fail_every", "every": 1}));
         assert_eq!(
-            h.run(json!({"id": 7})).unwrap_err(),
+            h.run(json!({"id": 7})).unwrap_err().to_string(),
             "faulty: rejected record 7"
         );
     }
@@ -361,7 +362,7 @@ mod tests {
         let mut h = faulty(json!({"mode": "hog", "bytes": bytes}));
         assert_eq!(
             h.run(json!({"a": 1})).unwrap(),
-            vec![Emit::new(object(json!({"a": 1})))]
+            vec![Output::new(object(json!({"a": 1})))]
         );
         assert_eq!(h.plugin().held_bytes() as u64, bytes);
         assert_eq!(h.plugin().held.len(), 3);

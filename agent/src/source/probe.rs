@@ -1,0 +1,81 @@
+//! Probing the brokers and topics for `floe check`.
+
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+
+use super::SourceConfig;
+use crate::probe::{Outcome, Steps};
+
+const BROKER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Asks the brokers for metadata and checks the configured topics.
+pub async fn probe(source: &SourceConfig, report: &mut Steps) {
+    check_broker(source, report).await
+}
+
+async fn check_broker(source: &SourceConfig, report: &mut Steps) {
+    let config = source.client_config();
+    let topics = source.topics.clone();
+    let pattern = source.topic_pattern.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = config.create().map_err(|e| e.to_string())?;
+        let metadata = consumer
+            .fetch_metadata(None, BROKER_TIMEOUT)
+            .map_err(|e| e.to_string())?;
+        let present: Vec<String> = metadata
+            .topics()
+            .iter()
+            .map(|t| t.name().to_string())
+            .collect();
+        Ok::<_, String>((metadata.brokers().len(), present))
+    })
+    .await
+    .unwrap_or_else(|e| Err(format!("metadata task failed: {e}")));
+    let (brokers, present) = match result {
+        Ok(r) => r,
+        Err(e) => {
+            report.report(
+                "broker",
+                Outcome::Fail,
+                format!("{}: {e}", source.bootstrap_servers),
+            );
+            return report.report("topics", Outcome::Skip, "broker unreachable".into());
+        }
+    };
+    report.report(
+        "broker",
+        Outcome::Pass,
+        format!("{brokers} broker(s) at {}", source.bootstrap_servers),
+    );
+    if let Some(pattern) = pattern {
+        let matched = regex::Regex::new(&pattern)
+            .map(|re| present.iter().filter(|t| re.is_match(t)).count())
+            .unwrap_or(0);
+        let outcome = if matched > 0 {
+            Outcome::Pass
+        } else {
+            Outcome::Fail
+        };
+        return report.report(
+            "topics",
+            outcome,
+            format!("{matched} topic(s) match /{pattern}/"),
+        );
+    }
+    let missing: Vec<&String> = topics.iter().filter(|t| !present.contains(t)).collect();
+    if missing.is_empty() {
+        report.report(
+            "topics",
+            Outcome::Pass,
+            format!("present: {}", topics.join(", ")),
+        );
+    } else {
+        let names: Vec<&str> = missing.iter().map(|s| s.as_str()).collect();
+        report.report(
+            "topics",
+            Outcome::Fail,
+            format!("missing: {}", names.join(", ")),
+        );
+    }
+}

@@ -1,0 +1,4 @@
+//! cargo-fuzz target: see `floe_tests::fuzzing::avro_decode`.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| floe_tests::fuzzing::avro_decode(data));

@@ -1,0 +1,1040 @@
+//! Lazy, zero-copy access to JSON text, and the few edits plugins need.
+//!
+//! A [`Json`] is a view of one JSON value inside the record's text: nothing is parsed
+//! until it is read, and reading a field only scans the text up to that field (and
+//! skips nested values without looking inside them). Strings are unescaped only when
+//! they contain an escape. [`Json::to_value`] and [`Json::parse`] turn a value into a
+//! `serde_json` value or a type of your own when you need the whole thing.
+//!
+//! ```
+//! use floe_sdk::json::{Json, Kind};
+//!
+//! let record = Json::new(br#"{"id": 7, "user": {"name": "Ann \u00e9", "tags": ["a", "b"]}, "ok": true}"#);
+//! assert_eq!(record.get("id").and_then(|v| v.as_i64()), Some(7));
+//! assert_eq!(record.get("user.name").unwrap().as_str().unwrap(), "Ann é");
+//! assert_eq!(record.get("user.tags").unwrap().kind(), Kind::Array);
+//! assert_eq!(record.get(["user", "tags"]).unwrap().items().count(), 2);
+//! assert_eq!(record.get("ok").and_then(|v| v.as_bool()), Some(true));
+//! assert!(record.get("missing").is_none());
+//! let keys: Vec<String> = record.fields().map(|(k, _)| k.as_str().unwrap().into_owned()).collect();
+//! assert_eq!(keys, ["id", "user", "ok"]);
+//! ```
+//!
+//! Keys are looked up by their first occurrence: the agent refuses records in which an
+//! object names a key twice, so a plugin never sees one.
+//!
+//! [`ObjectWriter`] builds a new object from pieces (raw JSON text of existing values
+//! or serializable values), and [`set`] / [`remove`] edit object text the way the
+//! agent applies a [`Patch`](crate::Patch).
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::Error;
+
+/// The kind of a JSON value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// `null`
+    Null,
+    /// `true` or `false`
+    Bool,
+    /// A number.
+    Number,
+    /// A string.
+    String,
+    /// An array.
+    Array,
+    /// An object.
+    Object,
+}
+
+impl Kind {
+    /// The kind with its article, for messages: `"a string"`, `"an object"`, `"null"`.
+    pub fn described(self) -> &'static str {
+        match self {
+            Kind::Null => "null",
+            Kind::Bool => "a boolean",
+            Kind::Number => "a number",
+            Kind::String => "a string",
+            Kind::Array => "an array",
+            Kind::Object => "an object",
+        }
+    }
+}
+
+/// A path of object keys: something [`Json::get`], [`Patch::set`](crate::Patch::set)
+/// and friends accept.
+///
+/// - `&str`: a dotted path, `"user.name"` is the `name` key of the object under
+///   `user` (as in plugin configs: a key containing a dot cannot be named this way);
+/// - [`FieldPath`](crate::path::FieldPath): a path parsed once (in your config);
+/// - an array or slice of keys, `["user", "name"]`, taken literally (dots included).
+pub trait FieldRef {
+    /// The keys, outermost first.
+    fn keys(&self) -> impl Iterator<Item = &str> + Clone;
+}
+
+impl FieldRef for str {
+    fn keys(&self) -> impl Iterator<Item = &str> + Clone {
+        self.split('.')
+    }
+}
+
+impl FieldRef for String {
+    fn keys(&self) -> impl Iterator<Item = &str> + Clone {
+        self.split('.')
+    }
+}
+
+impl FieldRef for crate::path::FieldPath {
+    fn keys(&self) -> impl Iterator<Item = &str> + Clone {
+        self.segments().iter().map(String::as_str)
+    }
+}
+
+impl<const N: usize> FieldRef for [&str; N] {
+    fn keys(&self) -> impl Iterator<Item = &str> + Clone {
+        self.iter().copied()
+    }
+}
+
+impl FieldRef for [&str] {
+    fn keys(&self) -> impl Iterator<Item = &str> + Clone {
+        self.iter().copied()
+    }
+}
+
+impl FieldRef for [String] {
+    fn keys(&self) -> impl Iterator<Item = &str> + Clone {
+        self.iter().map(String::as_str)
+    }
+}
+
+impl<T: FieldRef + ?Sized> FieldRef for &T {
+    fn keys(&self) -> impl Iterator<Item = &str> + Clone {
+        (**self).keys()
+    }
+}
+
+/// A view of one JSON value in a text (see the [module docs](self)).
+///
+/// The text is trusted to be valid JSON (the agent only hands plugins valid objects);
+/// on malformed text, lookups find nothing rather than panic.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Json<'a> {
+    text: &'a [u8],
+}
+
+impl fmt::Debug for Json<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Json({})", String::from_utf8_lossy(self.text))
+    }
+}
+
+impl fmt::Display for Json<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&String::from_utf8_lossy(self.text))
+    }
+}
+
+impl<'a> Json<'a> {
+    /// A view of the JSON value in `text` (surrounding whitespace is ignored).
+    pub fn new(text: &'a [u8]) -> Json<'a> {
+        let start = ws(text, 0);
+        let mut end = text.len();
+        while end > start && is_ws(text[end - 1]) {
+            end -= 1;
+        }
+        Json {
+            text: &text[start..end],
+        }
+    }
+
+    /// The raw JSON text of the value, exactly as it appears in the record.
+    pub fn bytes(&self) -> &'a [u8] {
+        self.text
+    }
+
+    /// The raw JSON text of the value as a string (it is UTF-8 if the record is).
+    pub fn text(&self) -> Result<&'a str, Error> {
+        std::str::from_utf8(self.text).map_err(|e| Error::msg(format!("not UTF-8: {e}")))
+    }
+
+    /// What kind of value this is.
+    pub fn kind(&self) -> Kind {
+        match self.text.first() {
+            Some(b'{') => Kind::Object,
+            Some(b'[') => Kind::Array,
+            Some(b'"') => Kind::String,
+            Some(b't' | b'f') => Kind::Bool,
+            Some(b'n') => Kind::Null,
+            _ => Kind::Number,
+        }
+    }
+
+    /// Whether the value is `null`.
+    pub fn is_null(&self) -> bool {
+        self.text == b"null"
+    }
+
+    /// The boolean, if this is one.
+    pub fn as_bool(&self) -> Option<bool> {
+        match self.text {
+            b"true" => Some(true),
+            b"false" => Some(false),
+            _ => None,
+        }
+    }
+
+    /// The string, unescaped (borrowed from the record unless it holds escapes).
+    pub fn as_str(&self) -> Option<Cow<'a, str>> {
+        if self.kind() != Kind::String {
+            return None;
+        }
+        unescape(self.text)
+    }
+
+    /// The number as an `i64`, if it is an integer in range (`1.0` and `1e3` are not).
+    pub fn as_i64(&self) -> Option<i64> {
+        if self.kind() != Kind::Number {
+            return None;
+        }
+        std::str::from_utf8(self.text).ok()?.parse().ok()
+    }
+
+    /// The number as a `u64`, if it is a non-negative integer in range.
+    pub fn as_u64(&self) -> Option<u64> {
+        if self.kind() != Kind::Number {
+            return None;
+        }
+        std::str::from_utf8(self.text).ok()?.parse().ok()
+    }
+
+    /// The number as an `f64` (the nearest one).
+    pub fn as_f64(&self) -> Option<f64> {
+        if self.kind() != Kind::Number {
+            return None;
+        }
+        std::str::from_utf8(self.text).ok()?.parse().ok()
+    }
+
+    /// The value at a path of object keys below this value (see [`FieldRef`]).
+    pub fn get(&self, path: impl FieldRef) -> Option<Json<'a>> {
+        let mut current = *self;
+        for key in path.keys() {
+            current = current.field(key)?;
+        }
+        Some(current)
+    }
+
+    /// The value of one key of this object; `None` if this is not an object or has no
+    /// such key. The key is taken literally. Only the text up to the key is scanned.
+    pub fn field(&self, key: &str) -> Option<Json<'a>> {
+        if self.kind() != Kind::Object {
+            return None;
+        }
+        Members::new(self.text)
+            .find(|m| key_eq(&self.text[m.key.0..m.key.1], key))
+            .map(|m| Json {
+                text: &self.text[m.value.0..m.value.1],
+            })
+    }
+
+    /// The members of this object in text order (nothing if it is not an object).
+    pub fn fields(&self) -> Fields<'a> {
+        Fields {
+            text: self.text,
+            members: Members::new(if self.kind() == Kind::Object {
+                self.text
+            } else {
+                b""
+            }),
+        }
+    }
+
+    /// The elements of this array in order (nothing if it is not an array).
+    pub fn items(&self) -> Items<'a> {
+        let is_array = self.kind() == Kind::Array;
+        Items {
+            text: if is_array { self.text } else { b"" },
+            pos: if is_array { 1 } else { 0 },
+            done: !is_array,
+        }
+    }
+
+    /// The value as a `serde_json` value (parses this value, and only this one).
+    pub fn to_value(&self) -> Result<serde_json::Value, Error> {
+        serde_json::from_slice(self.text).map_err(Error::from)
+    }
+
+    /// Deserializes this value into a type of your own.
+    pub fn parse<T: DeserializeOwned>(&self) -> Result<T, Error> {
+        serde_json::from_slice(self.text).map_err(Error::from)
+    }
+}
+
+/// An object key as it appears in the text.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Key<'a> {
+    raw: &'a [u8],
+}
+
+impl fmt::Debug for Key<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Key({})", String::from_utf8_lossy(self.raw))
+    }
+}
+
+impl<'a> Key<'a> {
+    /// The key, unescaped (borrowed unless it holds escapes); `None` if the text is
+    /// malformed.
+    pub fn as_str(&self) -> Option<Cow<'a, str>> {
+        unescape(self.raw)
+    }
+
+    /// The key's JSON text, quotes included.
+    pub fn raw(&self) -> &'a [u8] {
+        self.raw
+    }
+
+    /// Whether the key is `key` (compared without unescaping when possible).
+    pub fn is(&self, key: &str) -> bool {
+        key_eq(self.raw, key)
+    }
+}
+
+/// The members of an object: see [`Json::fields`].
+#[derive(Clone)]
+pub struct Fields<'a> {
+    text: &'a [u8],
+    members: Members<'a>,
+}
+
+impl<'a> Iterator for Fields<'a> {
+    type Item = (Key<'a>, Json<'a>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let m = self.members.next()?;
+        Some((
+            Key {
+                raw: &self.text[m.key.0..m.key.1],
+            },
+            Json {
+                text: &self.text[m.value.0..m.value.1],
+            },
+        ))
+    }
+}
+
+/// The elements of an array: see [`Json::items`].
+#[derive(Clone)]
+pub struct Items<'a> {
+    text: &'a [u8],
+    pos: usize,
+    done: bool,
+}
+
+impl<'a> Iterator for Items<'a> {
+    type Item = Json<'a>;
+
+    fn next(&mut self) -> Option<Json<'a>> {
+        if self.done {
+            return None;
+        }
+        let b = self.text;
+        let start = ws(b, self.pos);
+        if b.get(start) == Some(&b']') {
+            self.done = true;
+            return None;
+        }
+        let Some(end) = value_end(b, start) else {
+            self.done = true;
+            return None;
+        };
+        let after = ws(b, end);
+        match b.get(after) {
+            Some(b',') => self.pos = after + 1,
+            _ => self.done = true,
+        }
+        Some(Json {
+            text: &b[start..end],
+        })
+    }
+}
+
+/// Byte ranges of one object member: key (with quotes), value, in the object's text.
+#[derive(Debug, Clone, Copy)]
+struct Member {
+    key: (usize, usize),
+    value: (usize, usize),
+}
+
+/// Walks the members of an object's text (which starts with `{`).
+#[derive(Clone)]
+struct Members<'a> {
+    text: &'a [u8],
+    pos: usize,
+    done: bool,
+}
+
+impl<'a> Members<'a> {
+    fn new(text: &'a [u8]) -> Members<'a> {
+        let ok = text.first() == Some(&b'{');
+        Members {
+            text,
+            pos: 1,
+            done: !ok,
+        }
+    }
+}
+
+impl Iterator for Members<'_> {
+    type Item = Member;
+
+    fn next(&mut self) -> Option<Member> {
+        if self.done {
+            return None;
+        }
+        let b = self.text;
+        let key_start = ws(b, self.pos);
+        if b.get(key_start) != Some(&b'"') {
+            self.done = true;
+            return None;
+        }
+        let member = (|| {
+            let key_end = string_end(b, key_start)?;
+            let colon = ws(b, key_end);
+            if b.get(colon) != Some(&b':') {
+                return None;
+            }
+            let value_start = ws(b, colon + 1);
+            let value_end = value_end(b, value_start)?;
+            Some(Member {
+                key: (key_start, key_end),
+                value: (value_start, value_end),
+            })
+        })();
+        let Some(member) = member else {
+            self.done = true;
+            return None;
+        };
+        let after = ws(b, member.value.1);
+        match b.get(after) {
+            Some(b',') => self.pos = after + 1,
+            _ => self.done = true,
+        }
+        Some(member)
+    }
+}
+
+fn is_ws(b: u8) -> bool {
+    matches!(b, b' ' | b'\n' | b'\r' | b'\t')
+}
+
+/// The first non-whitespace position at or after `i`.
+fn ws(b: &[u8], mut i: usize) -> usize {
+    while i < b.len() && is_ws(b[i]) {
+        i += 1;
+    }
+    i
+}
+
+/// Whether any byte of `word` is `byte` (non-zero if so).
+fn has_byte(word: u64, byte: u8) -> u64 {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    let x = word ^ (ONES * u64::from(byte));
+    x.wrapping_sub(ONES) & !x & (ONES << 7)
+}
+
+/// The position after the closing quote of the string starting at `i`.
+fn string_end(b: &[u8], i: usize) -> Option<usize> {
+    let mut j = i + 1;
+    // Eight bytes at a time while none is a quote or a backslash.
+    while let Some(chunk) = b.get(j..j + 8) {
+        let word = u64::from_le_bytes(chunk.try_into().ok()?);
+        if has_byte(word, b'"') | has_byte(word, b'\\') != 0 {
+            break;
+        }
+        j += 8;
+    }
+    while j < b.len() {
+        match b[j] {
+            b'"' => return Some(j + 1),
+            b'\\' => j += 2,
+            _ => j += 1,
+        }
+    }
+    None
+}
+
+/// The position after the value starting at `i`.
+fn value_end(b: &[u8], i: usize) -> Option<usize> {
+    match *b.get(i)? {
+        b'"' => string_end(b, i),
+        b'{' | b'[' => {
+            let mut depth = 0usize;
+            let mut j = i;
+            while j < b.len() {
+                match b[j] {
+                    b'"' => {
+                        j = string_end(b, j)?;
+                        continue;
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return Some(j + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                j += 1;
+            }
+            None
+        }
+        b',' | b'}' | b']' | b':' => None,
+        _ => {
+            let mut j = i;
+            while j < b.len() && !matches!(b[j], b',' | b'}' | b']' | b' ' | b'\n' | b'\r' | b'\t')
+            {
+                j += 1;
+            }
+            Some(j)
+        }
+    }
+}
+
+/// Whether the JSON string `raw` (quotes included) is `key`.
+fn key_eq(raw: &[u8], key: &str) -> bool {
+    if raw.len() < 2 {
+        return false;
+    }
+    let inner = &raw[1..raw.len() - 1];
+    // An escape always takes more bytes than the character it stands for: a text as
+    // long as the key has none, and a shorter one cannot be the key.
+    if inner.len() <= key.len() {
+        return inner == key.as_bytes();
+    }
+    inner.contains(&b'\\') && unescape(raw).is_some_and(|s| s == key)
+}
+
+/// The string a JSON string literal (quotes included) stands for.
+fn unescape(raw: &[u8]) -> Option<Cow<'_, str>> {
+    if raw.len() < 2 || raw[0] != b'"' || raw[raw.len() - 1] != b'"' {
+        return None;
+    }
+    let inner = &raw[1..raw.len() - 1];
+    if !inner.contains(&b'\\') {
+        return std::str::from_utf8(inner).ok().map(Cow::Borrowed);
+    }
+    serde_json::from_slice::<String>(raw).ok().map(Cow::Owned)
+}
+
+/// Appends `s` as a JSON string literal.
+pub fn write_str(out: &mut Vec<u8>, s: &str) {
+    out.push(b'"');
+    let bytes = s.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let escape: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0x08 => b"\\b",
+            0x0c => b"\\f",
+            0..=0x1f => b"",
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[start..i]);
+        if escape.is_empty() {
+            const HEX: &[u8; 16] = b"0123456789abcdef";
+            out.extend_from_slice(b"\\u00");
+            out.push(HEX[(b >> 4) as usize]);
+            out.push(HEX[(b & 0xf) as usize]);
+        } else {
+            out.extend_from_slice(escape);
+        }
+        start = i + 1;
+    }
+    out.extend_from_slice(&bytes[start..]);
+    out.push(b'"');
+}
+
+/// Builds a JSON object from pieces, without a DOM.
+///
+/// ```
+/// use floe_sdk::json::{Json, ObjectWriter};
+///
+/// let record = Json::new(br#"{"a": {"b": 1}, "c": [true]}"#);
+/// let mut out = ObjectWriter::new();
+/// out.raw("a_b", record.get("a.b").unwrap());
+/// out.raw("c", record.get("c").unwrap());
+/// out.value("d", "text").unwrap();
+/// assert_eq!(out.finish(), br#"{"a_b":1,"c":[true],"d":"text"}"#);
+/// ```
+#[derive(Debug, Clone)]
+pub struct ObjectWriter {
+    buf: Vec<u8>,
+    empty: bool,
+}
+
+impl Default for ObjectWriter {
+    fn default() -> Self {
+        ObjectWriter::new()
+    }
+}
+
+impl ObjectWriter {
+    /// An empty object.
+    pub fn new() -> ObjectWriter {
+        ObjectWriter::with_capacity(64)
+    }
+
+    /// An empty object with room for `bytes` bytes of text.
+    pub fn with_capacity(bytes: usize) -> ObjectWriter {
+        let mut buf = Vec::with_capacity(bytes.max(2));
+        buf.push(b'{');
+        ObjectWriter { buf, empty: true }
+    }
+
+    fn key(&mut self, key: &str) {
+        if !self.empty {
+            self.buf.push(b',');
+        }
+        self.empty = false;
+        write_str(&mut self.buf, key);
+        self.buf.push(b':');
+    }
+
+    /// Adds a member whose value is an existing JSON value, copied as it is.
+    pub fn raw(&mut self, key: &str, value: Json<'_>) -> &mut Self {
+        self.key(key);
+        self.buf.extend_from_slice(value.bytes());
+        self
+    }
+
+    /// Adds a member whose key is an existing key (copied as it is, escapes included).
+    pub fn raw_member(&mut self, key: Key<'_>, value: Json<'_>) -> &mut Self {
+        if !self.empty {
+            self.buf.push(b',');
+        }
+        self.empty = false;
+        self.buf.extend_from_slice(key.raw());
+        self.buf.push(b':');
+        self.buf.extend_from_slice(value.bytes());
+        self
+    }
+
+    /// Adds a member whose value is serialized with serde.
+    pub fn value(&mut self, key: &str, value: impl Serialize) -> Result<&mut Self, Error> {
+        self.key(key);
+        serde_json::to_writer(&mut self.buf, &value)?;
+        Ok(self)
+    }
+
+    /// Whether nothing was added yet.
+    pub fn is_empty(&self) -> bool {
+        self.empty
+    }
+
+    /// The object's text.
+    pub fn finish(mut self) -> Vec<u8> {
+        self.buf.push(b'}');
+        self.buf
+    }
+}
+
+/// Why an edit could not be made: a parent on the path is not an object.
+///
+/// Displays as ``cannot write `user.name`: `user` is a string, not an object``.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EditError {
+    path: String,
+    parent: String,
+    kind: Kind,
+}
+
+impl EditError {
+    /// The dotted path that could not be written.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The dotted path of the parent in the way.
+    pub fn parent(&self) -> &str {
+        &self.parent
+    }
+
+    /// What that parent holds instead of an object.
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+}
+
+impl fmt::Display for EditError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "cannot write `{}`: `{}` is {}, not an object",
+            self.path,
+            self.parent,
+            self.kind.described()
+        )
+    }
+}
+
+impl std::error::Error for EditError {}
+
+/// The object text with the value at `path` set to `value` (one JSON value's text),
+/// as the agent applies a patch's `set`: a replaced value keeps its position, a new
+/// key goes at the end of its object, missing or `null` parents become objects, and a
+/// parent holding anything else is an [`EditError`] (nothing is changed).
+///
+/// ```
+/// let out = floe_sdk::json::set(br#"{"a": 1, "b": {"c": 2}}"#, "b.d", b"true").unwrap();
+/// assert_eq!(out, br#"{"a": 1, "b": {"c": 2,"d":true}}"#);
+/// let err = floe_sdk::json::set(br#"{"a": 1}"#, "a.x", b"0").unwrap_err();
+/// assert_eq!(err.to_string(), "cannot write `a.x`: `a` is a number, not an object");
+/// ```
+pub fn set(object: &[u8], path: impl FieldRef, value: &[u8]) -> Result<Vec<u8>, EditError> {
+    let keys: Vec<&str> = path.keys().collect();
+    let object = Json::new(object);
+    let mut out = Vec::with_capacity(object.text.len() + value.len() + 16);
+    set_into(&mut out, object.text, &keys, 0, value)?;
+    Ok(out)
+}
+
+fn dotted(keys: &[&str]) -> String {
+    keys.join(".")
+}
+
+fn set_into(
+    out: &mut Vec<u8>,
+    object: &[u8],
+    keys: &[&str],
+    depth: usize,
+    value: &[u8],
+) -> Result<(), EditError> {
+    let key = keys[depth];
+    let last = depth + 1 == keys.len();
+    let found = Members::new(object)
+        .filter(|m| key_eq(&object[m.key.0..m.key.1], key))
+        .last();
+    match found {
+        Some(m) => {
+            let current = &object[m.value.0..m.value.1];
+            out.extend_from_slice(&object[..m.value.0]);
+            if last {
+                out.extend_from_slice(value);
+            } else {
+                match (Json { text: current }).kind() {
+                    Kind::Object => set_into(out, current, keys, depth + 1, value)?,
+                    Kind::Null => write_nested(out, &keys[depth + 1..], value),
+                    kind => {
+                        return Err(EditError {
+                            path: dotted(keys),
+                            parent: dotted(&keys[..=depth]),
+                            kind,
+                        });
+                    }
+                }
+            }
+            out.extend_from_slice(&object[m.value.1..]);
+        }
+        None => {
+            // Insert before the closing brace, after the last member.
+            let close = object.len().saturating_sub(1);
+            let members_end = Members::new(object).last().map(|m| m.value.1);
+            match members_end {
+                Some(end) => {
+                    out.extend_from_slice(&object[..end]);
+                    out.push(b',');
+                }
+                None => out.push(b'{'),
+            }
+            write_str(out, key);
+            out.push(b':');
+            if last {
+                out.extend_from_slice(value);
+            } else {
+                write_nested(out, &keys[depth + 1..], value);
+            }
+            match members_end {
+                Some(end) => out.extend_from_slice(&object[end..]),
+                None => out.extend_from_slice(&object[close..]),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Writes `{"k1":{"k2":value}}` for the keys.
+fn write_nested(out: &mut Vec<u8>, keys: &[&str], value: &[u8]) {
+    for key in keys {
+        out.push(b'{');
+        write_str(out, key);
+        out.push(b':');
+    }
+    out.extend_from_slice(value);
+    out.extend(std::iter::repeat_n(b'}', keys.len()));
+}
+
+/// The object text without the value at `path`, as the agent applies a patch's
+/// `remove`; `None` when there is nothing to remove (a missing key, or a parent that
+/// is missing or not an object). Every occurrence of a repeated key goes.
+///
+/// ```
+/// let out = floe_sdk::json::remove(br#"{"a": 1, "b": {"c": 2, "d": 3}}"#, "b.c").unwrap();
+/// assert_eq!(out, br#"{"a": 1, "b": {"d": 3}}"#);
+/// assert!(floe_sdk::json::remove(br#"{"a": 1}"#, "a.b").is_none());
+/// ```
+pub fn remove(object: &[u8], path: impl FieldRef) -> Option<Vec<u8>> {
+    let keys: Vec<&str> = path.keys().collect();
+    let object = Json::new(object);
+    let mut out = Vec::with_capacity(object.text.len());
+    remove_into(&mut out, object.text, &keys, 0).then_some(out)
+}
+
+fn remove_into(out: &mut Vec<u8>, object: &[u8], keys: &[&str], depth: usize) -> bool {
+    let key = keys[depth];
+    let members: Vec<Member> = Members::new(object).collect();
+    if depth + 1 < keys.len() {
+        let Some(m) = members
+            .iter()
+            .rfind(|m| key_eq(&object[m.key.0..m.key.1], key))
+        else {
+            return false;
+        };
+        let inner = &object[m.value.0..m.value.1];
+        if (Json { text: inner }).kind() != Kind::Object {
+            return false;
+        }
+        out.extend_from_slice(&object[..m.value.0]);
+        if !remove_into(out, inner, keys, depth + 1) {
+            return false;
+        }
+        out.extend_from_slice(&object[m.value.1..]);
+        return true;
+    }
+    let keep: Vec<&Member> = members
+        .iter()
+        .filter(|m| !key_eq(&object[m.key.0..m.key.1], key))
+        .collect();
+    if keep.len() == members.len() {
+        return false;
+    }
+    // Rebuild the member list from the kept members' own text, keeping the
+    // whitespace of the object's edges.
+    let first = members.first().map_or(1, |m| m.key.0);
+    let last = members.last().map_or(1, |m| m.value.1);
+    out.extend_from_slice(&object[..first]);
+    for (i, m) in keep.iter().enumerate() {
+        if i > 0 {
+            // The separator that followed the previous kept member in the text.
+            let prev = keep[i - 1];
+            let sep_end = members
+                .iter()
+                .find(|n| n.key.0 > prev.value.1)
+                .map_or(m.key.0, |n| n.key.0);
+            out.extend_from_slice(&object[prev.value.1..sep_end]);
+        }
+        out.extend_from_slice(&object[m.key.0..m.value.1]);
+    }
+    out.extend_from_slice(&object[last..]);
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    fn j(text: &str) -> Json<'_> {
+        Json::new(text.as_bytes())
+    }
+
+    fn value(bytes: &[u8]) -> Value {
+        serde_json::from_slice(bytes).unwrap()
+    }
+
+    #[test]
+    fn reads_scalars_and_kinds() {
+        let r = j(
+            r#" {"s": "a\"b", "n": -1.5e3, "i": 42, "t": true, "f": false, "z": null, "a": [1, {"x": "]"}], "o": {}} "#,
+        );
+        assert_eq!(r.kind(), Kind::Object);
+        assert_eq!(r.get("s").unwrap().as_str().unwrap(), "a\"b");
+        assert_eq!(r.get("n").unwrap().as_f64(), Some(-1500.0));
+        assert_eq!(r.get("n").unwrap().as_i64(), None);
+        assert_eq!(r.get("i").unwrap().as_i64(), Some(42));
+        assert_eq!(r.get("i").unwrap().as_u64(), Some(42));
+        assert_eq!(r.get("t").unwrap().as_bool(), Some(true));
+        assert_eq!(r.get("f").unwrap().as_bool(), Some(false));
+        assert!(r.get("z").unwrap().is_null());
+        assert_eq!(r.get("a").unwrap().items().count(), 2);
+        assert_eq!(
+            r.get("a")
+                .unwrap()
+                .items()
+                .nth(1)
+                .unwrap()
+                .get("x")
+                .unwrap()
+                .as_str()
+                .unwrap(),
+            "]"
+        );
+        assert_eq!(r.get("o").unwrap().fields().count(), 0);
+        assert_eq!(r.get("o").unwrap().kind(), Kind::Object);
+        assert_eq!(r.fields().count(), 8);
+        assert!(r.get("s.x").is_none(), "paths only go through objects");
+        assert!(r.get("a.0").is_none());
+        assert_eq!(
+            r.get("a").unwrap().to_value().unwrap(),
+            json!([1, {"x": "]"}])
+        );
+    }
+
+    #[test]
+    fn escaped_keys_and_repeated_keys() {
+        let r = j(r#"{"a\u0062": 1, "x": 1, "x": 2, "é": 3}"#);
+        assert_eq!(r.get(["ab"]).unwrap().as_i64(), Some(1));
+        assert_eq!(
+            r.get("x").unwrap().as_i64(),
+            Some(1),
+            "the first one is found"
+        );
+        assert_eq!(r.get("é").unwrap().as_i64(), Some(3));
+        let keys: Vec<String> = r
+            .fields()
+            .map(|(k, _)| k.as_str().unwrap().into_owned())
+            .collect();
+        assert_eq!(keys, ["ab", "x", "x", "é"]);
+    }
+
+    #[test]
+    fn long_strings_with_escapes_are_skipped_whole() {
+        let long = format!(
+            r#"{{"a": "{}\"{}\\", "b": "{}", "c": 1}}"#,
+            "x".repeat(37),
+            "y".repeat(9),
+            "é".repeat(20)
+        );
+        let r = j(&long);
+        assert_eq!(r.get("c").unwrap().as_i64(), Some(1));
+        assert!(
+            r.get("a")
+                .unwrap()
+                .as_str()
+                .unwrap()
+                .ends_with("yyyyyyyyy\\")
+        );
+        assert_eq!(r.get("b").unwrap().as_str().unwrap().chars().count(), 20);
+        assert_eq!(r.fields().count(), 3);
+    }
+
+    #[test]
+    fn malformed_text_finds_nothing() {
+        for bad in ["", "{", r#"{"a""#, r#"{"a":}"#, r#"{"a" 1}"#, "[1,", "nul"] {
+            let v = j(bad);
+            assert!(v.get("a").is_none(), "{bad}");
+            let _ = v.fields().count();
+            let _ = v.items().count();
+        }
+    }
+
+    #[test]
+    fn set_replaces_appends_and_creates_parents() {
+        let r = br#"{"a": 1, "geo": {"lat": 0}, "n": null, "z": 2}"#;
+        assert_eq!(
+            value(&set(r, "a", b"9").unwrap()),
+            json!({"a": 9, "geo": {"lat": 0}, "n": null, "z": 2})
+        );
+        let out = set(r, "b", b"\"x\"").unwrap();
+        assert_eq!(
+            out,
+            br#"{"a": 1, "geo": {"lat": 0}, "n": null, "z": 2,"b":"x"}"#
+        );
+        assert_eq!(
+            value(&set(r, "geo.lon", b"5").unwrap())["geo"],
+            json!({"lat": 0, "lon": 5})
+        );
+        assert_eq!(
+            value(&set(r, "n.a.b", b"1").unwrap())["n"],
+            json!({"a": {"b": 1}})
+        );
+        assert_eq!(value(&set(r, "m.a", b"1").unwrap())["m"], json!({"a": 1}));
+        assert_eq!(set(b"{}", "k", b"1").unwrap(), br#"{"k":1}"#);
+        assert_eq!(set(b"{ }", "k", b"1").unwrap(), br#"{"k":1}"#);
+        assert_eq!(
+            set(br#"{"q\"": 1}"#, ["q\""], b"2").unwrap(),
+            br#"{"q\"": 2}"#
+        );
+        let err = set(r, "z.x.y", b"1").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "cannot write `z.x.y`: `z` is a number, not an object"
+        );
+        assert_eq!(
+            (err.path(), err.parent(), err.kind()),
+            ("z.x.y", "z", Kind::Number)
+        );
+        // Keys in order: a replaced value keeps its place.
+        let out = value(&set(r, "geo", b"[]").unwrap());
+        let keys: Vec<&String> = out.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["a", "geo", "n", "z"]);
+    }
+
+    #[test]
+    fn remove_takes_members_out_cleanly() {
+        let r = br#"{"a": 1, "b": {"c": 2, "d": 3}, "e": [1]}"#;
+        assert_eq!(
+            remove(r, "a").unwrap(),
+            br#"{"b": {"c": 2, "d": 3}, "e": [1]}"#
+        );
+        assert_eq!(
+            remove(r, "e").unwrap(),
+            br#"{"a": 1, "b": {"c": 2, "d": 3}}"#
+        );
+        assert_eq!(remove(r, "b").unwrap(), br#"{"a": 1, "e": [1]}"#);
+        assert_eq!(
+            remove(r, "b.d").unwrap(),
+            br#"{"a": 1, "b": {"c": 2}, "e": [1]}"#
+        );
+        assert_eq!(remove(br#"{"only": 1}"#, "only").unwrap(), b"{}");
+        assert_eq!(
+            remove(br#"{"x": 1, "x": 2, "y": 3}"#, "x").unwrap(),
+            br#"{"y": 3}"#
+        );
+        assert!(remove(r, "missing").is_none());
+        assert!(remove(r, "a.b").is_none());
+        assert!(remove(r, "q.b").is_none());
+        for out in [remove(r, "a"), remove(r, "b.c"), remove(r, "e")] {
+            let _: Value = serde_json::from_slice(&out.unwrap()).unwrap();
+        }
+    }
+
+    #[test]
+    fn strings_are_escaped_like_serde_json() {
+        for s in [
+            "plain",
+            "q\"b\\s",
+            "line\nfeed\ttab\r",
+            "\u{1}\u{1f}",
+            "é ✓",
+        ] {
+            let mut out = Vec::new();
+            write_str(&mut out, s);
+            assert_eq!(serde_json::from_slice::<String>(&out).unwrap(), s);
+            assert_eq!(out, serde_json::to_vec(s).unwrap());
+        }
+    }
+}

@@ -1,0 +1,628 @@
+//! The plugin sandbox under `floe run`: a real broker, the `floe` binary, plugins built
+//! to `wasm32-wasip2` that try to get out (files, sockets, environment, clock, random,
+//! stdout/stderr, sleep) or misbehave (endless loop, memory bomb, huge output, a trap
+//! on one record), a 5 MB record, and a plugin built for the previous contract. Each
+//! attempt has an asserted outcome; records a fault is isolated to are dead-lettered
+//! with their original bytes and the rest is committed.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
+use floe::dead_letter::{DeadLetter, DeadLetterWriter};
+use floe::record::json::JsonObject;
+use floe::transform::{
+    ChainInput, Limits, OnError, PluginsConfig, TransformChain, TransformConfig, TransformEngine,
+};
+use floe_tests::{
+    AgentProcess, Broker, PipelineSpec, Workspace, append_config, floe_cmd, plugin_path,
+};
+use serde_json::{Value, json};
+
+const NS: &str = "sandbox";
+
+/// A broker with a one-partition topic (offsets equal the `id`s) holding `values`,
+/// and a workspace config for it.
+async fn setup(topic: &str, values: &[Value]) -> Result<(Broker, Workspace, PathBuf)> {
+    let broker = Broker::start()?;
+    broker.create_topic(topic, 1).await?;
+    let messages: Vec<floe_tests::Message> = values
+        .iter()
+        .map(|v| (None, Some(v.to_string().into_bytes())))
+        .collect();
+    broker.produce(topic, &messages).await?;
+    let ws = Workspace::new()?;
+    let config = ws.write_config(&PipelineSpec {
+        name: topic,
+        bootstrap: &broker.bootstrap,
+        topic,
+        namespace: NS,
+        table: topic,
+        commit_interval: "1s",
+    })?;
+    Ok((broker, ws, config))
+}
+
+fn records(n: i64) -> Vec<Value> {
+    (0..n)
+        .map(|i| json!({"id": i, "v": format!("x{i}")}))
+        .collect()
+}
+
+/// Adds one plugin to the pipeline.
+fn plugin(config: &Path, name: &str, with: &str, extra: &str) -> Result<()> {
+    append_config(
+        config,
+        &format!(
+            "[[pipelines.transforms]]\nuses = \"{}\"\nname = \"{name}\"\nwith = {with}\n{extra}\n",
+            plugin_path(&format!("test-{name}")).display()
+        ),
+    )
+}
+
+/// Runs `floe run` until the table holds `rows` rows, stops it with SIGTERM (which must
+/// end cleanly), and returns what it logged, without colour codes.
+async fn run_until(config: &Path, ws: &Workspace, table: &str, rows: i64) -> Result<String> {
+    let agent = AgentProcess::start(config, &[])?;
+    if let Err(e) = ws
+        .wait_for_rows(NS, table, rows, Duration::from_secs(120))
+        .await
+    {
+        bail!("{e}\nagent output:\n{}", agent.output());
+    }
+    Ok(plain(&agent.terminate()?))
+}
+
+/// `text` without ANSI colour codes.
+fn plain(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' && chars.peek() == Some(&'[') {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn ids(rows: &[Value]) -> BTreeSet<i64> {
+    rows.iter().map(|r| r["id"].as_i64().expect("id")).collect()
+}
+
+fn dead_letters(ws: &Workspace) -> Result<Vec<DeadLetter>> {
+    let path = ws.path("dead-letter.ndjson");
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    Ok(DeadLetterWriter::read_all(&path)?)
+}
+
+fn original(letter: &DeadLetter) -> Value {
+    let bytes = B64
+        .decode(letter.value_base64.as_deref().expect("value"))
+        .expect("base64");
+    serde_json::from_slice(&bytes).expect("the original message")
+}
+
+/// Every row's `outcome`, as the reader saw it.
+fn outcomes(ws: &Workspace, reader: &str, table: &str) -> Result<Vec<String>> {
+    let dump = ws.read(reader, NS, table, "id")?;
+    Ok(dump
+        .rows()
+        .iter()
+        .map(|r| r["outcome"].as_str().unwrap_or("<none>").to_string())
+        .collect())
+}
+
+/// Runs `n` records through the plugin and checks that exactly the record with
+/// `id == bad` was dead-lettered, with its original bytes, its offset and a reason
+/// naming the plugin and containing `reason`, and that the others were committed.
+async fn isolates(
+    topic: &str,
+    name: &str,
+    with: &str,
+    extra: &str,
+    bad: i64,
+    reason: &str,
+) -> Result<DeadLetter> {
+    const N: i64 = 60;
+    let (_broker, ws, config) = setup(topic, &records(N)).await?;
+    plugin(&config, name, with, extra)?;
+    let log = run_until(&config, &ws, topic, N - 1).await?;
+    for reader in ["pyiceberg", "duckdb"] {
+        let rows = ws.read(reader, NS, topic, "id")?;
+        let expected: BTreeSet<i64> = (0..N).filter(|i| *i != bad).collect();
+        assert_eq!(
+            ids(rows.rows()),
+            expected,
+            "{reader}: every other record committed"
+        );
+        assert_eq!(rows.rows().len() as i64, N - 1, "{reader}: no duplicates");
+    }
+    let letters = dead_letters(&ws)?;
+    assert_eq!(letters.len(), 1, "one dead letter: {letters:?}\n{log}");
+    let letter = &letters[0];
+    assert_eq!(
+        original(letter),
+        json!({"id": bad, "v": format!("x{bad}")}),
+        "original bytes"
+    );
+    assert_eq!(
+        (letter.topic.as_str(), letter.partition, letter.offset),
+        (topic, 0, bad)
+    );
+    assert_eq!(letter.stage, "transform");
+    assert!(
+        letter.reason.starts_with(&format!("plugin {name}: ")) && letter.reason.contains(reason),
+        "{}",
+        letter.reason
+    );
+    assert!(
+        !log.contains("panicked at"),
+        "the agent did not panic:\n{log}"
+    );
+    Ok(letters.into_iter().next().expect("one letter"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_that_traps_only_on_one_input_is_dead_lettered() -> Result<()> {
+    isolates(
+        "traps",
+        "faulty",
+        "{ mode = \"panic\", at_offset = 17 }",
+        "",
+        17,
+        "panicked: faulty plugin panicked on purpose at offset 17",
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endless_loop_is_stopped_at_its_deadline() -> Result<()> {
+    // Fuel would last for days: only the deadline stops it.
+    isolates(
+        "loops",
+        "faulty",
+        "{ mode = \"spin\", at_offset = 30 }",
+        "limits = { fuel = 1000000000000000000, timeout = \"300ms\" }",
+        30,
+        "exceeded its time limit (300ms per batch",
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_bomb_is_contained() -> Result<()> {
+    isolates(
+        "bombs",
+        "faulty",
+        "{ mode = \"hog\", bytes = 268435456, at_offset = 5 }",
+        "limits = { memory = \"16MiB\" }",
+        5,
+        "exceeded its memory limit (16 MiB",
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_output_is_capped() -> Result<()> {
+    isolates(
+        "floods",
+        "escape",
+        "{ attempt = \"flood\", at_offset = 44, copies = 5000 }",
+        "limits = { max_outputs = 1000 }",
+        44,
+        "exceeded its output limit: more than 1000 records",
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_line_cannot_pose_as_a_panic() -> Result<()> {
+    // The plugin logs "panic: spoofed" and then aborts: a trap, not a panic.
+    let letter = isolates(
+        "spoofs",
+        "escape",
+        "{ attempt = \"spoof\", at_offset = 9 }",
+        "",
+        9,
+        "trapped: ",
+    )
+    .await?;
+    assert!(!letter.reason.contains("spoofed"), "{}", letter.reason);
+    Ok(())
+}
+
+/// Runs every record through the escape plugin with `with` and returns each reader's
+/// `outcome`s.
+async fn attempt(topic: &str, with: &str, extra: &str) -> Result<(Vec<String>, String)> {
+    const N: i64 = 20;
+    let (_broker, ws, config) = setup(topic, &records(N)).await?;
+    plugin(&config, "escape", with, extra)?;
+    let log = run_until(&config, &ws, topic, N).await?;
+    let pyiceberg = outcomes(&ws, "pyiceberg", topic)?;
+    assert_eq!(
+        pyiceberg,
+        outcomes(&ws, "duckdb", topic)?,
+        "both readers agree"
+    );
+    assert_eq!(pyiceberg.len() as i64, N);
+    Ok((pyiceberg, log))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_cannot_open_files() -> Result<()> {
+    let secret = std::env::temp_dir().join(format!("floe-sandbox-secret-{}", std::process::id()));
+    std::fs::write(&secret, "do not read")?;
+    let (outcomes, _) = attempt(
+        "files",
+        &format!("{{ attempt = \"file\", path = \"{}\" }}", secret.display()),
+        "",
+    )
+    .await?;
+    for o in &outcomes {
+        let (read, write) = o.split_once("; ").expect("two results");
+        assert!(read.starts_with("denied: "), "{o}");
+        assert!(write.starts_with("denied: "), "{o}");
+    }
+    assert!(
+        !Path::new(&format!("{}.escape", secret.display())).exists(),
+        "nothing written"
+    );
+    std::fs::remove_file(secret)?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_cannot_open_sockets() -> Result<()> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    listener.set_nonblocking(true)?;
+    let port = listener.local_addr()?.port();
+    let (outcomes, _) = attempt(
+        "sockets",
+        &format!("{{ attempt = \"socket\", port = {port} }}"),
+        "",
+    )
+    .await?;
+    for o in &outcomes {
+        assert!(o.starts_with("denied: "), "{o}");
+    }
+    assert!(
+        matches!(listener.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "nobody connected"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_sees_no_environment() -> Result<()> {
+    let (outcomes, _) = attempt("env", "{ attempt = \"env\", var = \"HOME\" }", "").await?;
+    assert!(std::env::var("HOME").is_ok(), "the agent has a HOME");
+    for o in &outcomes {
+        assert_eq!(o, "0 variables, 0 arguments, HOME=None");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_clock_is_frozen_unless_granted() -> Result<()> {
+    let (outcomes, _) = attempt("clocks", "{ attempt = \"clock\" }", "").await?;
+    for o in &outcomes {
+        assert_eq!(o, "wall 0 monotonic 0");
+    }
+    let (outcomes, _) = attempt("granted", "{ attempt = \"clock\" }", "allow_clock = true").await?;
+    for o in &outcomes {
+        let wall: u64 = o.split(' ').nth(1).unwrap().parse()?;
+        assert!(wall > 1_700_000_000, "{o}");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sleeping_returns_at_once() -> Result<()> {
+    // An hour per record: the rows only arrive (within the wait) if sleep does not block.
+    let (outcomes, _) = attempt("sleeps", "{ attempt = \"sleep\", seconds = 3600 }", "").await?;
+    assert!(outcomes.iter().all(|o| o == "slept"));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn printing_goes_to_the_log_with_the_plugin_name() -> Result<()> {
+    // Under `floe run`, a plugin writing to stdout or stderr made a blocking WASI call on
+    // a tokio worker, and the agent died with "Cannot start a runtime from within a
+    // runtime" before committing a row.
+    let (outcomes, log) = attempt("prints", "{ attempt = \"print\" }", "").await?;
+    assert!(outcomes.iter().all(|o| o == "printed"));
+    assert!(!log.contains("Cannot start a runtime"), "{log}");
+    let line = |needle: &str| -> &str {
+        log.lines()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no log line with {needle:?}:\n{log}"))
+    };
+    let stdout = line("escape stdout 3");
+    assert!(
+        stdout.contains("plugin=\"escape\"") || stdout.contains("plugin=escape"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("stream=\"stdout\"") || stdout.contains("stream=stdout"),
+        "{stdout}"
+    );
+    assert!(line("escape stderr 3").contains("stderr"));
+    // A newline in a log message is escaped; a newline on stderr starts a new line that
+    // still carries the plugin's name. No line starts like one of the agent's own.
+    assert!(line("escape log 3").contains("escape log 3\\nINFO forged by log"));
+    for l in log.lines() {
+        if l.contains("forged") {
+            assert!(
+                l.contains("escape"),
+                "a forged line without the plugin's name: {l}"
+            );
+            assert!(
+                !l.starts_with("ERROR forged") && !l.starts_with("INFO forged"),
+                "{l}"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_5_mb_record_goes_through_on_its_own() -> Result<()> {
+    let big = "b".repeat(5 << 20);
+    let mut values = records(10);
+    values.insert(5, json!({"id": 100, "v": big}));
+    let topic = "big";
+    let broker = Broker::start()?;
+    broker.create_topic(topic, 1).await?;
+    produce_large(&broker.bootstrap, topic, &values).await?;
+    let ws = Workspace::new()?;
+    let config = ws.write_config(&PipelineSpec {
+        name: topic,
+        bootstrap: &broker.bootstrap,
+        topic,
+        namespace: NS,
+        table: topic,
+        commit_interval: "1s",
+    })?;
+    // Through two plugins, the second one patching every record.
+    append_config(
+        &config,
+        &format!(
+            "[[pipelines.transforms]]\nuses = \"{}\"\n[[pipelines.transforms]]\nuses = \"{}\"\nwith = {{ hash = [\"id\"] }}\n",
+            plugin_path("passthrough").display(),
+            plugin_path("redact").display()
+        ),
+    )?;
+    run_until(&config, &ws, topic, 11).await?;
+    for reader in ["pyiceberg", "duckdb"] {
+        let dump = ws.read(reader, NS, topic, "v")?;
+        let lengths: Vec<usize> = dump
+            .rows()
+            .iter()
+            .map(|r| r["v"].as_str().unwrap().len())
+            .collect();
+        assert_eq!(lengths.len(), 11, "{reader}");
+        assert!(
+            lengths.contains(&(5 << 20)),
+            "{reader}: the big value is whole"
+        );
+    }
+    assert!(dead_letters(&ws)?.is_empty());
+
+    // With less memory than the record needs, it is dead-lettered alone, whole.
+    let topic = "big_small_memory";
+    broker.create_topic(topic, 1).await?;
+    produce_large(&broker.bootstrap, topic, &values).await?;
+    let ws = Workspace::new()?;
+    let config = ws.write_config(&PipelineSpec {
+        name: topic,
+        bootstrap: &broker.bootstrap,
+        topic,
+        namespace: NS,
+        table: topic,
+        commit_interval: "1s",
+    })?;
+    append_config(
+        &config,
+        &format!(
+            "[[pipelines.transforms]]\nuses = \"{}\"\nlimits = {{ memory = \"4MiB\" }}\n",
+            plugin_path("passthrough").display()
+        ),
+    )?;
+    run_until(&config, &ws, topic, 10).await?;
+    let letters = dead_letters(&ws)?;
+    assert_eq!(letters.len(), 1);
+    assert_eq!(
+        original(&letters[0])["v"].as_str().map(str::len),
+        Some(5 << 20)
+    );
+    assert!(
+        letters[0]
+            .reason
+            .contains("exceeded its memory limit (4 MiB"),
+        "{}",
+        letters[0].reason
+    );
+    assert_eq!(ws.committed_rows(NS, topic).await?, 10);
+    Ok(())
+}
+
+/// Produces messages larger than the client's default size limit.
+async fn produce_large(bootstrap: &str, topic: &str, values: &[Value]) -> Result<()> {
+    use rdkafka::ClientConfig;
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("message.max.bytes", "20000000")
+        .create()?;
+    for v in values {
+        let payload = v.to_string();
+        producer
+            .send(
+                FutureRecord::<(), _>::to(topic).payload(&payload),
+                Duration::from_secs(30),
+            )
+            .await
+            .map_err(|(e, _)| anyhow::anyhow!("produce: {e}"))?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_interrupts_a_running_plugin() -> Result<()> {
+    let (_broker, ws, config) = setup("stuck", &records(5)).await?;
+    plugin(
+        &config,
+        "faulty",
+        "{ mode = \"spin\" }",
+        "limits = { fuel = 1000000000000000000, timeout = \"10m\" }",
+    )?;
+    let mut agent = AgentProcess::start(&config, &[])?;
+    agent.wait_for_line("plugin loaded", Duration::from_secs(120))?;
+    // Let it reach the records and spin.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let stopping = Instant::now();
+    agent.terminate()?;
+    assert!(
+        stopping.elapsed() < Duration::from_secs(60),
+        "SIGTERM did not wait for the 10-minute deadline: {:?}",
+        stopping.elapsed()
+    );
+    assert_eq!(ws.committed_rows(NS, "stuck").await.unwrap_or(0), 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_built_for_the_old_contract_is_refused_with_how_to_rebuild() -> Result<()> {
+    let (_broker, ws, config) = setup("legacy", &records(3)).await?;
+    let text = std::fs::read_to_string(&config)?;
+    plugin(&config, "legacy", "{}", "")?;
+    let (status, out) = AgentProcess::start(&config, &[])?.wait_exit(Duration::from_secs(120))?;
+    assert!(!status.success());
+    let out = plain(&out);
+    assert!(
+        out.contains("built for the plugin contract floe-plugin:transform@0.1.0, but this agent runs @0.2.0; rebuild it with floe-sdk 0.2"),
+        "{out}"
+    );
+    assert_eq!(ws.committed_rows(NS, "legacy").await.unwrap_or(0), 0);
+
+    // `floe check` says so too, and passes a good plugin with its `with` table.
+    let (code, stdout, _) = floe_cmd(&["check", "--config", config.to_str().unwrap()])?;
+    assert_eq!(code, 1, "{stdout}");
+    let line = stdout
+        .lines()
+        .find(|l| l.contains(" plugin "))
+        .expect("a plugin line");
+    assert!(
+        line.contains("FAIL") && line.contains("transform@0.1.0"),
+        "{line}"
+    );
+    std::fs::write(&config, &text)?;
+    plugin(&config, "faulty", "{ mode = \"ok\" }", "")?;
+    plugin(&config, "escape", "{ attempt = \"nope\" }", "")?;
+    let (_, stdout, _) = floe_cmd(&["check", "--config", config.to_str().unwrap()])?;
+    let lines: Vec<&str> = stdout.lines().filter(|l| l.contains(" plugin ")).collect();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    assert!(
+        lines[0].contains(" ok ") && lines[0].contains("faulty: loaded and initialised"),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[1].contains("FAIL") && lines[1].contains("unknown attempt `nope`"),
+        "{}",
+        lines[1]
+    );
+    Ok(())
+}
+
+/// A chain over records with the escape plugin's `random` attempt; the numbers it got.
+fn random_numbers(allow_random: bool, offsets: std::ops::Range<i64>) -> Result<Vec<String>> {
+    let cache = tempfile::tempdir()?;
+    let engine = TransformEngine::new(
+        &PluginsConfig {
+            path: vec![],
+            cache_dir: cache.path().to_path_buf(),
+        },
+        1,
+        64 << 20,
+    )?;
+    let config = TransformConfig {
+        uses: plugin_path("test-escape").display().to_string(),
+        name: Some("escape".into()),
+        with: toml::from_str("attempt = \"random\"")?,
+        limits: Limits::default(),
+        on_error: OnError::DeadLetter,
+        allow_clock: false,
+        allow_random,
+    };
+    let mut chain = TransformChain::new("random", &engine, &[config])?;
+    let values: Vec<JsonObject> = offsets
+        .clone()
+        .map(|i| JsonObject::parse(json!({"id": i}).to_string().into_bytes()))
+        .collect::<Result<_, _>>()?;
+    let inputs: Vec<ChainInput<'_>> = values
+        .iter()
+        .zip(offsets)
+        .map(|(value, offset)| ChainInput {
+            value,
+            topic: "t",
+            partition: 0,
+            offset,
+            timestamp_ms: None,
+            key: None,
+        })
+        .collect();
+    let result = chain.run(&inputs)?;
+    Ok(result
+        .outputs
+        .iter()
+        .map(|o| match &o.value {
+            floe::transform::Produced::New(v) => {
+                serde_json::from_slice::<Value>(v.as_bytes()).unwrap()["outcome"].to_string()
+            }
+            floe::transform::Produced::Unchanged => panic!("the plugin patches every record"),
+        })
+        .collect())
+}
+
+#[test]
+fn random_is_seeded_per_batch_unless_granted() -> Result<()> {
+    let first = random_numbers(false, 0..8)?;
+    assert_eq!(
+        first,
+        random_numbers(false, 0..8)?,
+        "a replay gets the same numbers"
+    );
+    assert_eq!(
+        first.iter().collect::<BTreeSet<_>>().len(),
+        8,
+        "numbers differ within a batch"
+    );
+    assert_ne!(
+        first,
+        random_numbers(false, 100..108)?,
+        "another batch gets others"
+    );
+    let granted = random_numbers(true, 0..8)?;
+    assert_ne!(
+        granted,
+        random_numbers(true, 0..8)?,
+        "granted: the host's random numbers"
+    );
+    Ok(())
+}

@@ -1,0 +1,417 @@
+//! Several agents (separate `floe` processes) in one consumer group share a table:
+//! partitions move between them on kills, stops and starts, and both readers see every
+//! record exactly once (append) and one live row per key (upsert keyed by a payload
+//! field, keys spread over partitions). Also: two agents in a steady state both advance
+//! (no starvation, no fences), and a zombie paused past its session cannot commit.
+//!
+//! `FLOE_SCALE_RECORDS` sets the record count (default 24,000 in CI; the issue's full
+//! run is `FLOE_SCALE_RECORDS=200000`, see scripts/scale.sh).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail, ensure};
+use floe_tests::{
+    AgentProcess, Broker, Message, Workspace, free_port, metric_value, scrape_metrics,
+    wait_for_messages,
+};
+use serde_json::json;
+
+const PARTITIONS: i32 = 12;
+const KEYS: i64 = 1000;
+
+fn records() -> i64 {
+    std::env::var("FLOE_SCALE_RECORDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(24_000)
+}
+
+/// Writes one agent's config: an append pipeline and an upsert pipeline on `topic`,
+/// each in its own consumer group, metrics on `metrics`.
+fn agent_config(
+    ws: &Workspace,
+    broker: &Broker,
+    topic: &str,
+    metrics: &str,
+    n: usize,
+) -> Result<PathBuf> {
+    let d = ws.dir.path().display();
+    let pipeline = |name: &str, table: &str, extra: &str| {
+        format!(
+            r#"
+[[pipelines]]
+name = "{name}"
+[pipelines.source]
+bootstrap_servers = "{bootstrap}"
+group_id = "floe-{name}"
+topics = ["{topic}"]
+[pipelines.source.properties]
+"session.timeout.ms" = "6000"
+"heartbeat.interval.ms" = "1000"
+[pipelines.sink]
+catalog = "local"
+namespace = "scale"
+table = "{table}"
+create_table = true
+commit_interval = "1s"
+{extra}
+[pipelines.dead_letter]
+path = "{d}/dead-letter-{name}-{n}.ndjson"
+"#,
+            bootstrap = broker.bootstrap,
+        )
+    };
+    let text = format!(
+        "[metrics]\nlisten = \"{metrics}\"\n[catalogs.local]\ntype = \"embedded\"\npath = \"{d}/catalog.db\"\nwarehouse = \"{d}/warehouse\"\n{}{}",
+        pipeline("append", "events", ""),
+        pipeline("upsert", "latest", "mode = \"upsert\"\nkey = [\"id\"]"),
+    );
+    let path = ws.path(&format!("agent-{n}.toml"));
+    std::fs::write(&path, text)?;
+    Ok(path)
+}
+
+struct Agent {
+    process: AgentProcess,
+    metrics: String,
+}
+
+fn start_agent(ws: &Workspace, broker: &Broker, topic: &str, n: usize) -> Result<Agent> {
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let config = agent_config(ws, broker, topic, &metrics, n)?;
+    Ok(Agent {
+        process: AgentProcess::start(&config, &[])?,
+        metrics,
+    })
+}
+
+fn signal(agent: &AgentProcess, sig: &str) -> Result<()> {
+    let status = Command::new("kill")
+        .args([sig, &agent.pid().to_string()])
+        .status()?;
+    ensure!(status.success(), "kill {sig} failed");
+    Ok(())
+}
+
+/// The record with sequence number `i`: spread over partitions by its message key; the
+/// upsert key `id` repeats every `KEYS` records, so a key's versions land on many
+/// partitions (and so on many agents).
+fn message(i: i64) -> Message {
+    let value = json!({"seq": i, "id": i % KEYS, "version": i / KEYS});
+    (
+        Some(format!("m{i}").into_bytes()),
+        Some(value.to_string().into_bytes()),
+    )
+}
+
+/// Produces `n` records in batches while the test does other things; counts produced.
+fn producer(
+    broker: &Broker,
+    topic: &str,
+    n: i64,
+    produced: Arc<AtomicI64>,
+) -> tokio::task::JoinHandle<Result<()>> {
+    let bootstrap = broker.bootstrap.clone();
+    let topic = topic.to_string();
+    tokio::spawn(async move {
+        let mut i = 0;
+        while i < n {
+            let end = (i + 500).min(n);
+            let batch: Vec<Message> = (i..end).map(message).collect();
+            floe_tests::produce_to(&bootstrap, &topic, &batch).await?;
+            produced.store(end, Ordering::SeqCst);
+            i = end;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    })
+}
+
+async fn wait_produced(produced: &AtomicI64, at_least: i64) {
+    while produced.load(Ordering::SeqCst) < at_least {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Stored offsets per partition of a pipeline in a table.
+async fn stored(ws: &Workspace, table: &str, pipeline: &str) -> Result<BTreeMap<i32, i64>> {
+    let catalog = ws.catalog().await?;
+    let t = catalog
+        .load_table(&iceberg::TableIdent::from_strs(["scale", table])?)
+        .await?;
+    Ok(floe::commit::OffsetMap::from_table(t.metadata(), pipeline)?
+        .0
+        .into_iter()
+        .map(|((_, p), o)| (p, o))
+        .collect())
+}
+
+/// Checks both tables against what was produced, with both readers.
+async fn check_tables(ws: &Workspace, n: i64) -> Result<()> {
+    let catalog = ws.catalog().await?;
+    for (table, pipeline) in [("events", "append"), ("latest", "upsert")] {
+        wait_for_messages(
+            catalog.as_ref(),
+            "scale",
+            table,
+            pipeline,
+            n,
+            Duration::from_secs(180),
+        )
+        .await?;
+        let offsets = stored(ws, table, pipeline).await?;
+        ensure!(
+            offsets.len() == PARTITIONS as usize,
+            "{table}: offsets of {} partitions stored, expected {PARTITIONS}: {offsets:?}",
+            offsets.len()
+        );
+        ensure!(offsets.values().sum::<i64>() == n, "{table}: {offsets:?}");
+    }
+    for reader in ["pyiceberg", "duckdb"] {
+        let append = ws.read(reader, "scale", "events", "seq")?;
+        let seqs: Vec<i64> = append
+            .rows()
+            .iter()
+            .map(|r| r["seq"].as_i64().expect("seq"))
+            .collect();
+        let unique: BTreeSet<i64> = seqs.iter().copied().collect();
+        ensure!(
+            seqs.len() as i64 == n && unique.len() as i64 == n,
+            "{reader}: events has {} rows, {} distinct, expected {n}",
+            seqs.len(),
+            unique.len()
+        );
+        ensure!(
+            unique == (0..n).collect(),
+            "{reader}: events misses records"
+        );
+        let latest = ws.read(reader, "scale", "latest", "id")?;
+        let mut per_key: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
+        for r in latest.rows() {
+            per_key
+                .entry(r["id"].as_i64().expect("id"))
+                .or_default()
+                .push(r["version"].as_i64().expect("version"));
+        }
+        let keys = KEYS.min(n);
+        ensure!(
+            per_key.len() as i64 == keys,
+            "{reader}: latest has {} keys, expected {keys}",
+            per_key.len()
+        );
+        for (id, versions) in &per_key {
+            ensure!(
+                versions.len() == 1,
+                "{reader}: key {id} has {} live rows: {versions:?}",
+                versions.len()
+            );
+            let produced_versions = (n - 1 - id) / KEYS + 1;
+            ensure!(
+                (0..produced_versions).contains(&versions[0]),
+                "{reader}: key {id} holds version {} which was never produced",
+                versions[0]
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Three agents share both tables while one is killed with SIGKILL, one stopped with
+/// SIGTERM and a fourth started mid-run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_come_and_go_and_the_tables_stay_exact() -> Result<()> {
+    let n = records();
+    let broker = Broker::start()?;
+    broker.create_topic("events", PARTITIONS).await?;
+    let ws = Workspace::new()?;
+    let produced = Arc::new(AtomicI64::new(0));
+    let a = start_agent(&ws, &broker, "events", 1)?;
+    let b = start_agent(&ws, &broker, "events", 2)?;
+    let c = start_agent(&ws, &broker, "events", 3)?;
+    let producing = producer(&broker, "events", n, produced.clone());
+    wait_produced(&produced, n / 3).await;
+    // A dies without a word.
+    a.process.kill9()?;
+    wait_produced(&produced, n / 2).await;
+    // B leaves cleanly, D joins.
+    let out = b.process.terminate()?;
+    ensure!(!out.contains("panicked"), "{out}");
+    let d = start_agent(&ws, &broker, "events", 4)?;
+    wait_produced(&produced, 2 * n / 3).await;
+    producing.await??;
+    if let Err(e) = check_tables(&ws, n).await {
+        bail!(
+            "{e}\n--- agent C:\n{}\n--- agent D:\n{}",
+            tail(&c.process.output()),
+            tail(&d.process.output())
+        );
+    }
+    let fences: f64 = [&c, &d]
+        .iter()
+        .filter_map(|x| scrape_metrics(&x.metrics).ok())
+        .filter_map(|m| metric_value(&m, "floe_fences_total", &[]))
+        .sum();
+    println!("fences counted by the surviving agents: {fences}");
+    c.process.terminate()?;
+    d.process.terminate()?;
+    Ok(())
+}
+
+/// Two agents with equal intervals and steady traffic: both keep committing and every
+/// partition advances; fences stay near zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_agents_in_a_steady_state_both_advance() -> Result<()> {
+    let n = records() / 2;
+    let broker = Broker::start()?;
+    broker.create_topic("steady", PARTITIONS).await?;
+    let ws = Workspace::new()?;
+    let a = start_agent(&ws, &broker, "steady", 1)?;
+    let b = start_agent(&ws, &broker, "steady", 2)?;
+    // Let the group settle before the traffic starts.
+    wait_assigned(
+        &[&a, &b],
+        "append",
+        PARTITIONS as f64,
+        Duration::from_secs(60),
+    )
+    .await?;
+    let produced = Arc::new(AtomicI64::new(0));
+    let producing = producer(&broker, "steady", n, produced.clone());
+    producing.await??;
+    check_tables(&ws, n).await?;
+    let committed = |agent: &Agent| -> Result<(f64, f64)> {
+        let m = scrape_metrics(&agent.metrics)?;
+        Ok((
+            metric_value(&m, "floe_commits_total", &["pipeline=\"append\""]).unwrap_or(0.0),
+            metric_value(&m, "floe_fences_total", &["pipeline=\"append\""]).unwrap_or(0.0),
+        ))
+    };
+    let (commits_a, fences_a) = committed(&a)?;
+    let (commits_b, fences_b) = committed(&b)?;
+    println!("commits a={commits_a} b={commits_b}, fences a={fences_a} b={fences_b}");
+    ensure!(
+        commits_a >= 2.0 && commits_b >= 2.0,
+        "both agents commit: a={commits_a} b={commits_b}"
+    );
+    ensure!(
+        fences_a + fences_b <= 2.0,
+        "fences a={fences_a} b={fences_b}"
+    );
+    a.process.terminate()?;
+    b.process.terminate()?;
+    Ok(())
+}
+
+async fn wait_assigned(
+    agents: &[&Agent],
+    pipeline: &str,
+    total: f64,
+    timeout: Duration,
+) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        let sum: f64 = agents
+            .iter()
+            .filter_map(|a| scrape_metrics(&a.metrics).ok())
+            .filter_map(|m| {
+                metric_value(
+                    &m,
+                    "floe_partitions_assigned",
+                    &[&format!("pipeline=\"{pipeline}\"")],
+                )
+            })
+            .sum();
+        let each: Vec<f64> = agents
+            .iter()
+            .filter_map(|a| scrape_metrics(&a.metrics).ok())
+            .map(|m| {
+                metric_value(
+                    &m,
+                    "floe_partitions_assigned",
+                    &[&format!("pipeline=\"{pipeline}\"")],
+                )
+                .unwrap_or(0.0)
+            })
+            .collect();
+        if sum == total && each.iter().all(|x| *x > 0.0) {
+            return Ok(());
+        }
+        if start.elapsed() > timeout {
+            bail!("partitions assigned {each:?}, expected {total} in all");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A zombie: an agent paused (SIGSTOP) past its session timeout loses its partitions;
+/// resumed (SIGCONT) with records it read before the pause, it cannot commit them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zombie_resumed_after_its_session_cannot_commit() -> Result<()> {
+    let broker = Broker::start()?;
+    broker.create_topic("zombie", PARTITIONS).await?;
+    let ws = Workspace::new()?;
+    let zombie = start_agent(&ws, &broker, "zombie", 1)?;
+    wait_assigned(
+        &[&zombie],
+        "append",
+        PARTITIONS as f64,
+        Duration::from_secs(60),
+    )
+    .await?;
+    let first: Vec<Message> = (0..600).map(message).collect();
+    broker.produce("zombie", &first).await?;
+    let catalog = ws.catalog().await?;
+    wait_for_messages(
+        catalog.as_ref(),
+        "scale",
+        "events",
+        "append",
+        600,
+        Duration::from_secs(60),
+    )
+    .await?;
+    // Paused with records in flight, past the session timeout: the group moves on.
+    let more: Vec<Message> = (600..1200).map(message).collect();
+    broker.produce("zombie", &more).await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    signal(&zombie.process, "-STOP")?;
+    let heir = start_agent(&ws, &broker, "zombie", 2)?;
+    wait_for_messages(
+        catalog.as_ref(),
+        "scale",
+        "events",
+        "append",
+        1200,
+        Duration::from_secs(120),
+    )
+    .await?;
+    let rest: Vec<Message> = (1200..1800).map(message).collect();
+    broker.produce("zombie", &rest).await?;
+    wait_for_messages(
+        catalog.as_ref(),
+        "scale",
+        "events",
+        "append",
+        1800,
+        Duration::from_secs(120),
+    )
+    .await?;
+    // The zombie wakes up and tries to commit what it read before the pause.
+    signal(&zombie.process, "-CONT")?;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    check_tables(&ws, 1800).await?;
+    heir.process.terminate()?;
+    let _ = zombie.process.terminate();
+    Ok(())
+}
+
+/// The last lines of an agent's log (for failure messages).
+fn tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(60)..].join("\n")
+}
