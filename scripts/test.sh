@@ -11,6 +11,8 @@ cd "$root"
 
 export FLOE_CACHE="${FLOE_CACHE:-/var/cache/floe}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$FLOE_CACHE/target}"
+# Incremental compilation state is tens of GB for this workspace; CI builds once.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 # Every process started below inherits this marker, so cleanup finds exactly ours.
 export FLOE_TEST_RUN="floe-test-$$-$RANDOM"
 

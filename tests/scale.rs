@@ -4,6 +4,9 @@
 //! field, keys spread over partitions). Also: two agents in a steady state both advance
 //! (no starvation, no fences), and a zombie paused past its session cannot commit.
 //!
+//! The same come-and-go scenario runs against a REST catalog (rustberg over moto S3), where
+//! the agents' commits race through the catalog's conditional updates.
+//!
 //! `FLOE_SCALE_RECORDS` sets the record count (default 24,000 in CI; the full
 //! run is `FLOE_SCALE_RECORDS=200000`, see scripts/scale.sh).
 
@@ -15,8 +18,9 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail, ensure};
+use floe_tests::rest::{RestStack, TokenPolicy, WRITER};
 use floe_tests::{
-    AgentProcess, Broker, Message, Workspace, free_port, metric_value, scrape_metrics,
+    AgentProcess, Broker, Message, TableDump, Workspace, free_port, metric_value, scrape_metrics,
     wait_for_messages,
 };
 use serde_json::json;
@@ -31,15 +35,71 @@ fn records() -> i64 {
         .unwrap_or(24_000)
 }
 
+/// Where the agents' tables live.
+enum Lake {
+    /// The embedded catalog in a workspace.
+    Embedded(Workspace),
+    /// A REST catalog (rustberg, OAuth2, vended credentials, moto S3); the workspace
+    /// holds configs and dead letters.
+    Rest(Workspace, Box<RestStack>),
+}
+
+impl Lake {
+    fn embedded() -> Result<Lake> {
+        Ok(Lake::Embedded(Workspace::new()?))
+    }
+
+    fn rest() -> Result<Lake> {
+        Ok(Lake::Rest(
+            Workspace::new()?,
+            Box::new(RestStack::start(TokenPolicy::default())?),
+        ))
+    }
+
+    fn ws(&self) -> &Workspace {
+        match self {
+            Lake::Embedded(ws) | Lake::Rest(ws, _) => ws,
+        }
+    }
+
+    /// The `[catalogs.local]` section of the agents' configs.
+    fn catalog_toml(&self) -> String {
+        match self {
+            Lake::Embedded(ws) => {
+                let d = ws.dir.path().display();
+                format!(
+                    "[catalogs.local]\ntype = \"embedded\"\npath = \"{d}/catalog.db\"\nwarehouse = \"{d}/warehouse\"\n"
+                )
+            }
+            Lake::Rest(_, stack) => stack.catalog_toml("local", WRITER),
+        }
+    }
+
+    async fn catalog(&self) -> Result<Arc<dyn iceberg::Catalog>> {
+        match self {
+            Lake::Embedded(ws) => ws.catalog().await,
+            Lake::Rest(_, stack) => stack.open_catalog(WRITER).await,
+        }
+    }
+
+    fn read(&self, reader: &str, table: &str, order_by: &str) -> Result<TableDump> {
+        match self {
+            Lake::Embedded(ws) => ws.read(reader, "scale", table, order_by),
+            Lake::Rest(_, stack) => stack.read(reader, "scale", table, order_by),
+        }
+    }
+}
+
 /// Writes one agent's config: an append pipeline and an upsert pipeline on `topic`,
 /// each in its own consumer group, metrics on `metrics`.
 fn agent_config(
-    ws: &Workspace,
+    lake: &Lake,
     broker: &Broker,
     topic: &str,
     metrics: &str,
     n: usize,
 ) -> Result<PathBuf> {
+    let ws = lake.ws();
     let d = ws.dir.path().display();
     let pipeline = |name: &str, table: &str, extra: &str| {
         format!(
@@ -67,7 +127,8 @@ path = "{d}/dead-letter-{name}-{n}.ndjson"
         )
     };
     let text = format!(
-        "[metrics]\nlisten = \"{metrics}\"\n[catalogs.local]\ntype = \"embedded\"\npath = \"{d}/catalog.db\"\nwarehouse = \"{d}/warehouse\"\n{}{}",
+        "[metrics]\nlisten = \"{metrics}\"\n{}\n{}{}",
+        lake.catalog_toml(),
         pipeline("append", "events", ""),
         pipeline("upsert", "latest", "mode = \"upsert\"\nkey = [\"id\"]"),
     );
@@ -81,9 +142,9 @@ struct Agent {
     metrics: String,
 }
 
-fn start_agent(ws: &Workspace, broker: &Broker, topic: &str, n: usize) -> Result<Agent> {
+fn start_agent(lake: &Lake, broker: &Broker, topic: &str, n: usize) -> Result<Agent> {
     let metrics = format!("127.0.0.1:{}", free_port());
-    let config = agent_config(ws, broker, topic, &metrics, n)?;
+    let config = agent_config(lake, broker, topic, &metrics, n)?;
     Ok(Agent {
         process: AgentProcess::start(&config, &[])?,
         metrics,
@@ -139,8 +200,8 @@ async fn wait_produced(produced: &AtomicI64, at_least: i64) {
 }
 
 /// Stored offsets per partition of a pipeline in a table.
-async fn stored(ws: &Workspace, table: &str, pipeline: &str) -> Result<BTreeMap<i32, i64>> {
-    let catalog = ws.catalog().await?;
+async fn stored(lake: &Lake, table: &str, pipeline: &str) -> Result<BTreeMap<i32, i64>> {
+    let catalog = lake.catalog().await?;
     let t = catalog
         .load_table(&iceberg::TableIdent::from_strs(["scale", table])?)
         .await?;
@@ -152,8 +213,8 @@ async fn stored(ws: &Workspace, table: &str, pipeline: &str) -> Result<BTreeMap<
 }
 
 /// Checks both tables against what was produced, with both readers.
-async fn check_tables(ws: &Workspace, n: i64) -> Result<()> {
-    let catalog = ws.catalog().await?;
+async fn check_tables(lake: &Lake, n: i64) -> Result<()> {
+    let catalog = lake.catalog().await?;
     for (table, pipeline) in [("events", "append"), ("latest", "upsert")] {
         wait_for_messages(
             catalog.as_ref(),
@@ -164,7 +225,7 @@ async fn check_tables(ws: &Workspace, n: i64) -> Result<()> {
             Duration::from_secs(180),
         )
         .await?;
-        let offsets = stored(ws, table, pipeline).await?;
+        let offsets = stored(lake, table, pipeline).await?;
         ensure!(
             offsets.len() == PARTITIONS as usize,
             "{table}: offsets of {} partitions stored, expected {PARTITIONS}: {offsets:?}",
@@ -173,7 +234,7 @@ async fn check_tables(ws: &Workspace, n: i64) -> Result<()> {
         ensure!(offsets.values().sum::<i64>() == n, "{table}: {offsets:?}");
     }
     for reader in ["pyiceberg", "duckdb"] {
-        let append = ws.read(reader, "scale", "events", "seq")?;
+        let append = lake.read(reader, "events", "seq")?;
         let seqs: Vec<i64> = append
             .rows()
             .iter()
@@ -190,7 +251,7 @@ async fn check_tables(ws: &Workspace, n: i64) -> Result<()> {
             unique == (0..n).collect(),
             "{reader}: events misses records"
         );
-        let latest = ws.read(reader, "scale", "latest", "id")?;
+        let latest = lake.read(reader, "latest", "id")?;
         let mut per_key: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
         for r in latest.rows() {
             per_key
@@ -225,14 +286,23 @@ async fn check_tables(ws: &Workspace, n: i64) -> Result<()> {
 /// SIGTERM and a fourth started mid-run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_come_and_go_and_the_tables_stay_exact() -> Result<()> {
-    let n = records();
+    come_and_go(&Lake::embedded()?, records()).await
+}
+
+/// The same through a REST catalog over S3 (half the records: every commit is a few
+/// HTTP round trips and S3 uploads on this 2-core machine).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_come_and_go_on_a_rest_catalog_and_the_tables_stay_exact() -> Result<()> {
+    come_and_go(&Lake::rest()?, records() / 2).await
+}
+
+async fn come_and_go(lake: &Lake, n: i64) -> Result<()> {
     let broker = Broker::start()?;
     broker.create_topic("events", PARTITIONS).await?;
-    let ws = Workspace::new()?;
     let produced = Arc::new(AtomicI64::new(0));
-    let a = start_agent(&ws, &broker, "events", 1)?;
-    let b = start_agent(&ws, &broker, "events", 2)?;
-    let c = start_agent(&ws, &broker, "events", 3)?;
+    let a = start_agent(lake, &broker, "events", 1)?;
+    let b = start_agent(lake, &broker, "events", 2)?;
+    let c = start_agent(lake, &broker, "events", 3)?;
     let producing = producer(&broker, "events", n, produced.clone());
     wait_produced(&produced, n / 3).await;
     // A dies without a word.
@@ -241,10 +311,10 @@ async fn agents_come_and_go_and_the_tables_stay_exact() -> Result<()> {
     // B leaves cleanly, D joins.
     let out = b.process.terminate()?;
     ensure!(!out.contains("panicked"), "{out}");
-    let d = start_agent(&ws, &broker, "events", 4)?;
+    let d = start_agent(lake, &broker, "events", 4)?;
     wait_produced(&produced, 2 * n / 3).await;
     producing.await??;
-    if let Err(e) = check_tables(&ws, n).await {
+    if let Err(e) = check_tables(lake, n).await {
         bail!(
             "{e}\n--- agent C:\n{}\n--- agent D:\n{}",
             tail(&c.process.output()),
@@ -269,9 +339,9 @@ async fn two_agents_in_a_steady_state_both_advance() -> Result<()> {
     let n = records() / 2;
     let broker = Broker::start()?;
     broker.create_topic("steady", PARTITIONS).await?;
-    let ws = Workspace::new()?;
-    let a = start_agent(&ws, &broker, "steady", 1)?;
-    let b = start_agent(&ws, &broker, "steady", 2)?;
+    let lake = Lake::embedded()?;
+    let a = start_agent(&lake, &broker, "steady", 1)?;
+    let b = start_agent(&lake, &broker, "steady", 2)?;
     // Let the group settle before the traffic starts.
     wait_assigned(
         &[&a, &b],
@@ -283,7 +353,7 @@ async fn two_agents_in_a_steady_state_both_advance() -> Result<()> {
     let produced = Arc::new(AtomicI64::new(0));
     let producing = producer(&broker, "steady", n, produced.clone());
     producing.await??;
-    check_tables(&ws, n).await?;
+    check_tables(&lake, n).await?;
     let committed = |agent: &Agent| -> Result<(f64, f64)> {
         let m = scrape_metrics(&agent.metrics)?;
         Ok((
@@ -354,8 +424,8 @@ async fn wait_assigned(
 async fn a_zombie_resumed_after_its_session_cannot_commit() -> Result<()> {
     let broker = Broker::start()?;
     broker.create_topic("zombie", PARTITIONS).await?;
-    let ws = Workspace::new()?;
-    let zombie = start_agent(&ws, &broker, "zombie", 1)?;
+    let lake = Lake::embedded()?;
+    let zombie = start_agent(&lake, &broker, "zombie", 1)?;
     wait_assigned(
         &[&zombie],
         "append",
@@ -365,7 +435,7 @@ async fn a_zombie_resumed_after_its_session_cannot_commit() -> Result<()> {
     .await?;
     let first: Vec<Message> = (0..600).map(message).collect();
     broker.produce("zombie", &first).await?;
-    let catalog = ws.catalog().await?;
+    let catalog = lake.catalog().await?;
     wait_for_messages(
         catalog.as_ref(),
         "scale",
@@ -380,7 +450,7 @@ async fn a_zombie_resumed_after_its_session_cannot_commit() -> Result<()> {
     broker.produce("zombie", &more).await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
     signal(&zombie.process, "-STOP")?;
-    let heir = start_agent(&ws, &broker, "zombie", 2)?;
+    let heir = start_agent(&lake, &broker, "zombie", 2)?;
     wait_for_messages(
         catalog.as_ref(),
         "scale",
@@ -404,7 +474,7 @@ async fn a_zombie_resumed_after_its_session_cannot_commit() -> Result<()> {
     // The zombie wakes up and tries to commit what it read before the pause.
     signal(&zombie.process, "-CONT")?;
     tokio::time::sleep(Duration::from_secs(8)).await;
-    check_tables(&ws, 1800).await?;
+    check_tables(&lake, 1800).await?;
     heir.process.terminate()?;
     let _ = zombie.process.terminate();
     Ok(())

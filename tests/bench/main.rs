@@ -346,13 +346,61 @@ fn toml_sink() -> floe::sink::SinkConfig {
 }
 
 /// (c)/(d) The `floe` binary ingesting the topic, measured from outside.
+/// One `floe run` scenario: the plugin chain (plugin, its `with` table) and which of
+/// the workload's 5 events (record `i` has event `i % 5`) it keeps.
+struct Run {
+    scenario: &'static str,
+    chain: &'static [(&'static str, &'static str)],
+    kept: &'static [usize],
+}
+
+const PASS: (&str, &str) = ("passthrough", "");
+/// A real chain: keep 3 of the 5 events, drop `tags` and hash `user`, rename two fields.
+const CHAIN: [(&str, &str); 3] = [
+    (
+        "filter",
+        r#"all = [{ field = "event", op = "in", value = ["page_view", "click", "purchase"] }]"#,
+    ),
+    (
+        "redact",
+        "drop = [\"tags\"]\nhash = [\"user\"]\nsalt = \"pepper\"",
+    ),
+    (
+        "rename",
+        r#"fields = { ts = "event_time", amount = "amount_eur" }"#,
+    ),
+];
+
+const RUNS: [Run; 4] = [
+    Run {
+        scenario: "c: floe, no plugin",
+        chain: &[],
+        kept: &[0, 1, 2, 3, 4],
+    },
+    Run {
+        scenario: "d: floe, 1 passthrough plugin",
+        chain: &[PASS],
+        kept: &[0, 1, 2, 3, 4],
+    },
+    Run {
+        scenario: "d: floe, 3 passthrough plugins",
+        chain: &[PASS, PASS, PASS],
+        kept: &[0, 1, 2, 3, 4],
+    },
+    Run {
+        scenario: "d: floe, filter + redact + rename",
+        chain: &CHAIN,
+        kept: &[0, 1, 3],
+    },
+];
+
 async fn floe_run(
     name: &str,
     broker: &Broker,
     topic: &str,
     n: usize,
     bytes: u64,
-    plugins: usize,
+    run: &Run,
 ) -> Result<Figures> {
     let ws = Workspace::new()?;
     let metrics = format!("127.0.0.1:{}", free_port());
@@ -386,10 +434,10 @@ flush_bytes = "64MiB"
         cache = std::env::temp_dir().join("floe-bench-wasm-cache").display(),
         bootstrap = broker.bootstrap,
     );
-    for _ in 0..plugins {
+    for (plugin, with) in run.chain {
         config.push_str(&format!(
-            "[[pipelines.transforms]]\nuses = \"{}\"\n",
-            floe_tests::plugin_path("passthrough").display()
+            "[[pipelines.transforms]]\nuses = \"{}\"\n[pipelines.transforms.with]\n{with}\n",
+            floe_tests::plugin_path(plugin).display()
         ));
     }
     let path = ws.path("floe.toml");
@@ -459,14 +507,13 @@ flush_bytes = "64MiB"
     let catalog = ws.catalog().await?;
     let (rows, files, snapshots) =
         table_stats(&catalog, &TableIdent::from_strs(["bench", "events"])?).await?;
-    anyhow::ensure!(rows as usize == n, "floe committed {rows} of {n} rows");
-    let scenario = match plugins {
-        0 => "c: floe, no plugin".to_string(),
-        1 => "d: floe, 1 passthrough plugin".to_string(),
-        k => format!("d: floe, {k} passthrough plugins"),
-    };
+    let expected = (0..n).filter(|i| run.kept.contains(&(i % 5))).count();
+    anyhow::ensure!(
+        rows as usize == expected,
+        "floe committed {rows} of {expected} rows"
+    );
     Ok(Figures {
-        scenario,
+        scenario: run.scenario.to_string(),
         records: n,
         seconds,
         cpu_seconds: cpu,
@@ -835,8 +882,8 @@ async fn bench(args: Args) -> Result<()> {
     println!("{:?}", results.last().map(|f| (&f.scenario, f.rate())));
     drop(upsert_values);
     drop(values);
-    for plugins in [0, 1, 3] {
-        results.push(floe_run(&format!("p{plugins}"), &broker, topic, n, bytes, plugins).await?);
+    for (i, run) in RUNS.iter().enumerate() {
+        results.push(floe_run(&format!("p{i}"), &broker, topic, n, bytes, run).await?);
         println!("{:?}", results.last().map(|f| (&f.scenario, f.rate())));
     }
     if !args.skip_peer {
@@ -857,6 +904,7 @@ async fn bench(args: Args) -> Result<()> {
         "c_over_b": ratio(c.clone(), find("b:")),
         "d1_over_c": ratio(find("d: floe, 1 "), c.clone()),
         "d3_over_c": ratio(find("d: floe, 3 "), c.clone()),
+        "chain_over_c": ratio(find("d: floe, filter"), c.clone()),
         "c_over_e": ratio(c.clone(), find("e:")),
     });
     println!(
