@@ -29,12 +29,27 @@ pub trait Classify {
     }
 }
 
-/// The class of an iceberg-rust error: data and feature errors are fatal, the rest
-/// (I/O, storage, catalog answers) transient unless the crate says otherwise.
+/// Attached as the source of an iceberg-rust error whose cause is known to be final
+/// (a catalog's 400/401/403 answer): the error's kind alone (`Unexpected`) would read as
+/// transient, and retrying a missing privilege forever hides it from the operator.
+#[derive(Debug, thiserror::Error)]
+#[error("retrying cannot help: {0}")]
+pub struct NotRetryable(pub &'static str);
+
+/// The class of an iceberg-rust error: data and feature errors, and errors marked
+/// [`NotRetryable`], are fatal; the rest (I/O, storage, catalog answers) transient unless
+/// the crate says otherwise.
 pub fn iceberg_class(e: &iceberg::Error) -> ErrorClass {
     use iceberg::ErrorKind as K;
     if e.retryable() {
         return ErrorClass::Transient;
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if s.is::<NotRetryable>() {
+            return ErrorClass::Fatal;
+        }
+        source = s.source();
     }
     match e.kind() {
         K::DataInvalid
@@ -60,6 +75,15 @@ pub fn backoff(attempt: u32, base: Duration, cap: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_error_marked_not_retryable_is_fatal_whatever_its_kind() {
+        let plain = iceberg::Error::new(iceberg::ErrorKind::Unexpected, "HTTP 403");
+        assert_eq!(iceberg_class(&plain), ErrorClass::Transient);
+        let marked = iceberg::Error::new(iceberg::ErrorKind::Unexpected, "HTTP 403")
+            .with_source(NotRetryable("the catalog refused the request"));
+        assert_eq!(iceberg_class(&marked), ErrorClass::Fatal);
+    }
 
     #[test]
     fn backoff_doubles_up_to_the_cap_with_jitter() {

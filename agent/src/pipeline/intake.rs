@@ -277,7 +277,19 @@ impl Intake {
                             }
                         }
                         None => {
-                            self.state.next.remove(&a.tp);
+                            // The source reads from where it likes: what every table
+                            // already holds is skipped all the same (not dead-lettered
+                            // again, not buffered twice).
+                            let held = a
+                                .stored
+                                .iter()
+                                .copied()
+                                .collect::<Option<Vec<i64>>>()
+                                .and_then(|v| v.into_iter().min());
+                            match held {
+                                Some(h) => self.state.next.insert(a.tp.clone(), h),
+                                None => self.state.next.remove(&a.tp),
+                            };
                             self.state.from.remove(&a.tp);
                         }
                     }

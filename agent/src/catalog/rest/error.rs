@@ -100,7 +100,16 @@ impl RestError {
             _ => ErrorKind::Unexpected,
         };
         let retryable = matches!(self.status(), Some(409)) || self.transient();
-        iceberg::Error::new(kind, self.to_string()).with_retryable(retryable)
+        let refused = matches!(self.status(), Some(400..=499)) && kind == ErrorKind::Unexpected;
+        let error = iceberg::Error::new(kind, self.to_string()).with_retryable(retryable);
+        if refused && !retryable {
+            // A credential, privilege or request the catalog refuses: final, not an outage.
+            error.with_source(crate::error::NotRetryable(
+                "the catalog refused the request",
+            ))
+        } else {
+            error
+        }
     }
 }
 
@@ -127,5 +136,17 @@ mod tests {
             e(404).into_iceberg(ErrorKind::TableNotFound).kind(),
             ErrorKind::TableNotFound
         );
+        use crate::error::{ErrorClass, iceberg_class};
+        for (status, class) in [
+            (401, ErrorClass::Fatal),
+            (403, ErrorClass::Fatal),
+            (400, ErrorClass::Fatal),
+            (409, ErrorClass::Transient),
+            (429, ErrorClass::Transient),
+            (503, ErrorClass::Transient),
+        ] {
+            let got = iceberg_class(&e(status).into_iceberg(ErrorKind::TableNotFound));
+            assert_eq!(got, class, "HTTP {status}");
+        }
     }
 }
