@@ -60,6 +60,9 @@ struct Args {
     /// Skip scenario (f).
     #[arg(long)]
     skip_maintenance: bool,
+    /// `flush_bytes` of the `floe run` scenarios (c) and (d).
+    #[arg(long, default_value = "64MiB")]
+    flush_bytes: String,
     /// Also run 1, 2 and 3 agents (separate processes, one consumer group) on one table.
     #[arg(long)]
     agents: bool,
@@ -401,6 +404,7 @@ async fn floe_run(
     n: usize,
     bytes: u64,
     run: &Run,
+    flush_bytes: &str,
 ) -> Result<Figures> {
     let ws = Workspace::new()?;
     let metrics = format!("127.0.0.1:{}", free_port());
@@ -429,7 +433,7 @@ namespace = "bench"
 table = "events"
 create_table = true
 commit_interval = "10s"
-flush_bytes = "64MiB"
+flush_bytes = "{flush_bytes}"
 "#,
         cache = std::env::temp_dir().join("floe-bench-wasm-cache").display(),
         bootstrap = broker.bootstrap,
@@ -883,7 +887,18 @@ async fn bench(args: Args) -> Result<()> {
     drop(upsert_values);
     drop(values);
     for (i, run) in RUNS.iter().enumerate() {
-        results.push(floe_run(&format!("p{i}"), &broker, topic, n, bytes, run).await?);
+        results.push(
+            floe_run(
+                &format!("p{i}"),
+                &broker,
+                topic,
+                n,
+                bytes,
+                run,
+                &args.flush_bytes,
+            )
+            .await?,
+        );
         println!("{:?}", results.last().map(|f| (&f.scenario, f.rate())));
     }
     if !args.skip_peer {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use super::committer::Report;
 use super::{PipelineError, tracker_for};
@@ -63,6 +63,9 @@ pub(super) struct Seal {
     pub from: PartitionMap<i64>,
     /// Records lost to retention before they were read, per partition (for the summary).
     pub gaps: PartitionMap<(i64, i64)>,
+    /// Held until the committer is done with this seal: one seal in flight at a time, so
+    /// at most two buffers (this one and the one filling) are in memory.
+    pub _in_flight: OwnedSemaphorePermit,
 }
 
 /// One table's part of a seal.
@@ -137,6 +140,8 @@ pub(super) struct Intake {
     pub routes: HashMap<String, usize>,
     pub source: Box<dyn Source>,
     pub seals: mpsc::Sender<Handoff>,
+    /// One permit: the seal the committer is working on.
+    pub in_flight: Arc<Semaphore>,
     pub reports: Receiver<Report>,
     pub control: Receiver<Control>,
     pub runtime: tokio::runtime::Handle,
@@ -681,6 +686,14 @@ impl Intake {
         }
         // Dead letters up to here are durable before any commit moves offsets past them.
         self.dead_letters.sync().map_err(|e| self.err_dl(e))?;
+        // Wait for the previous seal to be committed (reading stops meanwhile: the source
+        // pauses when its queue is full). Closed only when the committer is gone.
+        let Ok(in_flight) = self
+            .runtime
+            .block_on(self.in_flight.clone().acquire_owned())
+        else {
+            return Err(self.committer_gone());
+        };
         let mut tables = Vec::with_capacity(self.tables.len());
         for t in &mut self.tables {
             let buffered = t
@@ -701,6 +714,7 @@ impl Intake {
             next: self.state.next.clone(),
             from: std::mem::replace(&mut self.state.from, self.state.next.clone()),
             gaps: std::mem::take(&mut self.state.gaps),
+            _in_flight: in_flight,
         };
         self.state.last_sealed = self.state.next.clone();
         self.state.first_row_at = None;

@@ -190,6 +190,7 @@ async fn run_with_source(
         routes,
         source,
         seals: seal_tx,
+        in_flight: Arc::new(tokio::sync::Semaphore::new(1)),
         reports: report_rx,
         control: control_rx,
         runtime: tokio::runtime::Handle::current(),
