@@ -61,7 +61,7 @@ struct Args {
     #[arg(long)]
     skip_maintenance: bool,
     /// `flush_bytes` of the `floe run` scenarios (c) and (d).
-    #[arg(long, default_value = "64MiB")]
+    #[arg(long, default_value = "32MiB")]
     flush_bytes: String,
     /// Also run 1, 2 and 3 agents (separate processes, one consumer group) on one table.
     #[arg(long)]
@@ -568,7 +568,7 @@ namespace = "bench"
 table = "events"
 create_table = true
 commit_interval = "10s"
-flush_bytes = "64MiB"
+flush_bytes = "32MiB"
 "#,
             bootstrap = broker.bootstrap,
         );
@@ -669,7 +669,7 @@ fn python_peer(broker: &Broker, topic: &str, n: usize, bytes: u64) -> Result<Fig
             "--commit-interval",
             "10",
             "--flush-bytes",
-            &(64 << 20).to_string(),
+            &(32 << 20).to_string(),
         ])
         .arg("--workdir")
         .arg(ws.dir.path())
@@ -871,7 +871,7 @@ async fn bench(args: Args) -> Result<()> {
             return Ok(());
         }
     }
-    results.push(encode_limit(&values, 64 << 20, false).await?);
+    results.push(encode_limit(&values, 32 << 20, false).await?);
     println!("{:?}", results.last().map(|f| (&f.scenario, f.rate())));
     // Upsert: the same records with ids repeating ten times (n/10 keys), 16 MiB commits.
     let distinct = (args.records / 10).max(1);

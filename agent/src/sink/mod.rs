@@ -56,7 +56,8 @@ pub struct SinkConfig {
         deserialize_with = "crate::config::duration::deserialize"
     )]
     pub commit_interval: Duration,
-    /// Commit early once this many bytes of message values are buffered (default 64MiB).
+    /// Commit early once this many bytes are buffered (default 32MiB). At most two
+    /// buffers are in memory: the one being committed and the one filling.
     #[serde(
         default = "default_flush_bytes",
         deserialize_with = "crate::config::size::deserialize"
@@ -109,7 +110,7 @@ fn default_commit_interval() -> Duration {
     Duration::from_secs(60)
 }
 fn default_flush_bytes() -> u64 {
-    64 * 1024 * 1024
+    32 * 1024 * 1024
 }
 fn default_flush_records() -> usize {
     1_000_000
@@ -258,7 +259,7 @@ mod tests {
         let c: SinkConfig =
             toml::from_str("catalog = \"local\"\nnamespace = \"a.b\"\ntable = \"t\"").unwrap();
         assert_eq!(c.commit_interval, Duration::from_secs(60));
-        assert_eq!(c.flush_bytes, 64 << 20);
+        assert_eq!(c.flush_bytes, 32 << 20);
         assert!(!c.create_table);
         assert!(c.problems().is_empty());
         let c: SinkConfig = toml::from_str("catalog = \"l\"\nnamespace = \"a..b\"\ntable = \"t\"\ncommit_interval = \"500ms\"\nflush_bytes = \"1KiB\"").unwrap();
