@@ -60,7 +60,6 @@ async fn a_record_nested_45_levels_deep_is_dead_lettered_and_the_agent_restarts(
     let mut agent = AgentProcess::start(&config, &[])?;
     ws.wait_for_rows("hostile", "deep", 2, Duration::from_secs(60))
         .await?;
-    agent.wait_for_line("committed", Duration::from_secs(30))?;
     agent.terminate()?;
 
     // The table's metadata is still loadable: the agent starts again and goes on.

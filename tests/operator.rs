@@ -113,10 +113,7 @@ async fn top_health_and_metrics_of_a_running_agent() -> Result<()> {
     let ws = Workspace::new()?;
     let (config, addr) = config_with_metrics(&ws, &broker, "clicks", 3)?;
     let mut agent = AgentProcess::start(&config, &[])?;
-    agent.wait_for_line(
-        "serving /metrics, /healthz and /readyz",
-        Duration::from_secs(30),
-    )?;
+    wait_for_http(&addr, HEALTHZ_PATH, Duration::from_secs(30), |s, _| s == 200)?;
     ws.wait_for_rows("ops", "clicks", 300, Duration::from_secs(90))
         .await?;
 
@@ -250,11 +247,8 @@ async fn readyz_fails_when_commits_stall() -> Result<()> {
     let ws = Workspace::new()?;
     let (config, addr) = config_with_metrics(&ws, &broker, "stalls", 2)?;
     // The failpoint parks the pipeline before it writes its first files: nothing commits.
-    let mut agent = AgentProcess::start(&config, &[("FLOE_FAILPOINT", "before_write")])?;
-    agent.wait_for_line(
-        "FLOE_FAILPOINT before_write reached",
-        Duration::from_secs(60),
-    )?;
+    let mut agent = AgentProcess::start_at_failpoint(&config, "before_write", &[])?;
+    agent.wait_for_failpoint(Duration::from_secs(60))?;
     let (status, body) = wait_for_http(&addr, READYZ_PATH, Duration::from_secs(20), |s, b| {
         s == 503 && b.contains("not up to date")
     })?;
@@ -286,13 +280,13 @@ async fn an_agent_beyond_the_partition_count_is_alive_but_not_ready() -> Result<
         std::fs::read_to_string(&config_a)?.replace(&addr_a, &addr_b),
     )?;
     let mut a = AgentProcess::start(&config_a, &[])?;
-    a.wait_for_line("serving /metrics", Duration::from_secs(30))?;
+    wait_for_http(&addr_a, HEALTHZ_PATH, Duration::from_secs(30), |s, _| s == 200)?;
     wait_for_http(&addr_a, READYZ_PATH, Duration::from_secs(60), |s, _| {
         s == 200
     })?;
     // The second replica of the same pipeline logs JSON (as in the container image).
     let mut b = AgentProcess::start(&config_b, &[("FLOE_LOG_FORMAT", "json")])?;
-    b.wait_for_line("serving /metrics", Duration::from_secs(30))?;
+    wait_for_http(&addr_b, HEALTHZ_PATH, Duration::from_secs(30), |s, _| s == 200)?;
 
     // After the group settles, one agent owns the partition and is ready; the other is
     // alive, idle and not ready.
