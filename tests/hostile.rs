@@ -57,7 +57,7 @@ async fn a_record_nested_45_levels_deep_is_dead_lettered_and_the_agent_restarts(
     broker.produce("deep", &batch).await?;
     let ws = Workspace::new()?;
     let config = ws.write_config(&spec("deep", &broker.bootstrap))?;
-    let mut agent = AgentProcess::start(&config, &[])?;
+    let agent = AgentProcess::start(&config, &[])?;
     ws.wait_for_rows("hostile", "deep", 2, Duration::from_secs(60))
         .await?;
     agent.terminate()?;

@@ -112,8 +112,10 @@ async fn top_health_and_metrics_of_a_running_agent() -> Result<()> {
 
     let ws = Workspace::new()?;
     let (config, addr) = config_with_metrics(&ws, &broker, "clicks", 3)?;
-    let mut agent = AgentProcess::start(&config, &[])?;
-    wait_for_http(&addr, HEALTHZ_PATH, Duration::from_secs(30), |s, _| s == 200)?;
+    let agent = AgentProcess::start(&config, &[])?;
+    wait_for_http(&addr, HEALTHZ_PATH, Duration::from_secs(30), |s, _| {
+        s == 200
+    })?;
     ws.wait_for_rows("ops", "clicks", 300, Duration::from_secs(90))
         .await?;
 
@@ -279,14 +281,18 @@ async fn an_agent_beyond_the_partition_count_is_alive_but_not_ready() -> Result<
         &config_b,
         std::fs::read_to_string(&config_a)?.replace(&addr_a, &addr_b),
     )?;
-    let mut a = AgentProcess::start(&config_a, &[])?;
-    wait_for_http(&addr_a, HEALTHZ_PATH, Duration::from_secs(30), |s, _| s == 200)?;
+    let a = AgentProcess::start(&config_a, &[])?;
+    wait_for_http(&addr_a, HEALTHZ_PATH, Duration::from_secs(30), |s, _| {
+        s == 200
+    })?;
     wait_for_http(&addr_a, READYZ_PATH, Duration::from_secs(60), |s, _| {
         s == 200
     })?;
     // The second replica of the same pipeline logs JSON (as in the container image).
-    let mut b = AgentProcess::start(&config_b, &[("FLOE_LOG_FORMAT", "json")])?;
-    wait_for_http(&addr_b, HEALTHZ_PATH, Duration::from_secs(30), |s, _| s == 200)?;
+    let b = AgentProcess::start(&config_b, &[("FLOE_LOG_FORMAT", "json")])?;
+    wait_for_http(&addr_b, HEALTHZ_PATH, Duration::from_secs(30), |s, _| {
+        s == 200
+    })?;
 
     // After the group settles, one agent owns the partition and is ready; the other is
     // alive, idle and not ready.

@@ -53,7 +53,7 @@ async fn rest_catalog_end_to_end_with_vended_credentials() -> Result<()> {
         ("AWS_CONFIG_FILE", "/nonexistent"),
         ("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent"),
     ];
-    let mut agent = AgentProcess::start(&config, &env)?;
+    let agent = AgentProcess::start(&config, &env)?;
     let catalog = stack.open_catalog(WRITER).await?;
     wait_for_rows(
         catalog.as_ref(),
@@ -162,7 +162,7 @@ async fn short_lived_tokens_and_credentials_are_renewed() -> Result<()> {
             dir.path(),
         );
     let config = write_config(dir.path(), &text)?;
-    let mut agent = AgentProcess::start(&config, &[])?;
+    let agent = AgentProcess::start(&config, &[])?;
     let catalog = stack.open_catalog(WRITER).await?;
     let mut sent = 0;
     for round in 0..4 {
@@ -276,7 +276,7 @@ async fn credential_privilege_and_path_errors_are_clear() -> Result<()> {
     // does not renew it by itself): one 401, a new token, the same request again.
     let text = stack.catalog_toml("lake", WRITER) + &pipeline;
     let config = write_config(dir.path(), &text)?;
-    let mut agent = AgentProcess::start(&config, &[])?;
+    let agent = AgentProcess::start(&config, &[])?;
     let catalog = stack.open_catalog(WRITER).await?;
     wait_for_rows(
         catalog.as_ref(),

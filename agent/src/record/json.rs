@@ -126,9 +126,16 @@ impl Tape {
 impl JsonObject {
     /// Parses one JSON object.
     pub fn parse(bytes: Vec<u8>) -> Result<JsonObject, JsonError> {
-        let mut tape = Vec::new();
-        tokenize(&bytes, &mut tape, &mut Vec::new())?;
-        Ok(JsonObject { bytes, tape })
+        thread_local! {
+            static SCRATCH: std::cell::RefCell<Tape> = std::cell::RefCell::new(Tape::new());
+        }
+        // Tokenized into a reused tape, then copied at its exact size: one allocation per
+        // object instead of a growing vector's several.
+        SCRATCH.with_borrow_mut(|scratch| {
+            tokenize(&bytes, &mut scratch.toks, &mut scratch.stack)?;
+            let tape = scratch.toks.clone();
+            Ok(JsonObject { bytes, tape })
+        })
     }
 
     /// The object's JSON text.
