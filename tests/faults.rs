@@ -338,6 +338,25 @@ async fn rest_rows(stack: &RestStack, table: &str) -> Result<i64> {
     floe_tests::committed_rows(catalog.as_ref(), "faults", table).await
 }
 
+/// Waits (up to 120 s) until the REST table holds `at_least` rows; else fails with
+/// `what` and the agent's log.
+async fn wait_rest_rows(
+    stack: &RestStack,
+    table: &str,
+    at_least: i64,
+    agent: &AgentProcess,
+    what: &str,
+) -> Result<()> {
+    let start = Instant::now();
+    while rest_rows(stack, table).await.unwrap_or(0) < at_least {
+        if start.elapsed() > Duration::from_secs(120) {
+            bail!("{what}:\n{}", agent.output());
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    Ok(())
+}
+
 async fn rest_settle(
     stack: &RestStack,
     table: &str,
@@ -413,13 +432,7 @@ async fn catalog_answers_503() -> Result<()> {
         16,
         Duration::from_millis(400),
     ));
-    let start = Instant::now();
-    while rest_rows(&stack, "c503").await.unwrap_or(0) < 200 {
-        if start.elapsed() > Duration::from_secs(120) {
-            bail!("no rows before the fault:\n{}", agent.output());
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    wait_rest_rows(&stack, "c503", 200, &agent, "no rows before the fault").await?;
     // Every catalog request (tokens included) answers 503 for the whole outage.
     catalog.inject(HttpFault::status("/", 503).for_duration(outage));
     tokio::time::sleep(outage).await;
@@ -457,13 +470,7 @@ async fn commit_conflict_then_failing_loads_are_retried() -> Result<()> {
     )?;
     broker.produce("conflict", &records(0..100)).await?;
     let agent = AgentProcess::start(&config, &[])?;
-    let start = Instant::now();
-    while rest_rows(&stack, "conflict").await.unwrap_or(0) < 100 {
-        if start.elapsed() > Duration::from_secs(120) {
-            bail!("first rows:\n{}", agent.output());
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    wait_rest_rows(&stack, "conflict", 100, &agent, "first rows").await?;
     // The next commit is answered 409 (another writer won), and the loads that follow 503.
     catalog.inject(
         HttpFault::status("/tables/conflict", 409)
@@ -511,13 +518,7 @@ async fn s3_refuses_connections_mid_upload() -> Result<()> {
         16,
         Duration::from_millis(400),
     ));
-    let start = Instant::now();
-    while rest_rows(&stack, "s3down").await.unwrap_or(0) < 200 {
-        if start.elapsed() > Duration::from_secs(120) {
-            bail!("no rows before the fault:\n{}", agent.output());
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    wait_rest_rows(&stack, "s3down", 200, &agent, "no rows before the fault").await?;
     s3.refuse();
     tokio::time::sleep(outage).await;
     s3.restore()?;

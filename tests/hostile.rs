@@ -27,6 +27,29 @@ fn values(v: &[String]) -> Vec<floe_tests::Message> {
         .collect()
 }
 
+/// The dead letters of `ws`, asserting they are exactly the records at `offsets`.
+fn dead_lettered(ws: &Workspace, offsets: &[i64]) -> Result<Vec<floe::dead_letter::DeadLetter>> {
+    let letters = DeadLetterWriter::read_all(&ws.path("dead-letter.ndjson"))?;
+    assert_eq!(
+        letters.iter().map(|l| l.offset).collect::<Vec<_>>(),
+        offsets,
+        "{letters:?}"
+    );
+    Ok(letters)
+}
+
+/// Makes the pipeline in `config` decode Avro through the registry at `url`.
+fn with_avro_registry(config: &std::path::Path, url: &str) -> Result<()> {
+    let text = std::fs::read_to_string(config)?.replace(
+        "[pipelines.sink]",
+        &format!(
+            "[pipelines.decode]\nformat = \"avro\"\nregistry = {{ url = \"{url}\" }}\n[pipelines.sink]"
+        ),
+    );
+    std::fs::write(config, text)?;
+    Ok(())
+}
+
 /// Both readers see exactly the ids `expected`.
 fn read_ids(ws: &Workspace, table: &str, expected: &[i64]) -> Result<()> {
     for reader in ["pyiceberg", "duckdb"] {
@@ -130,12 +153,7 @@ path = "{d}/plain-dead-letter.ndjson"
     ws.wait_for_rows("hostile", "plain", 2, Duration::from_secs(60))
         .await?;
     agent.terminate()?;
-    let letters = DeadLetterWriter::read_all(&ws.path("dead-letter.ndjson"))?;
-    assert_eq!(
-        letters.iter().map(|l| l.offset).collect::<Vec<_>>(),
-        [1],
-        "{letters:?}"
-    );
+    let letters = dead_lettered(&ws, &[1])?;
     assert!(
         letters[0].reason.contains("host.name"),
         "{}",
@@ -181,12 +199,7 @@ async fn timestamps_chrono_used_to_accept_are_rejected_at_admission() -> Result<
         .find(|c| c[0] == "at")
         .map(|c| c[1].as_str().unwrap().to_string());
     assert_eq!(at_type.as_deref(), Some("timestamptz"));
-    let letters = DeadLetterWriter::read_all(&ws.path("dead-letter.ndjson"))?;
-    assert_eq!(
-        letters.iter().map(|l| l.offset).collect::<Vec<_>>(),
-        [1, 2, 3, 4],
-        "{letters:?}"
-    );
+    dead_lettered(&ws, &[1, 2, 3, 4])?;
     read_ids(&ws, "times", &[0, 9])
 }
 
@@ -220,24 +233,12 @@ async fn a_ten_byte_avro_message_with_a_huge_array_count_is_dead_lettered() -> R
     )?;
     let ws = Workspace::new()?;
     let config = ws.write_config(&spec("avro", &broker.bootstrap))?;
-    let text = std::fs::read_to_string(&config)?.replace(
-        "[pipelines.sink]",
-        &format!(
-            "[pipelines.decode]\nformat = \"avro\"\nregistry = {{ url = \"{}\" }}\n[pipelines.sink]",
-            registry.url
-        ),
-    );
-    std::fs::write(&config, text)?;
+    with_avro_registry(&config, &registry.url)?;
     let agent = AgentProcess::start(&config, &[])?;
     ws.wait_for_rows("hostile", "avro", 2, Duration::from_secs(60))
         .await?;
     agent.terminate()?;
-    let letters = DeadLetterWriter::read_all(&ws.path("dead-letter.ndjson"))?;
-    assert_eq!(
-        letters.iter().map(|l| l.offset).collect::<Vec<_>>(),
-        [1],
-        "{letters:?}"
-    );
+    dead_lettered(&ws, &[1])?;
     read_ids(&ws, "avro", &[0, 2])
 }
 
@@ -268,24 +269,12 @@ async fn a_registry_schema_the_avro_library_panics_on_is_dead_lettered() -> Resu
     registry.produce_avro(&broker.bootstrap, "badname", good, &[json!({"id": 2})])?;
     let ws = Workspace::new()?;
     let config = ws.write_config(&spec("badname", &broker.bootstrap))?;
-    let text = std::fs::read_to_string(&config)?.replace(
-        "[pipelines.sink]",
-        &format!(
-            "[pipelines.decode]\nformat = \"avro\"\nregistry = {{ url = \"{}\" }}\n[pipelines.sink]",
-            registry.url
-        ),
-    );
-    std::fs::write(&config, text)?;
+    with_avro_registry(&config, &registry.url)?;
     let agent = AgentProcess::start(&config, &[])?;
     ws.wait_for_rows("hostile", "badname", 2, Duration::from_secs(60))
         .await?;
     agent.terminate()?;
-    let letters = DeadLetterWriter::read_all(&ws.path("dead-letter.ndjson"))?;
-    assert_eq!(
-        letters.iter().map(|l| l.offset).collect::<Vec<_>>(),
-        [1],
-        "{letters:?}"
-    );
+    let letters = dead_lettered(&ws, &[1])?;
     assert!(
         letters[0].reason.contains("cannot parse"),
         "{}",
@@ -354,12 +343,7 @@ async fn a_name_colliding_under_an_empty_parent_name_is_dead_lettered() -> Resul
     ws.wait_for_rows("hostile", "empty", 2, Duration::from_secs(60))
         .await?;
     agent.terminate()?;
-    let letters = DeadLetterWriter::read_all(&ws.path("dead-letter.ndjson"))?;
-    assert_eq!(
-        letters.iter().map(|l| l.offset).collect::<Vec<_>>(),
-        [1],
-        "{letters:?}"
-    );
+    dead_lettered(&ws, &[1])?;
     // DuckDB renames a column with an empty name (to `C5`) and its reader refuses the
     // table; PyIceberg reads it as it is.
     let dump = ws.read("pyiceberg", "hostile", "empty", "id")?;

@@ -34,6 +34,12 @@ async fn setup(topic: &str, values: &[Value]) -> Result<(Broker, Workspace, Path
         .map(|v| (None, Some(v.to_string().into_bytes())))
         .collect();
     broker.produce(topic, &messages).await?;
+    let (ws, config) = workspace_for(&broker, topic)?;
+    Ok((broker, ws, config))
+}
+
+/// A workspace with a config reading `topic` into table `topic` of namespace `NS`.
+fn workspace_for(broker: &Broker, topic: &str) -> Result<(Workspace, PathBuf)> {
     let ws = Workspace::new()?;
     let config = ws.write_config(&PipelineSpec {
         name: topic,
@@ -43,7 +49,7 @@ async fn setup(topic: &str, values: &[Value]) -> Result<(Broker, Workspace, Path
         table: topic,
         commit_interval: "1s",
     })?;
-    Ok((broker, ws, config))
+    Ok((ws, config))
 }
 
 fn records(n: i64) -> Vec<Value> {
@@ -389,15 +395,7 @@ async fn a_5_mb_record_goes_through_on_its_own() -> Result<()> {
     let broker = Broker::start()?;
     broker.create_topic(topic, 1).await?;
     produce_large(&broker.bootstrap, topic, &values).await?;
-    let ws = Workspace::new()?;
-    let config = ws.write_config(&PipelineSpec {
-        name: topic,
-        bootstrap: &broker.bootstrap,
-        topic,
-        namespace: NS,
-        table: topic,
-        commit_interval: "1s",
-    })?;
+    let (ws, config) = workspace_for(&broker, topic)?;
     // Through two plugins, the second one patching every record.
     append_config(
         &config,
@@ -427,15 +425,7 @@ async fn a_5_mb_record_goes_through_on_its_own() -> Result<()> {
     let topic = "big_small_memory";
     broker.create_topic(topic, 1).await?;
     produce_large(&broker.bootstrap, topic, &values).await?;
-    let ws = Workspace::new()?;
-    let config = ws.write_config(&PipelineSpec {
-        name: topic,
-        bootstrap: &broker.bootstrap,
-        topic,
-        namespace: NS,
-        table: topic,
-        commit_interval: "1s",
-    })?;
+    let (ws, config) = workspace_for(&broker, topic)?;
     append_config(
         &config,
         &format!(

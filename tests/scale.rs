@@ -18,10 +18,9 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail, ensure};
-use floe_tests::rest::{RestStack, TokenPolicy, WRITER};
+use floe_tests::lake::Lake;
 use floe_tests::{
-    AgentProcess, Broker, Message, TableDump, Workspace, free_port, metric_value, scrape_metrics,
-    wait_for_messages,
+    AgentProcess, Broker, Message, free_port, metric_value, scrape_metrics, wait_for_messages,
 };
 use serde_json::json;
 
@@ -35,59 +34,15 @@ fn records() -> i64 {
         .unwrap_or(24_000)
 }
 
-/// Where the agents' tables live.
-enum Lake {
-    /// The embedded catalog in a workspace.
-    Embedded(Workspace),
-    /// A REST catalog (rustberg, OAuth2, vended credentials, moto S3); the workspace
-    /// holds configs and dead letters.
-    Rest(Workspace, Box<RestStack>),
-}
-
-impl Lake {
-    fn embedded() -> Result<Lake> {
-        Ok(Lake::Embedded(Workspace::new()?))
-    }
-
-    fn rest() -> Result<Lake> {
-        Ok(Lake::Rest(
-            Workspace::new()?,
-            Box::new(RestStack::start(TokenPolicy::default())?),
-        ))
-    }
-
-    fn ws(&self) -> &Workspace {
-        match self {
-            Lake::Embedded(ws) | Lake::Rest(ws, _) => ws,
-        }
-    }
-
-    /// The `[catalogs.local]` section of the agents' configs.
-    fn catalog_toml(&self) -> String {
-        match self {
-            Lake::Embedded(ws) => {
-                let d = ws.dir.path().display();
-                format!(
-                    "[catalogs.local]\ntype = \"embedded\"\npath = \"{d}/catalog.db\"\nwarehouse = \"{d}/warehouse\"\n"
-                )
-            }
-            Lake::Rest(_, stack) => stack.catalog_toml("local", WRITER),
-        }
-    }
-
-    async fn catalog(&self) -> Result<Arc<dyn iceberg::Catalog>> {
-        match self {
-            Lake::Embedded(ws) => ws.catalog().await,
-            Lake::Rest(_, stack) => stack.open_catalog(WRITER).await,
-        }
-    }
-
-    fn read(&self, reader: &str, table: &str, order_by: &str) -> Result<TableDump> {
-        match self {
-            Lake::Embedded(ws) => ws.read(reader, "scale", table, order_by),
-            Lake::Rest(_, stack) => stack.read(reader, "scale", table, order_by),
-        }
-    }
+/// A lake (embedded, or REST over S3) with the tables in namespace `scale`.
+fn scale_lake(rest: bool) -> Result<Lake> {
+    let mut lake = if rest {
+        Lake::rest()?
+    } else {
+        Lake::embedded()?
+    };
+    lake.namespace = "scale".into();
+    Ok(lake)
 }
 
 /// Writes one agent's config: an append pipeline and an upsert pipeline on `topic`,
@@ -99,7 +54,7 @@ fn agent_config(
     metrics: &str,
     n: usize,
 ) -> Result<PathBuf> {
-    let ws = lake.ws();
+    let ws = &lake.ws;
     let d = ws.dir.path().display();
     let pipeline = |name: &str, table: &str, extra: &str| {
         format!(
@@ -286,14 +241,14 @@ async fn check_tables(lake: &Lake, n: i64) -> Result<()> {
 /// SIGTERM and a fourth started mid-run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_come_and_go_and_the_tables_stay_exact() -> Result<()> {
-    come_and_go(&Lake::embedded()?, records()).await
+    come_and_go(&scale_lake(false)?, records()).await
 }
 
 /// The same through a REST catalog over S3 (half the records: every commit is a few
 /// HTTP round trips and S3 uploads on this 2-core machine).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_come_and_go_on_a_rest_catalog_and_the_tables_stay_exact() -> Result<()> {
-    come_and_go(&Lake::rest()?, records() / 2).await
+    come_and_go(&scale_lake(true)?, records() / 2).await
 }
 
 async fn come_and_go(lake: &Lake, n: i64) -> Result<()> {
@@ -339,7 +294,7 @@ async fn two_agents_in_a_steady_state_both_advance() -> Result<()> {
     let n = records() / 2;
     let broker = Broker::start()?;
     broker.create_topic("steady", PARTITIONS).await?;
-    let lake = Lake::embedded()?;
+    let lake = scale_lake(false)?;
     let a = start_agent(&lake, &broker, "steady", 1)?;
     let b = start_agent(&lake, &broker, "steady", 2)?;
     // Let the group settle before the traffic starts.
@@ -424,7 +379,7 @@ async fn wait_assigned(
 async fn a_zombie_resumed_after_its_session_cannot_commit() -> Result<()> {
     let broker = Broker::start()?;
     broker.create_topic("zombie", PARTITIONS).await?;
-    let lake = Lake::embedded()?;
+    let lake = scale_lake(false)?;
     let zombie = start_agent(&lake, &broker, "zombie", 1)?;
     wait_assigned(
         &[&zombie],
