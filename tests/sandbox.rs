@@ -616,3 +616,128 @@ fn random_is_seeded_per_batch_unless_granted() -> Result<()> {
     );
     Ok(())
 }
+
+/// A chain of a flat-map, a plugin that rejects some records, one that panics on one
+/// record and a filter, run over `n` records with `lanes` instances of each plugin:
+/// (origin, route, value) of every output and (origin, plugin, message) of every error.
+#[allow(clippy::type_complexity, reason = "a test's summary of a chain result")]
+fn chain_result(
+    lanes: usize,
+    n: i64,
+) -> Result<(
+    Vec<(usize, Option<String>, String)>,
+    Vec<(usize, String, String)>,
+)> {
+    let cache = tempfile::tempdir()?;
+    let engine = TransformEngine::new(
+        &PluginsConfig {
+            path: vec![],
+            cache_dir: cache.path().to_path_buf(),
+        },
+        4 * lanes as u32,
+        64 << 20,
+    )?;
+    let config = |uses: String, name: &str, with: &str| -> Result<TransformConfig> {
+        Ok(TransformConfig {
+            uses,
+            name: Some(name.into()),
+            with: toml::from_str(with)?,
+            limits: Limits::default(),
+            on_error: OnError::DeadLetter,
+            allow_clock: false,
+            allow_random: false,
+        })
+    };
+    let configs = [
+        config(
+            plugin_path("explode").display().to_string(),
+            "explode",
+            "field = \"items\"",
+        )?,
+        config(
+            plugin_path("test-faulty").display().to_string(),
+            "rejects",
+            "mode = \"fail_every\"\nevery = 7",
+        )?,
+        config(
+            plugin_path("test-faulty").display().to_string(),
+            "panics",
+            "mode = \"panic\"\nat_offset = 1501",
+        )?,
+        config(
+            plugin_path("filter").display().to_string(),
+            "filter",
+            "all = [{ field = \"items\", op = \"ne\", value = 1 }]",
+        )?,
+    ];
+    let mut chain = TransformChain::with_lanes("lanes", &engine, &configs, lanes)?;
+    assert_eq!(chain.lanes(), lanes);
+    let values: Vec<JsonObject> = (0..n)
+        .map(|i| {
+            let items: Vec<i64> = (0..i % 3).collect();
+            JsonObject::parse(json!({"id": i, "items": items}).to_string().into_bytes())
+        })
+        .collect::<Result<_, _>>()?;
+    let inputs: Vec<ChainInput<'_>> = values
+        .iter()
+        .zip(0..)
+        .map(|(value, offset)| ChainInput {
+            value,
+            topic: "t",
+            partition: 0,
+            offset,
+            timestamp_ms: None,
+            key: None,
+        })
+        .collect();
+    let result = chain.run(&inputs)?;
+    let outputs = result
+        .outputs
+        .iter()
+        .map(|o| {
+            let text = match &o.value {
+                floe::transform::Produced::New(v) => String::from_utf8_lossy(v.as_bytes()).into(),
+                floe::transform::Produced::Unchanged => "unchanged".to_string(),
+            };
+            (o.origin, o.route.clone(), text)
+        })
+        .collect();
+    let errors = result
+        .errors
+        .iter()
+        .map(|e| (e.origin, e.plugin.clone(), e.message.clone()))
+        .collect();
+    Ok((outputs, errors))
+}
+
+/// A batch shared by several plugin threads gives what one thread gives: the same
+/// outputs and errors, in input order, with the right origins (a fault in a later
+/// share isolated to its record too).
+#[test]
+fn plugin_threads_give_what_one_thread_gives() -> Result<()> {
+    let n = 3000;
+    let (outputs, errors) = chain_result(1, n)?;
+    // Record i has i % 3 items: 0, 1 or 2 outputs before the filter drops item 1.
+    assert!(outputs.len() > n as usize / 2, "{} outputs", outputs.len());
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.1 == "panics" && e.0 == 1501 && e.2.contains("offset 1501")),
+        "the panic is isolated to record 1501: {:?}",
+        errors
+            .iter()
+            .filter(|e| e.1 == "panics")
+            .collect::<Vec<_>>()
+    );
+    assert!(errors.iter().any(|e| e.1 == "rejects"), "rejected records");
+    for lanes in [2, 3] {
+        let (o, e) = chain_result(lanes, n)?;
+        assert_eq!(o.len(), outputs.len(), "{lanes} lanes: output count");
+        assert!(
+            o == outputs,
+            "{lanes} lanes: outputs differ from one lane's"
+        );
+        assert!(e == errors, "{lanes} lanes: errors differ from one lane's");
+    }
+    Ok(())
+}

@@ -98,7 +98,12 @@ pub async fn run(
             catalogs.insert(p.sink.catalog.clone(), c);
         }
     }
-    let instances: usize = config.pipelines.iter().map(|p| p.transforms.len()).sum();
+    // One instance of every plugin per plugin thread of its pipeline.
+    let instances: usize = config
+        .pipelines
+        .iter()
+        .map(|p| p.transforms.len() * p.transform_threads)
+        .sum();
     let engine = if instances > 0 {
         let max_memory = config
             .pipelines

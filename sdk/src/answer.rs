@@ -126,6 +126,15 @@ impl Patch {
         self
     }
 
+    /// Renames the field at `path` to `to` within the same object, keeping its place
+    /// among the other fields (a field already named `to` there is replaced). Nothing
+    /// happens when `path` is absent.
+    pub fn rename(mut self, path: impl FieldRef, to: &str) -> Patch {
+        wire::put_rename(&mut self.ops, path.keys(), to);
+        self.count += 1;
+        self
+    }
+
     /// Routes the patched record to the output stream `stream`.
     pub fn route(mut self, stream: impl Into<String>) -> Patch {
         self.route = Some(stream.into());

@@ -786,6 +786,46 @@ fn write_nested(out: &mut Vec<u8>, keys: &[&str], value: &[u8]) {
     out.extend(std::iter::repeat_n(b'}', keys.len()));
 }
 
+/// The object text with the field at `path` renamed to `to`, as the agent applies a
+/// patch's `rename`: the field keeps its place in its object and a field already named
+/// `to` there goes; `None` when there is nothing to rename (a missing key, or a parent
+/// that is missing or not an object).
+///
+/// ```
+/// let out = floe_sdk::json::rename(br#"{"a": 1, "b": {"c": 2, "d": 3}}"#, "b.c", "e").unwrap();
+/// assert_eq!(out, br#"{"a": 1, "b": {"e":2,"d":3}}"#);
+/// assert!(floe_sdk::json::rename(br#"{"a": 1}"#, "x", "y").is_none());
+/// ```
+pub fn rename(object: &[u8], path: impl FieldRef, to: &str) -> Option<Vec<u8>> {
+    let keys: Vec<&str> = path.keys().collect();
+    let (name, parent) = keys.split_last()?;
+    let root = Json::new(object);
+    let inner = if parent.is_empty() {
+        root
+    } else {
+        root.get(parent).filter(|o| o.kind() == Kind::Object)?
+    };
+    if inner.kind() != Kind::Object {
+        return None;
+    }
+    let fields: Vec<(Key<'_>, Json<'_>)> = inner.fields().collect();
+    let source = fields.iter().position(|(k, _)| k.is(name))?;
+    let mut out = ObjectWriter::with_capacity(inner.text.len() + to.len());
+    for (i, (key, value)) in fields.iter().enumerate() {
+        if i == source {
+            out.raw(to, *value);
+        } else if !key.is(to) {
+            out.raw_member(*key, *value);
+        }
+    }
+    let rewritten = out.finish();
+    if parent.is_empty() {
+        Some(rewritten)
+    } else {
+        set(object, parent, &rewritten).ok()
+    }
+}
+
 /// The object text without the value at `path`, as the agent applies a patch's
 /// `remove`; `None` when there is nothing to remove (a missing key, or a parent that
 /// is missing or not an object). Every occurrence of a repeated key goes.

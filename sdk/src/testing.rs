@@ -241,6 +241,11 @@ fn apply(value: &[u8], op: wire::Op<'_>) -> Result<Vec<u8>, Error> {
             let keys = keys(path)?;
             Ok(crate::json::remove(value, keys.as_slice()).unwrap_or_else(|| value.to_vec()))
         }
+        wire::Op::Rename { path, to } => {
+            let keys = keys(path)?;
+            let to = std::str::from_utf8(to).map_err(|_| Error::msg("a new name is not UTF-8"))?;
+            Ok(crate::json::rename(value, keys.as_slice(), to).unwrap_or_else(|| value.to_vec()))
+        }
     }
 }
 

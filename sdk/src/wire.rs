@@ -33,6 +33,8 @@ pub mod op {
     pub const SET: u8 = 0;
     /// Removes the value at a path.
     pub const REMOVE: u8 = 1;
+    /// Renames the field at a path, keeping its place in its object.
+    pub const RENAME: u8 = 2;
 }
 
 /// A malformed buffer.
@@ -376,6 +378,13 @@ pub fn put_remove<'k>(ops: &mut Vec<u8>, keys: impl Iterator<Item = &'k str> + C
     put_path(ops, keys);
 }
 
+/// Appends a `rename` operation: the field at `keys` gets the name `to`.
+pub fn put_rename<'k>(ops: &mut Vec<u8>, keys: impl Iterator<Item = &'k str> + Clone, to: &str) {
+    ops.push(op::RENAME);
+    put_path(ops, keys);
+    put_bytes(ops, to.as_bytes());
+}
+
 /// One answer read from an output buffer. Text fields are raw bytes: the reader checks
 /// the structure, the caller decides what to do with bytes that are not UTF-8.
 #[derive(Debug, Clone)]
@@ -420,6 +429,14 @@ pub enum Op<'a> {
     Remove {
         /// The keys.
         path: Path<'a>,
+    },
+    /// Renames the field at a path within its object, keeping its place; a field
+    /// already named `to` there is replaced. Nothing happens when the path is absent.
+    Rename {
+        /// The keys.
+        path: Path<'a>,
+        /// The new name (raw bytes).
+        to: &'a [u8],
     },
 }
 
@@ -476,6 +493,11 @@ fn read_op<'a>(c: &mut Cursor<'a>) -> Result<Op<'a>, WireError> {
         op::REMOVE => Ok(Op::Remove {
             path: read_path(c)?,
         }),
+        op::RENAME => {
+            let path = read_path(c)?;
+            let to = c.sized()?;
+            Ok(Op::Rename { path, to })
+        }
         other => err(format!("unknown patch operation {other}")),
     }
 }

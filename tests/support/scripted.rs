@@ -46,7 +46,7 @@ impl ScriptedPipeline {
                 .unwrap_or(0);
             Some(floe::transform::TransformEngine::new(
                 &config.plugins,
-                pipeline.transforms.len() as u32,
+                (pipeline.transforms.len() * pipeline.transform_threads) as u32,
                 memory,
             )?)
         };

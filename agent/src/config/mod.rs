@@ -74,6 +74,10 @@ pub struct PipelineConfig {
     pub transforms: Vec<TransformConfig>,
     /// Plugin faults in a row after which the pipeline stops (default 3).
     pub max_consecutive_faults: u32,
+    /// Threads a large batch of records may run the plugins on, each with its own
+    /// instances (default: the machine's cores, at most 4; 1 keeps plugins on the
+    /// pipeline's thread).
+    pub transform_threads: usize,
     /// Where records go and how often they are committed.
     pub sink: SinkConfig,
     /// Where records that cannot be written go.
@@ -275,12 +279,13 @@ fn pipeline(
     let schema = take("schema", false);
     let transforms = take("transforms", false);
     let max_faults = take("max_consecutive_faults", false);
+    let threads = take("transform_threads", false);
     let sink = take("sink", true);
     let dead_letter = take("dead_letter", false);
     for key in t.keys() {
         errors.push(err(
             &format!("{path}.{key}"),
-            "unknown key (expected name, source, decode, schema, transforms, max_consecutive_faults, sink, dead_letter)",
+            "unknown key (expected name, source, decode, schema, transforms, max_consecutive_faults, transform_threads, sink, dead_letter)",
         ));
     }
     let name = name.and_then(|v| section::<String>(v, &format!("{path}.name"), errors));
@@ -349,6 +354,16 @@ fn pipeline(
         None => Some(3),
         Some(v) => section::<u32>(v, &format!("{path}.max_consecutive_faults"), errors),
     };
+    let transform_threads = match threads {
+        None => Some(default_transform_threads()),
+        Some(v) => section::<usize>(v, &format!("{path}.transform_threads"), errors),
+    };
+    if transform_threads == Some(0) {
+        errors.push(err(
+            &format!("{path}.transform_threads"),
+            "must be at least 1",
+        ));
+    }
     let sink = sink.and_then(|v| section::<SinkConfig>(v, &format!("{path}.sink"), errors));
     for (field, message) in sink.as_ref().map(SinkConfig::problems).unwrap_or_default() {
         errors.push(err(&format!("{path}.sink.{field}"), &message));
@@ -372,9 +387,18 @@ fn pipeline(
         schema: schema?,
         transforms: transforms?,
         max_consecutive_faults: max_consecutive_faults?,
+        transform_threads: transform_threads?,
         sink: sink?,
         dead_letter: dead_letter?,
     })
+}
+
+/// The default `transform_threads`: the cores this process may use, at most 4.
+pub fn default_transform_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(4)
 }
 
 /// Replaces `${VAR}` in every string value; `$${` stays a literal `${`.

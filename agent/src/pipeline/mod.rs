@@ -134,12 +134,17 @@ async fn run_with_source(
         });
     let chain = match (&engine, config.transforms.is_empty()) {
         (_, true) => TransformChain::empty(),
-        (Some(engine), false) => TransformChain::new(&config.name, engine, &config.transforms)
-            .map(|c| c.with_max_consecutive_faults(config.max_consecutive_faults))
-            .map_err(|source| PipelineError::Transform {
-                pipeline: name.clone(),
-                source: Box::new(source),
-            })?,
+        (Some(engine), false) => TransformChain::with_lanes(
+            &config.name,
+            engine,
+            &config.transforms,
+            config.transform_threads,
+        )
+        .map(|c| c.with_max_consecutive_faults(config.max_consecutive_faults))
+        .map_err(|source| PipelineError::Transform {
+            pipeline: name.clone(),
+            source: Box::new(source),
+        })?,
         (None, false) => {
             return Err(PipelineError::internal(
                 &name,

@@ -194,6 +194,31 @@ pub enum PatchOp {
         /// Field names from the top level down.
         path: Vec<String>,
     },
+    /// Renames the field at `path` to `to` within its object, keeping its place; a
+    /// field already named `to` there goes. Nothing happens when `path` is absent.
+    Rename {
+        /// Field names from the top level down.
+        path: Vec<String>,
+        /// The new name.
+        to: String,
+    },
+}
+
+impl PatchOp {
+    /// The field names from the top level down.
+    pub fn path(&self) -> &Vec<String> {
+        match self {
+            PatchOp::Set { path, .. } | PatchOp::Remove { path } | PatchOp::Rename { path, .. } => {
+                path
+            }
+        }
+    }
+
+    /// Whether no path of `ops` equals another or is a prefix of another (then the
+    /// order of the ops does not matter and they apply in one pass).
+    pub fn are_disjoint(ops: &[PatchOp]) -> bool {
+        patch::disjoint(ops)
+    }
 }
 
 /// A borrowed, parsed JSON object (a [`JsonObject`] or a reused [`Tape`]).

@@ -9,6 +9,13 @@
 //! the record behind the fault is alone; that record becomes a [`RecordError`] with
 //! the fault as its message and the rest goes on.
 //!
+//! A chain may run on several threads ("lanes", `transform_threads`): each lane holds
+//! its own instance of every plugin and takes a contiguous share of the batch, so
+//! plugins use the cores that decoding and Parquet encoding leave idle. Outputs and
+//! errors are merged back in input order, so the result does not depend on the number
+//! of lanes (only on which records share a call: seeds and fault isolation are per
+//! call, as before).
+//!
 //! WebAssembly never runs on a tokio worker: called from inside a runtime, the chain
 //! runs its calls on a thread of its own for the duration of the call (WASI's
 //! blocking host calls would otherwise panic with "Cannot start a runtime from within
@@ -116,10 +123,15 @@ struct Stage {
     alone_in_a_row: u32,
 }
 
+/// Records a lane gets at least before a batch is shared with another lane (a thread
+/// start costs tens of microseconds, a record a fraction of one).
+const MIN_RECORDS_PER_LANE: usize = 256;
+
 /// The plugins of one pipeline.
 pub struct TransformChain {
     pipeline: String,
-    stages: Vec<Stage>,
+    /// One instance of every plugin per lane; `lanes[0]` runs on the calling thread.
+    lanes: Vec<Vec<Stage>>,
     max_consecutive_faults: u32,
 }
 
@@ -153,37 +165,59 @@ impl TransformChain {
     pub fn empty() -> Self {
         TransformChain {
             pipeline: String::new(),
-            stages: Vec::new(),
+            lanes: Vec::new(),
             max_consecutive_faults: 3,
         }
     }
 
     /// Loads and initialises every plugin of a pipeline (each `init` gets its `with`
-    /// table).
+    /// table), on one lane.
     pub fn new(
         pipeline: &str,
         engine: &TransformEngine,
         configs: &[TransformConfig],
     ) -> Result<TransformChain, TransformError> {
-        let stages = off_runtime(|| {
-            configs
+        TransformChain::with_lanes(pipeline, engine, configs, 1)
+    }
+
+    /// Like [`TransformChain::new`], with `lanes` instances of every plugin so that a
+    /// large batch runs on up to `lanes` threads (at least one).
+    pub fn with_lanes(
+        pipeline: &str,
+        engine: &TransformEngine,
+        configs: &[TransformConfig],
+        lanes: usize,
+    ) -> Result<TransformChain, TransformError> {
+        if configs.is_empty() {
+            return Ok(TransformChain::empty());
+        }
+        let lanes = off_runtime(|| {
+            let components = configs
                 .iter()
-                .map(|config| {
-                    let component = engine.load(config)?;
-                    Ok(Stage {
-                        instance: PluginInstance::new(engine, config, component)?,
-                        name: config.display_name(),
-                        on_error: config.on_error,
-                        limits: config.limits,
-                        buf: Vec::new(),
-                        alone_in_a_row: 0,
-                    })
+                .map(|config| engine.load(config))
+                .collect::<Result<Vec<_>, TransformError>>()?;
+            (0..lanes.max(1))
+                .map(|_| {
+                    configs
+                        .iter()
+                        .zip(&components)
+                        .map(|(config, component)| {
+                            Ok(Stage {
+                                instance: PluginInstance::new(engine, config, component.clone())?,
+                                name: config.display_name(),
+                                on_error: config.on_error,
+                                limits: config.limits,
+                                buf: Vec::new(),
+                                alone_in_a_row: 0,
+                            })
+                        })
+                        .collect::<Result<Vec<Stage>, TransformError>>()
                 })
-                .collect::<Result<Vec<Stage>, TransformError>>()
+                .collect::<Result<Vec<Vec<Stage>>, TransformError>>()
         })?;
         Ok(TransformChain {
             pipeline: pipeline.to_string(),
-            stages,
+            lanes,
             max_consecutive_faults: 3,
         })
     }
@@ -198,12 +232,20 @@ impl TransformChain {
 
     /// Whether there are no plugins.
     pub fn is_empty(&self) -> bool {
-        self.stages.is_empty()
+        self.lanes.is_empty()
     }
 
     /// The plugins' names, in order.
     pub fn names(&self) -> Vec<&str> {
-        self.stages.iter().map(|s| s.instance.name()).collect()
+        self.lanes
+            .first()
+            .map(|stages| stages.iter().map(|s| s.instance.name()).collect())
+            .unwrap_or_default()
+    }
+
+    /// How many threads a large batch may run on.
+    pub fn lanes(&self) -> usize {
+        self.lanes.len().max(1)
     }
 
     /// Runs records through every plugin. Outputs and errors come in input order.
@@ -213,7 +255,7 @@ impl TransformChain {
     /// [`TransformError::Interrupted`] after [`TransformEngine::stop`]. Nothing of the
     /// batch should be committed then.
     pub fn run(&mut self, inputs: &[ChainInput<'_>]) -> Result<ChainResult, TransformError> {
-        if self.stages.is_empty() || inputs.is_empty() {
+        if self.lanes.is_empty() || inputs.is_empty() {
             return Ok(ChainResult {
                 outputs: (0..inputs.len())
                     .map(|origin| ChainOutput {
@@ -225,64 +267,121 @@ impl TransformChain {
                 errors: Vec::new(),
             });
         }
-        off_runtime(|| self.run_here(inputs))
-    }
-
-    fn run_here(&mut self, inputs: &[ChainInput<'_>]) -> Result<ChainResult, TransformError> {
-        let mut items: Vec<Item> = (0..inputs.len())
-            .map(|origin| Item {
-                origin,
-                value: None,
-                route: None,
-            })
-            .collect();
-        let mut errors = Vec::new();
-        for stage in &mut self.stages {
-            let started = Instant::now();
-            let records_in = items.len();
-            let mut next = Vec::with_capacity(items.len());
-            let mut start = 0;
-            while start < items.len() {
-                let mut end = start;
-                let mut bytes = 0u64;
-                while end < items.len() && end - start < stage.limits.batch.max(1) {
-                    let len = value_of(inputs, &items[end]).as_bytes().len() as u64;
-                    if end > start && bytes + len > stage.limits.batch_bytes {
-                        break;
-                    }
-                    bytes += len;
-                    end += 1;
-                }
-                stage.run_range(
-                    &self.pipeline,
-                    self.max_consecutive_faults,
-                    inputs,
-                    &mut items,
-                    start..end,
-                    &mut next,
-                    &mut errors,
-                )?;
-                start = end;
-            }
-            stage.metrics(&self.pipeline, records_in, next.len(), started);
-            items = next;
+        let lanes = self
+            .lanes
+            .len()
+            .min(inputs.len() / MIN_RECORDS_PER_LANE)
+            .max(1);
+        let pipeline = self.pipeline.as_str();
+        let max_faults = self.max_consecutive_faults;
+        if lanes == 1 {
+            let stages = &mut self.lanes[0];
+            return off_runtime(|| run_lane(pipeline, max_faults, stages, inputs));
         }
-        errors.sort_by_key(|e| e.origin);
-        Ok(ChainResult {
-            outputs: items
-                .into_iter()
-                .map(|item| ChainOutput {
-                    origin: item.origin,
-                    value: match item.value {
-                        None => Produced::Unchanged,
-                        Some(v) => Produced::New(v),
-                    },
-                    route: item.route,
-                })
-                .collect(),
-            errors,
-        })
+        // Contiguous shares, so that merging keeps the input order.
+        let share = inputs.len().div_ceil(lanes);
+        let results: Vec<Result<ChainResult, TransformError>> = off_runtime(|| {
+            std::thread::scope(|s| {
+                let mut shares = self.lanes.iter_mut().zip(inputs.chunks(share));
+                let (first, first_inputs) = shares.next().expect("at least two lanes");
+                let others: Vec<_> = shares
+                    .map(|(stages, part)| {
+                        std::thread::Builder::new()
+                            .name("floe-plugins".into())
+                            .stack_size(8 << 20)
+                            .spawn_scoped(s, move || run_lane(pipeline, max_faults, stages, part))
+                            .expect("cannot start a thread for plugin calls")
+                    })
+                    .collect();
+                let mut results = vec![run_lane(pipeline, max_faults, first, first_inputs)];
+                for thread in others {
+                    match thread.join() {
+                        Ok(r) => results.push(r),
+                        Err(panic) => std::panic::resume_unwind(panic),
+                    }
+                }
+                results
+            })
+        });
+        let mut merged = ChainResult::default();
+        for (lane, result) in results.into_iter().enumerate() {
+            let result = result?;
+            let base = lane * share;
+            merged
+                .outputs
+                .extend(result.outputs.into_iter().map(|mut o| {
+                    o.origin += base;
+                    o
+                }));
+            merged.errors.extend(result.errors.into_iter().map(|mut e| {
+                e.origin += base;
+                e
+            }));
+        }
+        Ok(merged)
     }
+}
+
+/// Runs records through one lane's instances of every plugin.
+fn run_lane(
+    pipeline: &str,
+    max_faults: u32,
+    stages: &mut [Stage],
+    inputs: &[ChainInput<'_>],
+) -> Result<ChainResult, TransformError> {
+    let mut items: Vec<Item> = (0..inputs.len())
+        .map(|origin| Item {
+            origin,
+            value: None,
+            route: None,
+        })
+        .collect();
+    let mut errors = Vec::new();
+    for stage in stages.iter_mut() {
+        let started = Instant::now();
+        let records_in = items.len();
+        let mut next = Vec::with_capacity(items.len());
+        let mut start = 0;
+        while start < items.len() {
+            let mut end = start;
+            let mut bytes = 0u64;
+            while end < items.len() && end - start < stage.limits.batch.max(1) {
+                let len = value_of(inputs, &items[end]).as_bytes().len() as u64;
+                if end > start && bytes + len > stage.limits.batch_bytes {
+                    break;
+                }
+                bytes += len;
+                end += 1;
+            }
+            stage.run_range(
+                pipeline,
+                max_faults,
+                inputs,
+                &mut items,
+                start..end,
+                &mut next,
+                &mut errors,
+            )?;
+            start = end;
+        }
+        stage.metrics(pipeline, records_in, next.len(), started);
+        items = next;
+    }
+    errors.sort_by_key(|e| e.origin);
+    Ok(ChainResult {
+        outputs: items
+            .into_iter()
+            .map(|item| ChainOutput {
+                origin: item.origin,
+                value: match item.value {
+                    None => Produced::Unchanged,
+                    Some(v) => Produced::New(v),
+                },
+                route: item.route,
+            })
+            .collect(),
+        errors,
+    })
 }
 
 fn value_of<'a>(inputs: &'a [ChainInput<'_>], item: &'a Item) -> &'a JsonObject {
@@ -509,31 +608,51 @@ fn decode(
     Ok(outs)
 }
 
-/// Applies a patch to a record, one operation after the other.
+/// Applies a patch to a record: in one pass when its paths are disjoint (the usual
+/// answer: a few different fields), else one operation after the other.
 fn patch(value: &JsonObject, ops: wire::Ops<'_>) -> Result<JsonObject, String> {
+    let all = ops
+        .clone()
+        .map(|op| host_op(value, op))
+        .collect::<Result<Vec<PatchOp>, String>>()?;
+    if PatchOp::are_disjoint(&all) {
+        return value
+            .apply(&all)
+            .map_err(|e| format!("its patch cannot be applied: {e}"));
+    }
     let mut current: Option<JsonObject> = None;
     for op in ops {
-        let (path, new) = match op {
-            wire::Op::Set { path, value } => (path, Some(value)),
-            wire::Op::Remove { path } => (path, None),
-        };
-        if path.is_empty() {
-            return Err("its patch names an empty path".to_string());
-        }
-        let path = path
-            .map(|k| text(k, "a patch path"))
-            .collect::<Result<Vec<String>, String>>()?;
         let base = current.as_ref().unwrap_or(value);
-        let op = match new {
-            Some(v) => through_null(base, path, v),
-            None => PatchOp::Remove { path },
-        };
+        let op = host_op(base, op)?;
         current = Some(
             base.apply(std::slice::from_ref(&op))
                 .map_err(|e| format!("its patch cannot be applied: {e}"))?,
         );
     }
     Ok(current.unwrap_or_else(|| value.clone()))
+}
+
+/// A plugin's patch operation as the agent applies it to `base`.
+fn host_op(base: &JsonObject, op: wire::Op<'_>) -> Result<PatchOp, String> {
+    let path = match &op {
+        wire::Op::Set { path, .. } | wire::Op::Remove { path } | wire::Op::Rename { path, .. } => {
+            path.clone()
+        }
+    };
+    if path.is_empty() {
+        return Err("its patch names an empty path".to_string());
+    }
+    let path = path
+        .map(|k| text(k, "a patch path"))
+        .collect::<Result<Vec<String>, String>>()?;
+    Ok(match op {
+        wire::Op::Set { value, .. } => through_null(base, path, value),
+        wire::Op::Remove { .. } => PatchOp::Remove { path },
+        wire::Op::Rename { to, .. } => PatchOp::Rename {
+            path,
+            to: text(to, "a new field name")?,
+        },
+    })
 }
 
 /// A `set` of `value` at `path`; where a parent on the path holds `null`, the `set`

@@ -26,9 +26,10 @@
 //! target object. A missing source is ignored (its target is left alone).
 //!
 //! When every rename stays inside its object (`a` -> `b`, `user.nm` -> `user.name`),
-//! the plugin rewrites only the objects concerned, copying the other fields' text as
-//! it is; a record without any source is answered "unchanged". Moves between objects
-//! parse the record.
+//! the answer is a patch of renames that the agent applies to its own copy (when a
+//! target is already there, the plugin rewrites only the objects concerned, copying
+//! the other fields' text as it is); a record without any source is answered
+//! "unchanged". Moves between objects parse the record.
 //!
 //! Per-record errors: a target that already exists (without `overwrite`), or a target
 //! whose parent path runs through a value that is not an object (`user.name` when
@@ -40,7 +41,7 @@ use std::collections::HashMap;
 
 use floe_sdk::json::{Json, Key, Kind, ObjectWriter};
 use floe_sdk::path::FieldPath;
-use floe_sdk::{Answer, Emit, Error, Map, Record, Value, error, map};
+use floe_sdk::{Answer, Emit, Error, Map, Patch, Record, Value, error, map};
 use serde::Deserialize;
 
 /// Renames and moves the configured fields.
@@ -257,6 +258,16 @@ impl Config {
             if !target_moves_away {
                 return Err(exists_error(&m.to));
             }
+        }
+        // No target in the way: the agent renames the keys in its own copy.
+        if found.iter().all(|f| !f.source || f.target.is_none()) {
+            let patch = self
+                .renames
+                .iter()
+                .zip(&found)
+                .filter(|(_, f)| f.source)
+                .fold(Patch::new(), |p, (m, _)| p.rename(&m.from, &m.to_key));
+            return Ok(patch.into());
         }
         let mut text: Option<Vec<u8>> = None;
         for (group, original) in groups.iter().zip(&members) {

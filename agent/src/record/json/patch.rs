@@ -1,34 +1,51 @@
-//! Applying a patch (set / remove fields) to a parsed object, copying everything else
+//! Applying a patch (set / remove / rename fields) to a parsed object, copying everything else
 //! as written.
 
 use super::{JsonError, JsonObject, JsonView, JsonWriter, MAX_DEPTH, Obj, PatchOp, Tok, Value};
 
 /// `view` with `ops` applied in order.
+///
+/// Ops whose paths are disjoint (none equal to or a prefix of another) do not see each
+/// other, so they are applied in one pass over the object; others one after the other.
 pub(super) fn apply(view: JsonView<'_>, ops: &[PatchOp]) -> Result<JsonObject, JsonError> {
-    let mut current: Option<JsonObject> = None;
     for op in ops {
-        let (path, new) = match op {
-            PatchOp::Set { path, value } => (path, Some(value.as_slice())),
-            PatchOp::Remove { path } => (path, None),
-        };
+        let path = op.path();
         if path.is_empty() || path.len() > MAX_DEPTH {
             return Err(JsonError::PatchPath(format!(
                 "a path of {} names",
                 path.len()
             )));
         }
-        let parsed_value = match new {
-            Some(text) => Some(ParsedValue::parse(text)?),
-            None => None,
-        };
+    }
+    let values = ops
+        .iter()
+        .map(|op| match op {
+            PatchOp::Set { value, .. } => ParsedValue::parse(value).map(Some),
+            PatchOp::Remove { .. } | PatchOp::Rename { .. } => Ok(None),
+        })
+        .collect::<Result<Vec<Option<ParsedValue>>, JsonError>>()?;
+    let edits: Vec<Edit<'_, '_>> = ops
+        .iter()
+        .zip(&values)
+        .map(|(op, v)| {
+            let action = match (op, v) {
+                (PatchOp::Rename { to, .. }, _) => Action::Rename(to),
+                (_, Some(v)) => Action::Set(v.value()),
+                (_, None) => Action::Remove,
+            };
+            (op.path().as_slice(), action)
+        })
+        .collect();
+    if ops.len() > 1 && disjoint(ops) {
+        let mut w = JsonWriter::with_capacity(view.bytes.len() + 16);
+        write_edits(&mut w, view.root(), &edits)?;
+        return Ok(w.finish());
+    }
+    let mut current: Option<JsonObject> = None;
+    for edit in &edits {
         let base = current.as_ref().map_or(view, JsonObject::view);
         let mut w = JsonWriter::with_capacity(base.bytes.len() + 16);
-        write_with(
-            &mut w,
-            base.root(),
-            path,
-            parsed_value.as_ref().map(ParsedValue::value),
-        )?;
+        write_edits(&mut w, base.root(), std::slice::from_ref(edit))?;
         current = Some(w.finish());
     }
     Ok(current.unwrap_or_else(|| view.to_object()))
@@ -67,53 +84,146 @@ impl ParsedValue {
     }
 }
 
-fn write_with(
-    w: &mut JsonWriter,
-    obj: Obj<'_>,
-    path: &[String],
-    new: Option<Value<'_>>,
-) -> Result<(), JsonError> {
-    let name = &path[0];
-    let mut found = false;
+/// Whether no path that an op of `ops` touches equals or is a prefix of one that
+/// another op touches (a rename touches its field and the field of its new name).
+pub(super) fn disjoint(ops: &[PatchOp]) -> bool {
+    let touched: Vec<(usize, Vec<&str>)> = ops
+        .iter()
+        .enumerate()
+        .flat_map(|(i, op)| {
+            let path: Vec<&str> = op.path().iter().map(String::as_str).collect();
+            let renamed = match op {
+                PatchOp::Rename { to, .. } => {
+                    let mut sibling = path[..path.len() - 1].to_vec();
+                    sibling.push(to.as_str());
+                    Some((i, sibling))
+                }
+                _ => None,
+            };
+            std::iter::once((i, path)).chain(renamed)
+        })
+        .collect();
+    touched.iter().enumerate().all(|(k, (i, a))| {
+        touched[k + 1..].iter().all(|(j, b)| {
+            let n = a.len().min(b.len());
+            i == j || a[..n] != b[..n]
+        })
+    })
+}
+
+/// What an edit does at its path.
+#[derive(Clone, Copy)]
+enum Action<'p, 'v> {
+    Set(Value<'v>),
+    Remove,
+    Rename(&'p str),
+}
+
+/// A path and what to do there.
+type Edit<'p, 'v> = (&'p [String], Action<'p, 'v>);
+
+/// Writes `obj` with disjoint `edits` applied, in one pass.
+fn write_edits(w: &mut JsonWriter, obj: Obj<'_>, edits: &[Edit<'_, '_>]) -> Result<(), JsonError> {
+    let mut done = vec![false; edits.len()];
+    // Names that a rename here takes over: a field already called so goes.
+    let taken: Vec<&str> = edits
+        .iter()
+        .filter_map(|(path, action)| match action {
+            Action::Rename(to) if path.len() == 1 && obj.get(&path[0]).is_some() => Some(*to),
+            _ => None,
+        })
+        .collect();
     w.begin_object();
     for (key, value) in obj.iter() {
-        if found || !key.eq_str(name) {
-            w.key_quoted(key.quoted(), key.escaped);
-            w.value(value);
+        let matches = |i: usize| !done[i] && key.eq_str(&edits[i].0[0]);
+        let Some(first) = (0..edits.len()).find(|&i| matches(i)) else {
+            if !taken.iter().any(|t| key.eq_str(t)) {
+                w.key_quoted(key.quoted(), key.escaped);
+                w.value(value);
+            }
+            continue;
+        };
+        let mine: Vec<usize> = (first..edits.len()).filter(|&i| matches(i)).collect();
+        for &i in &mine {
+            done[i] = true;
+        }
+        // Disjoint: either one edit of this very field, or edits below it.
+        if let [only] = mine[..]
+            && edits[only].0.len() == 1
+        {
+            match edits[only].1 {
+                Action::Set(v) => {
+                    w.key_quoted(key.quoted(), key.escaped);
+                    w.value(v);
+                }
+                Action::Remove => {}
+                Action::Rename(to) => {
+                    w.key(to);
+                    w.value(value);
+                }
+            }
             continue;
         }
-        found = true;
-        match (path.len(), new, value) {
-            (1, Some(v), _) => {
+        match value {
+            Value::Object(inner) => {
+                let below: Vec<Edit<'_, '_>> = mine
+                    .iter()
+                    .map(|&i| (&edits[i].0[1..], edits[i].1))
+                    .collect();
                 w.key_quoted(key.quoted(), key.escaped);
-                w.value(v);
+                write_edits(w, inner, &below)?;
             }
-            (1, None, _) => {}
-            (_, _, Value::Object(inner)) => {
-                w.key_quoted(key.quoted(), key.escaped);
-                write_with(w, inner, &path[1..], new)?;
-            }
-            (_, Some(_), _) => return Err(JsonError::PatchPath(path_text(path))),
-            // Removing below a non-object: nothing to remove.
-            (_, None, other) => {
+            other => {
+                if let Some(&i) = mine.iter().find(|&&i| matches!(edits[i].1, Action::Set(_))) {
+                    return Err(JsonError::PatchPath(path_text(edits[i].0)));
+                }
+                // Removing or renaming below a non-object: nothing to do.
                 w.key_quoted(key.quoted(), key.escaped);
                 w.value(other);
             }
         }
     }
-    if !found && let Some(v) = new {
-        w.key(name);
-        for part in &path[1..] {
-            w.begin_object();
-            w.key(part);
-        }
-        w.value(v);
-        for _ in &path[1..] {
-            w.end_object();
-        }
-    }
+    // Sets of fields that are not there (removing what is not there does nothing).
+    let missing: Vec<(&[String], Value<'_>)> = edits
+        .iter()
+        .zip(&done)
+        .filter(|(_, done)| !**done)
+        .filter_map(|((path, action), _)| match action {
+            Action::Set(v) => Some((*path, *v)),
+            _ => None,
+        })
+        .collect();
+    write_new(w, &missing);
     w.end_object();
     Ok(())
+}
+
+/// Writes members for disjoint sets of absent paths, creating the objects between;
+/// names in the order they first appear.
+fn write_new(w: &mut JsonWriter, sets: &[(&[String], Value<'_>)]) {
+    let mut written = vec![false; sets.len()];
+    for i in 0..sets.len() {
+        if written[i] {
+            continue;
+        }
+        let name = &sets[i].0[0];
+        w.key(name);
+        if sets[i].0.len() == 1 {
+            written[i] = true;
+            w.value(sets[i].1);
+            continue;
+        }
+        let mut below: Vec<(&[String], Value<'_>)> = Vec::new();
+        for j in i..sets.len() {
+            if !written[j] && &sets[j].0[0] == name {
+                written[j] = true;
+                below.push((&sets[j].0[1..], sets[j].1));
+            }
+        }
+        w.begin_object();
+        write_new(w, &below);
+        w.end_object();
+    }
 }
 
 fn path_text(path: &[String]) -> String {

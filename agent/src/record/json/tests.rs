@@ -310,3 +310,85 @@ fn arb_object() -> impl Strategy<Value = serde_json::Value> {
     proptest::collection::btree_map("[a-e]{1,3}", value, 0..5)
         .prop_map(|m| serde_json::Value::Object(m.into_iter().collect()))
 }
+
+/// A small object: keys from `a`, `b`, `c`, values numbers, strings, null or objects.
+fn small_object() -> impl Strategy<Value = serde_json::Value> {
+    let leaf = prop_oneof![
+        any::<i8>().prop_map(|n| json!(n)),
+        Just(json!(null)),
+        Just(json!("s")),
+    ];
+    leaf.prop_recursive(3, 16, 3, |inner| {
+        prop::collection::btree_map(prop::sample::select(vec!["a", "b", "c"]), inner, 0..3)
+            .prop_map(|m| serde_json::to_value(m).unwrap())
+    })
+}
+
+fn small_op() -> impl Strategy<Value = PatchOp> {
+    let path = prop::collection::vec(
+        prop::sample::select(vec!["a".to_string(), "b".to_string(), "c".to_string()]),
+        1..4,
+    );
+    prop_oneof![
+        (path.clone(), any::<i8>()).prop_map(|(path, n)| PatchOp::Set {
+            path,
+            value: n.to_string().into_bytes(),
+        }),
+        path.clone().prop_map(|path| PatchOp::Remove { path }),
+        (path, prop::sample::select(vec!["a", "b", "c", "d"])).prop_map(|(path, to)| {
+            PatchOp::Rename {
+                path,
+                to: to.to_string(),
+            }
+        }),
+    ]
+}
+
+#[test]
+fn a_rename_keeps_the_place_and_replaces_a_field_of_that_name() {
+    let o = parse(r#"{"a": 1, "b": 2, "c": {"d": 3, "e": 4}}"#).unwrap();
+    let rename = |path: &[&str], to: &str| PatchOp::Rename {
+        path: path.iter().map(|s| s.to_string()).collect(),
+        to: to.to_string(),
+    };
+    let compact = |o: &JsonObject| String::from_utf8_lossy(o.as_bytes()).replace(' ', "");
+    let renamed = o.apply(&[rename(&["a"], "x")]).unwrap();
+    assert_eq!(compact(&renamed), r#"{"x":1,"b":2,"c":{"d":3,"e":4}}"#);
+    let over = o.apply(&[rename(&["b"], "a")]).unwrap();
+    assert_eq!(compact(&over), r#"{"a":2,"c":{"d":3,"e":4}}"#);
+    let both = o
+        .apply(&[rename(&["c", "e"], "f"), rename(&["a"], "z")])
+        .unwrap();
+    assert_eq!(compact(&both), r#"{"z":1,"b":2,"c":{"d":3,"f":4}}"#);
+    assert_eq!(both, JsonObject::parse(both.as_bytes().to_vec()).unwrap());
+    let missing = o
+        .apply(&[rename(&["q"], "a"), rename(&["a", "b"], "c")])
+        .unwrap();
+    assert_eq!(to_serde(&missing), to_serde(&o), "nothing to rename");
+}
+
+proptest! {
+    /// Disjoint ops applied in one pass give what they give one after the other
+    /// (the same object, or an error in both cases).
+    #[test]
+    fn one_pass_patches_match_one_op_at_a_time(
+        root in prop::collection::btree_map(prop::sample::select(vec!["a", "b", "c"]), small_object(), 0..3),
+        ops in prop::collection::vec(small_op(), 2..5),
+    ) {
+        prop_assume!(PatchOp::are_disjoint(&ops));
+        let o = JsonObject::from_map(&serde_json::to_value(root).unwrap().as_object().unwrap().clone());
+        let mut sequential: Result<JsonObject, JsonError> = Ok(o.clone());
+        for op in &ops {
+            sequential = sequential.and_then(|cur| cur.apply(std::slice::from_ref(op)));
+        }
+        let one_pass = o.apply(&ops);
+        match (one_pass, sequential) {
+            (Ok(a), Ok(b)) => {
+                prop_assert_eq!(a.as_bytes(), b.as_bytes());
+                prop_assert_eq!(&a, &JsonObject::parse(a.as_bytes().to_vec()).unwrap());
+            }
+            (Err(_), Err(_)) => {}
+            (a, b) => prop_assert!(false, "one pass {:?}, one at a time {:?}", a.map(|o| o.to_serde()), b.map(|o| o.to_serde())),
+        }
+    }
+}
