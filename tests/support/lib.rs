@@ -567,14 +567,15 @@ impl AgentProcess {
         Ok(())
     }
 
-    /// SIGTERM and wait for a clean exit.
-    pub fn terminate(mut self) -> Result<String> {
+    /// SIGTERM and wait for a clean exit (at most 2 minutes: an agent that does not
+    /// stop is killed and the test fails, instead of hanging).
+    pub fn terminate(self) -> Result<String> {
         Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status()?;
-        let status = self.child.wait()?;
-        self.join_reader();
-        let out = self.output();
+        let (status, out) = self
+            .wait_exit(Duration::from_secs(120))
+            .context("SIGTERM did not stop the agent")?;
         if !status.success() {
             bail!("floe exited with {status}:\n{out}");
         }

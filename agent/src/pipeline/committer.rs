@@ -133,7 +133,12 @@ impl Committer {
                 }
                 Handoff::Seal(seal) => {
                     if seal.epoch < self.epoch {
-                        // Cut before a rewind: its records will be read again.
+                        // Cut before a rewind: its records will be read again. A closing
+                        // one still ends the pipeline (as a fenced closing seal does).
+                        if seal.closing {
+                            let _ = self.reports.send(Report::Done);
+                            return Ok(());
+                        }
                         continue;
                     }
                     let closing = seal.closing;
@@ -437,4 +442,73 @@ fn gap_summary(gaps: &PartitionMap<(i64, i64)>) -> Option<String> {
             .insert(partition.to_string(), [*expected, *found]);
     }
     serde_json::to_string(&sorted).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::sync::{Semaphore, mpsc};
+
+    use super::super::intake::{Handoff, Seal};
+    use super::*;
+
+    const CONFIG: &str = r#"
+[catalogs.local]
+type = "embedded"
+path = "catalog.db"
+warehouse = "warehouse"
+
+[[pipelines]]
+name = "p"
+[pipelines.source]
+bootstrap_servers = "127.0.0.1:9"
+group_id = "g"
+topics = ["t"]
+[pipelines.sink]
+catalog = "local"
+namespace = "ns"
+table = "t"
+"#;
+
+    /// A fence rewinds the committer to a new epoch while the intake, not told yet,
+    /// sends its closing seal in the old one: the seal's rows are read again next time,
+    /// and the intake must still hear that closing is done (it waited forever, and
+    /// SIGTERM never ended the agent).
+    #[tokio::test]
+    async fn a_closing_seal_from_before_a_rewind_still_ends_the_pipeline() {
+        let config = crate::config::Config::parse(CONFIG, &|_| None).unwrap();
+        let (reports, heard) = crossbeam_channel::unbounded();
+        let mut committer = Committer::new(
+            Arc::new(config.pipelines[0].clone()),
+            Vec::new(),
+            Arc::default(),
+            reports,
+        );
+        committer.epoch = 1;
+        let (seals, inbox) = mpsc::channel(1);
+        let permit = Arc::new(Semaphore::new(1)).acquire_owned().await.unwrap();
+        seals
+            .send(Handoff::Seal(Seal {
+                epoch: 0,
+                closing: true,
+                tables: Vec::new(),
+                next: Default::default(),
+                from: Default::default(),
+                gaps: Default::default(),
+                _in_flight: permit,
+            }))
+            .await
+            .unwrap();
+        let run = tokio::spawn(committer.run(inbox));
+        let report = tokio::task::spawn_blocking(move || {
+            heard.recv_timeout(std::time::Duration::from_secs(10))
+        })
+        .await
+        .unwrap();
+        assert!(
+            matches!(report, Ok(Report::Done)),
+            "the intake hears: {report:?}"
+        );
+        drop(seals);
+        run.await.unwrap().unwrap();
+    }
 }

@@ -185,9 +185,9 @@ impl Intake {
 
     fn run_loop(&mut self) -> Result<(), PipelineError> {
         let interval = self.config.sink.commit_interval;
-        let events = self.source.events().clone();
+        let mut events = self.source.events().clone();
         let reports = self.reports.clone();
-        let control = self.control.clone();
+        let mut control = self.control.clone();
         let mut last_seal = Instant::now();
         let started = Instant::now();
         loop {
@@ -195,9 +195,15 @@ impl Intake {
                 .state
                 .first_row_at
                 .map_or(last_seal.elapsed(), |t| t.elapsed());
-            let wait = interval
-                .saturating_sub(since)
-                .min(Duration::from_millis(250));
+            // Closing or rewinding, nothing is sealed until the committer reports: wait
+            // for it (the interval has long passed; a zero wait would spin).
+            let wait = if self.state.closing || self.state.rewinding {
+                Duration::from_millis(250)
+            } else {
+                interval
+                    .saturating_sub(since)
+                    .min(Duration::from_millis(250))
+            };
             crossbeam_channel::select! {
                 recv(reports) -> r => {
                     let Ok(report) = r else {
@@ -208,7 +214,12 @@ impl Intake {
                     }
                 }
                 recv(control) -> c => {
-                    if let Ok(Control::Shutdown) = c && !self.state.closing {
+                    // `Shutdown`, or the owner is gone: stop either way (and stop
+                    // listening to a closed channel, which is always ready).
+                    if c.is_err() {
+                        control = crossbeam_channel::never();
+                    }
+                    if !self.state.closing {
                         if self.state.rewinding {
                             self.state.close_after_rewind = true;
                         } else {
@@ -221,6 +232,8 @@ impl Intake {
                     Ok(_) => {}
                     Err(_) => {
                         if self.state.closing {
+                            // Only the committer's last report matters now.
+                            events = crossbeam_channel::never();
                             continue;
                         }
                         return Err(self.source_err(SourceError::Stopped("source channel closed".into())));
