@@ -538,7 +538,8 @@ impl Intake {
                 }
             })
             .collect();
-        let result = match self.chain.run(&inputs) {
+        // The intake runs on a blocking thread: plugins may block here.
+        let result = match self.chain.run_blocking(&inputs) {
             Ok(r) => r,
             Err(TransformError::Interrupted { .. }) => {
                 // Shutting down: nothing of this batch is kept; it is read again on restart.

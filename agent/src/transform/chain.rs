@@ -16,10 +16,11 @@
 //! of lanes (only on which records share a call: seeds and fault isolation are per
 //! call, as before).
 //!
-//! WebAssembly never runs on a tokio worker: called from inside a runtime, the chain
+//! WebAssembly never runs on a tokio worker: called from inside a runtime, `run`
 //! runs its calls on a thread of its own for the duration of the call (WASI's
 //! blocking host calls would otherwise panic with "Cannot start a runtime from within
-//! a runtime"). Called from a plain thread, as the pipeline does, it runs right there.
+//! a runtime"). The pipeline's intake, a blocking thread, calls `run_blocking`, which
+//! runs right there; the other lanes run on the chain's own threads.
 
 use std::hash::{Hash as _, Hasher as _};
 use std::ops::Range;
@@ -132,6 +133,9 @@ pub struct TransformChain {
     pipeline: String,
     /// One instance of every plugin per lane; `lanes[0]` runs on the calling thread.
     lanes: Vec<Vec<Stage>>,
+    /// Threads for lanes 1.. (kept for the chain's life: a thread started per batch
+    /// costs a fresh stack each time).
+    pool: Option<rayon::ThreadPool>,
     max_consecutive_faults: u32,
 }
 
@@ -166,6 +170,7 @@ impl TransformChain {
         TransformChain {
             pipeline: String::new(),
             lanes: Vec::new(),
+            pool: None,
             max_consecutive_faults: 3,
         }
     }
@@ -215,9 +220,22 @@ impl TransformChain {
                 })
                 .collect::<Result<Vec<Vec<Stage>>, TransformError>>()
         })?;
+        let pool = if lanes.len() > 1 {
+            let name = pipeline.to_string();
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(lanes.len() - 1)
+                .stack_size(8 << 20)
+                .thread_name(move |i| format!("floe-plugins-{name}-{}", i + 1))
+                .build()
+                .map_err(|e| TransformError::Engine(format!("cannot start plugin threads: {e}")))?;
+            Some(pool)
+        } else {
+            None
+        };
         Ok(TransformChain {
             pipeline: pipeline.to_string(),
             lanes,
+            pool,
             max_consecutive_faults: 3,
         })
     }
@@ -267,6 +285,19 @@ impl TransformChain {
                 errors: Vec::new(),
             });
         }
+        off_runtime(|| self.run_blocking(inputs))
+    }
+
+    /// [`TransformChain::run`] for a caller that may block: a plain thread or a
+    /// `tokio::task::spawn_blocking` thread (as the pipeline's intake), never a tokio
+    /// worker. Saves the thread `run` starts per call inside a runtime.
+    pub fn run_blocking(
+        &mut self,
+        inputs: &[ChainInput<'_>],
+    ) -> Result<ChainResult, TransformError> {
+        if self.lanes.is_empty() || inputs.is_empty() {
+            return self.run(inputs);
+        }
         let lanes = self
             .lanes
             .len()
@@ -274,38 +305,28 @@ impl TransformChain {
             .max(1);
         let pipeline = self.pipeline.as_str();
         let max_faults = self.max_consecutive_faults;
-        if lanes == 1 {
-            let stages = &mut self.lanes[0];
-            return off_runtime(|| run_lane(pipeline, max_faults, stages, inputs));
-        }
+        let (Some(pool), true) = (&self.pool, lanes > 1) else {
+            return run_lane(pipeline, max_faults, &mut self.lanes[0], inputs);
+        };
         // Contiguous shares, so that merging keeps the input order.
         let share = inputs.len().div_ceil(lanes);
-        let results: Vec<Result<ChainResult, TransformError>> = off_runtime(|| {
-            std::thread::scope(|s| {
-                let mut shares = self.lanes.iter_mut().zip(inputs.chunks(share));
-                let (first, first_inputs) = shares.next().expect("at least two lanes");
-                let others: Vec<_> = shares
-                    .map(|(stages, part)| {
-                        std::thread::Builder::new()
-                            .name("floe-plugins".into())
-                            .stack_size(8 << 20)
-                            .spawn_scoped(s, move || run_lane(pipeline, max_faults, stages, part))
-                            .expect("cannot start a thread for plugin calls")
-                    })
-                    .collect();
-                let mut results = vec![run_lane(pipeline, max_faults, first, first_inputs)];
-                for thread in others {
-                    match thread.join() {
-                        Ok(r) => results.push(r),
-                        Err(panic) => std::panic::resume_unwind(panic),
-                    }
-                }
-                results
-            })
+        let mut results: Vec<Option<Result<ChainResult, TransformError>>> =
+            (0..lanes).map(|_| None).collect();
+        pool.in_place_scope(|s| {
+            let mut shares = self
+                .lanes
+                .iter_mut()
+                .zip(inputs.chunks(share))
+                .zip(results.iter_mut());
+            let ((first, first_inputs), first_slot) = shares.next().expect("at least two lanes");
+            for ((stages, part), slot) in shares {
+                s.spawn(move |_| *slot = Some(run_lane(pipeline, max_faults, stages, part)));
+            }
+            *first_slot = Some(run_lane(pipeline, max_faults, first, first_inputs));
         });
         let mut merged = ChainResult::default();
         for (lane, result) in results.into_iter().enumerate() {
-            let result = result?;
+            let result = result.expect("every lane ran")?;
             let base = lane * share;
             merged
                 .outputs

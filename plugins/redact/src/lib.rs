@@ -54,7 +54,12 @@ fn redact(record: &Record, config: &Config) -> Result<Answer, Error> {
     }
     for path in &config.hash {
         if let Some(v) = record.get(path).filter(|v| !v.is_null()) {
-            patch = patch.set(path, hash_value(&config.salt, &v.to_value()?));
+            // A string is hashed from its text as it is, without building a value.
+            let hashed = match v.as_str() {
+                Some(text) => hash_text(&config.salt, &text),
+                None => hash_value(&config.salt, &v.to_value()?),
+            };
+            patch = patch.set(path, hashed);
         }
     }
     for path in &config.drop {
@@ -110,23 +115,24 @@ fn parse_paths(list: &[String], name: &str) -> Result<Vec<FieldPath>, String> {
 
 /// Lowercase hex SHA-256 of `salt` + the value's text.
 pub fn hash_value(salt: &str, value: &Value) -> String {
+    match value {
+        Value::String(s) => hash_text(salt, s),
+        other => hash_text(salt, &other.to_string()),
+    }
+}
+
+/// Lowercase hex SHA-256 of `salt` followed by `text`.
+pub fn hash_text(salt: &str, text: &str) -> String {
     let mut hasher = Sha256::new();
     hasher.update(salt.as_bytes());
-    match value {
-        Value::String(s) => hasher.update(s.as_bytes()),
-        other => hasher.update(other.to_string().as_bytes()),
-    }
+    hasher.update(text.as_bytes());
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    hasher
-        .finalize()
-        .iter()
-        .flat_map(|b| {
-            [
-                HEX[(b >> 4) as usize] as char,
-                HEX[(b & 0xf) as usize] as char,
-            ]
-        })
-        .collect()
+    let mut out = String::with_capacity(64);
+    for b in hasher.finalize() {
+        out.push(HEX[(b >> 4) as usize] as char);
+        out.push(HEX[(b & 0xf) as usize] as char);
+    }
+    out
 }
 
 /// `"***"` + the last 4 characters of `text`, or `"***"` alone for short text.
