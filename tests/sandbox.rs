@@ -540,34 +540,36 @@ async fn a_plugin_built_for_the_old_contract_is_refused_with_how_to_rebuild() ->
     Ok(())
 }
 
-/// A chain over records with the escape plugin's `random` attempt; the numbers it got.
-fn random_numbers(allow_random: bool, offsets: std::ops::Range<i64>) -> Result<Vec<String>> {
-    let cache = tempfile::tempdir()?;
-    let engine = TransformEngine::new(
+/// An engine for chains built in the test process, compiling into `cache`.
+fn chain_engine(cache: &Path, instances: u32) -> Result<TransformEngine> {
+    Ok(TransformEngine::new(
         &PluginsConfig {
             path: vec![],
-            cache_dir: cache.path().to_path_buf(),
+            cache_dir: cache.to_path_buf(),
         },
-        1,
+        instances,
         64 << 20,
-    )?;
-    let config = TransformConfig {
-        uses: plugin_path("test-escape").display().to_string(),
-        name: Some("escape".into()),
-        with: toml::from_str("attempt = \"random\"")?,
+    )?)
+}
+
+/// A built plugin named `name`, with `with` (TOML) and default limits.
+fn chain_config(plugin: &str, name: &str, with: &str) -> Result<TransformConfig> {
+    Ok(TransformConfig {
+        uses: plugin_path(plugin).display().to_string(),
+        name: Some(name.into()),
+        with: toml::from_str(with)?,
         limits: Limits::default(),
         on_error: OnError::DeadLetter,
         allow_clock: false,
-        allow_random,
-    };
-    let mut chain = TransformChain::new("random", &engine, &[config])?;
-    let values: Vec<JsonObject> = offsets
-        .clone()
-        .map(|i| JsonObject::parse(json!({"id": i}).to_string().into_bytes()))
-        .collect::<Result<_, _>>()?;
-    let inputs: Vec<ChainInput<'_>> = values
+        allow_random: false,
+    })
+}
+
+/// Chain inputs of partition 0 of topic `t`, offsets from `first`.
+fn chain_inputs(values: &[JsonObject], first: i64) -> Vec<ChainInput<'_>> {
+    values
         .iter()
-        .zip(offsets)
+        .zip(first..)
         .map(|(value, offset)| ChainInput {
             value,
             topic: "t",
@@ -576,7 +578,21 @@ fn random_numbers(allow_random: bool, offsets: std::ops::Range<i64>) -> Result<V
             timestamp_ms: None,
             key: None,
         })
-        .collect();
+        .collect()
+}
+
+/// A chain over records with the escape plugin's `random` attempt; the numbers it got.
+fn random_numbers(allow_random: bool, offsets: std::ops::Range<i64>) -> Result<Vec<String>> {
+    let cache = tempfile::tempdir()?;
+    let engine = chain_engine(cache.path(), 1)?;
+    let mut config = chain_config("test-escape", "escape", "attempt = \"random\"")?;
+    config.allow_random = allow_random;
+    let mut chain = TransformChain::new("random", &engine, &[config])?;
+    let values: Vec<JsonObject> = offsets
+        .clone()
+        .map(|i| JsonObject::parse(json!({"id": i}).to_string().into_bytes()))
+        .collect::<Result<_, _>>()?;
+    let inputs = chain_inputs(&values, offsets.start);
     let result = chain.run(&inputs)?;
     Ok(result
         .outputs
@@ -629,43 +645,17 @@ fn chain_result(
     Vec<(usize, String, String)>,
 )> {
     let cache = tempfile::tempdir()?;
-    let engine = TransformEngine::new(
-        &PluginsConfig {
-            path: vec![],
-            cache_dir: cache.path().to_path_buf(),
-        },
-        4 * lanes as u32,
-        64 << 20,
-    )?;
-    let config = |uses: String, name: &str, with: &str| -> Result<TransformConfig> {
-        Ok(TransformConfig {
-            uses,
-            name: Some(name.into()),
-            with: toml::from_str(with)?,
-            limits: Limits::default(),
-            on_error: OnError::DeadLetter,
-            allow_clock: false,
-            allow_random: false,
-        })
-    };
+    let engine = chain_engine(cache.path(), 4 * lanes as u32)?;
     let configs = [
-        config(
-            plugin_path("explode").display().to_string(),
-            "explode",
-            "field = \"items\"",
-        )?,
-        config(
-            plugin_path("test-faulty").display().to_string(),
-            "rejects",
-            "mode = \"fail_every\"\nevery = 7",
-        )?,
-        config(
-            plugin_path("test-faulty").display().to_string(),
+        chain_config("explode", "explode", "field = \"items\"")?,
+        chain_config("test-faulty", "rejects", "mode = \"fail_every\"\nevery = 7")?,
+        chain_config(
+            "test-faulty",
             "panics",
             "mode = \"panic\"\nat_offset = 1501",
         )?,
-        config(
-            plugin_path("filter").display().to_string(),
+        chain_config(
+            "filter",
             "filter",
             "all = [{ field = \"items\", op = \"ne\", value = 1 }]",
         )?,
@@ -678,18 +668,7 @@ fn chain_result(
             JsonObject::parse(json!({"id": i, "items": items}).to_string().into_bytes())
         })
         .collect::<Result<_, _>>()?;
-    let inputs: Vec<ChainInput<'_>> = values
-        .iter()
-        .zip(0..)
-        .map(|(value, offset)| ChainInput {
-            value,
-            topic: "t",
-            partition: 0,
-            offset,
-            timestamp_ms: None,
-            key: None,
-        })
-        .collect();
+    let inputs = chain_inputs(&values, 0);
     let result = chain.run(&inputs)?;
     let outputs = result
         .outputs

@@ -274,16 +274,7 @@ impl TransformChain {
     /// batch should be committed then.
     pub fn run(&mut self, inputs: &[ChainInput<'_>]) -> Result<ChainResult, TransformError> {
         if self.lanes.is_empty() || inputs.is_empty() {
-            return Ok(ChainResult {
-                outputs: (0..inputs.len())
-                    .map(|origin| ChainOutput {
-                        origin,
-                        value: Produced::Unchanged,
-                        route: None,
-                    })
-                    .collect(),
-                errors: Vec::new(),
-            });
+            return Ok(unchanged(inputs.len()));
         }
         off_runtime(|| self.run_blocking(inputs))
     }
@@ -296,7 +287,7 @@ impl TransformChain {
         inputs: &[ChainInput<'_>],
     ) -> Result<ChainResult, TransformError> {
         if self.lanes.is_empty() || inputs.is_empty() {
-            return self.run(inputs);
+            return Ok(unchanged(inputs.len()));
         }
         let lanes = self
             .lanes
@@ -340,6 +331,20 @@ impl TransformChain {
             }));
         }
         Ok(merged)
+    }
+}
+
+/// What a chain without plugins gives: every input unchanged.
+fn unchanged(records: usize) -> ChainResult {
+    ChainResult {
+        outputs: (0..records)
+            .map(|origin| ChainOutput {
+                origin,
+                value: Produced::Unchanged,
+                route: None,
+            })
+            .collect(),
+        errors: Vec::new(),
     }
 }
 

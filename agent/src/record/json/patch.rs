@@ -86,29 +86,59 @@ impl ParsedValue {
 
 /// Whether no path that an op of `ops` touches equals or is a prefix of one that
 /// another op touches (a rename touches its field and the field of its new name).
+/// Runs per patched record: compares in place, allocates nothing.
 pub(super) fn disjoint(ops: &[PatchOp]) -> bool {
-    let touched: Vec<(usize, Vec<&str>)> = ops
-        .iter()
-        .enumerate()
-        .flat_map(|(i, op)| {
-            let path: Vec<&str> = op.path().iter().map(String::as_str).collect();
-            let renamed = match op {
-                PatchOp::Rename { to, .. } => {
-                    let mut sibling = path[..path.len() - 1].to_vec();
-                    sibling.push(to.as_str());
-                    Some((i, sibling))
-                }
-                _ => None,
-            };
-            std::iter::once((i, path)).chain(renamed)
-        })
-        .collect();
-    touched.iter().enumerate().all(|(k, (i, a))| {
-        touched[k + 1..].iter().all(|(j, b)| {
-            let n = a.len().min(b.len());
-            i == j || a[..n] != b[..n]
+    ops.iter().enumerate().all(|(i, a)| {
+        ops[i + 1..].iter().all(|b| {
+            touched(a)
+                .into_iter()
+                .flatten()
+                .all(|x| touched(b).into_iter().flatten().all(|y| !x.overlaps(y)))
         })
     })
+}
+
+/// A path an op touches: names, and for a rename's new field its parent's names and
+/// the new name.
+#[derive(Clone, Copy)]
+struct Touched<'a> {
+    head: &'a [String],
+    last: Option<&'a str>,
+}
+
+impl<'a> Touched<'a> {
+    fn len(self) -> usize {
+        self.head.len() + usize::from(self.last.is_some())
+    }
+
+    fn name(self, i: usize) -> &'a str {
+        self.head
+            .get(i)
+            .map_or_else(|| self.last.unwrap_or(""), String::as_str)
+    }
+
+    /// One is the other or a prefix of it.
+    fn overlaps(self, other: Touched<'_>) -> bool {
+        (0..self.len().min(other.len())).all(|i| self.name(i) == other.name(i))
+    }
+}
+
+fn touched(op: &PatchOp) -> [Option<Touched<'_>>; 2] {
+    let path = op.path();
+    let renamed = match op {
+        PatchOp::Rename { to, .. } => Some(Touched {
+            head: &path[..path.len().saturating_sub(1)],
+            last: Some(to),
+        }),
+        _ => None,
+    };
+    [
+        Some(Touched {
+            head: path,
+            last: None,
+        }),
+        renamed,
+    ]
 }
 
 /// What an edit does at its path.
