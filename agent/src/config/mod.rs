@@ -74,9 +74,9 @@ pub struct PipelineConfig {
     pub transforms: Vec<TransformConfig>,
     /// Plugin faults in a row after which the pipeline stops (default 3).
     pub max_consecutive_faults: u32,
-    /// Threads a large batch of records may run the plugins on, each with its own
-    /// instances (default: the machine's cores, at most 4; 1 keeps plugins on the
-    /// pipeline's thread).
+    /// Threads the plugins run on, each with its own instances, taking parts of a
+    /// batch in turn while the pipeline buffers what earlier parts produced
+    /// (default: the machine's cores, at most 4).
     pub transform_threads: usize,
     /// Where records go and how often they are committed.
     pub sink: SinkConfig,

@@ -26,7 +26,9 @@ use crate::record::{Message, PartitionMap, TopicPartition};
 use crate::schema::{Admission, SchemaTracker, TableSchema};
 use crate::source::{Source, SourceCommand, SourceError, SourceEvent, resume_position};
 use crate::telemetry;
-use crate::transform::{ChainInput, OnError, Produced, TransformChain, TransformError};
+use crate::transform::{
+    ChainInput, ChainResult, OnError, Produced, TransformChain, TransformError,
+};
 
 /// Requests from the pipeline's owner.
 #[derive(Debug)]
@@ -538,8 +540,31 @@ impl Intake {
                 }
             })
             .collect();
-        // The intake runs on a blocking thread: plugins may block here.
-        let result = match self.chain.run_blocking(&inputs) {
+        // Parts of the batch come back in order while the plugins run the next parts.
+        let mut chain = std::mem::take(&mut self.chain);
+        let mut outcome = Ok(());
+        chain.run_parts(&inputs, |part| {
+            outcome = self.take_part(messages, &decoded, part);
+            outcome.is_ok() && !self.state.rewinding
+        });
+        self.chain = chain;
+        outcome?;
+        // Only a whole batch without a fault ends a run of faulted batches.
+        if !self.state.rewinding {
+            self.state.consecutive_faults = 0;
+        }
+        Ok(())
+    }
+
+    /// Offers the outputs of one part of a batch and handles its record errors, or
+    /// rewinds when the part failed.
+    fn take_part(
+        &mut self,
+        messages: &[Message],
+        decoded: &[(usize, Option<String>, Decoded)],
+        part: Result<ChainResult, TransformError>,
+    ) -> Result<(), PipelineError> {
+        let result = match part {
             Ok(r) => r,
             Err(TransformError::Interrupted { .. }) => {
                 // Shutting down: nothing of this batch is kept; it is read again on restart.
@@ -565,8 +590,6 @@ impl Intake {
                 });
             }
         };
-        drop(inputs);
-        self.state.consecutive_faults = 0;
         for e in &result.errors {
             let m = &messages[decoded[e.origin].0];
             match e.policy {

@@ -19,8 +19,12 @@
 //! WebAssembly never runs on a tokio worker: called from inside a runtime, `run`
 //! runs its calls on a thread of its own for the duration of the call (WASI's
 //! blocking host calls would otherwise panic with "Cannot start a runtime from within
-//! a runtime"). The pipeline's intake, a blocking thread, calls `run_blocking`, which
-//! runs right there; the other lanes run on the chain's own threads.
+//! a runtime"). The chain's lanes run on threads of its own.
+//!
+//! The pipeline's intake calls `run_parts`: the batch is cut into parts of a few
+//! hundred records that the lanes take in turn, and each part's result comes back to
+//! the intake in order as soon as it is ready, so the intake admits and buffers one
+//! part's records while the plugins run the next ones.
 
 use std::hash::{Hash as _, Hasher as _};
 use std::ops::Range;
@@ -128,13 +132,19 @@ struct Stage {
 /// start costs tens of microseconds, a record a fraction of one).
 const MIN_RECORDS_PER_LANE: usize = 256;
 
+/// Records per part in [`TransformChain::run_parts`]: small enough that a 4,096-record
+/// batch makes several parts to overlap, large enough that a call's fixed cost (a few
+/// microseconds) stays small beside its records'.
+const PART_RECORDS: usize = 512;
+
 /// The plugins of one pipeline.
 pub struct TransformChain {
     pipeline: String,
     /// One instance of every plugin per lane; `lanes[0]` runs on the calling thread.
     lanes: Vec<Vec<Stage>>,
-    /// Threads for lanes 1.. (kept for the chain's life: a thread started per batch
-    /// costs a fresh stack each time).
+    /// One thread per lane (kept for the chain's life: a thread started per batch
+    /// costs a fresh stack each time). `run` runs lane 0 on the caller's thread;
+    /// `run_parts` runs every lane here.
     pool: Option<rayon::ThreadPool>,
     max_consecutive_faults: u32,
 }
@@ -220,22 +230,17 @@ impl TransformChain {
                 })
                 .collect::<Result<Vec<Vec<Stage>>, TransformError>>()
         })?;
-        let pool = if lanes.len() > 1 {
-            let name = pipeline.to_string();
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(lanes.len() - 1)
-                .stack_size(8 << 20)
-                .thread_name(move |i| format!("floe-plugins-{name}-{}", i + 1))
-                .build()
-                .map_err(|e| TransformError::Engine(format!("cannot start plugin threads: {e}")))?;
-            Some(pool)
-        } else {
-            None
-        };
+        let name = pipeline.to_string();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(lanes.len())
+            .stack_size(8 << 20)
+            .thread_name(move |i| format!("floe-plugins-{name}-{i}"))
+            .build()
+            .map_err(|e| TransformError::Engine(format!("cannot start plugin threads: {e}")))?;
         Ok(TransformChain {
             pipeline: pipeline.to_string(),
             lanes,
-            pool,
+            pool: Some(pool),
             max_consecutive_faults: 3,
         })
     }
@@ -279,13 +284,8 @@ impl TransformChain {
         off_runtime(|| self.run_blocking(inputs))
     }
 
-    /// [`TransformChain::run`] for a caller that may block: a plain thread or a
-    /// `tokio::task::spawn_blocking` thread (as the pipeline's intake), never a tokio
-    /// worker. Saves the thread `run` starts per call inside a runtime.
-    pub fn run_blocking(
-        &mut self,
-        inputs: &[ChainInput<'_>],
-    ) -> Result<ChainResult, TransformError> {
+    /// [`TransformChain::run`] on a thread that may block (never a tokio worker).
+    fn run_blocking(&mut self, inputs: &[ChainInput<'_>]) -> Result<ChainResult, TransformError> {
         if self.lanes.is_empty() || inputs.is_empty() {
             return Ok(unchanged(inputs.len()));
         }
@@ -317,20 +317,95 @@ impl TransformChain {
         });
         let mut merged = ChainResult::default();
         for (lane, result) in results.into_iter().enumerate() {
-            let result = result.expect("every lane ran")?;
-            let base = lane * share;
-            merged
-                .outputs
-                .extend(result.outputs.into_iter().map(|mut o| {
-                    o.origin += base;
-                    o
-                }));
-            merged.errors.extend(result.errors.into_iter().map(|mut e| {
-                e.origin += base;
-                e
-            }));
+            let result = result.expect("every lane ran")?.shifted(lane * share);
+            merged.outputs.extend(result.outputs);
+            merged.errors.extend(result.errors);
         }
         Ok(merged)
+    }
+}
+
+impl TransformChain {
+    /// Runs records through every plugin in parts of a few hundred records and hands
+    /// each part's result to `each`, on the calling thread and in input order, while
+    /// the lanes run the parts after it: what the caller does with a part's outputs
+    /// (the pipeline admits and buffers them) overlaps the plugins' work on the next
+    /// parts. Origins in every result index `inputs`. A part that fails (see
+    /// [`TransformChain::run`]) is handed over as its error. `each` returns `false` to
+    /// stop: the parts not handed over yet are dropped.
+    ///
+    /// For a caller that may block: a plain thread or a `tokio::task::spawn_blocking`
+    /// thread (as the pipeline's intake), never a tokio worker. Which records
+    /// share a call differs from `run` (calls stay within a part), so plugins that
+    /// depend on the seed of a call may answer differently; nothing else does.
+    pub fn run_parts(
+        &mut self,
+        inputs: &[ChainInput<'_>],
+        mut each: impl FnMut(Result<ChainResult, TransformError>) -> bool,
+    ) {
+        if self.lanes.is_empty() || inputs.is_empty() {
+            each(Ok(unchanged(inputs.len())));
+            return;
+        }
+        let pipeline = self.pipeline.as_str();
+        let max_faults = self.max_consecutive_faults;
+        let parts: Vec<&[ChainInput<'_>]> = inputs.chunks(PART_RECORDS).collect();
+        let (Some(pool), true) = (&self.pool, parts.len() > 1) else {
+            each(run_lane(pipeline, max_faults, &mut self.lanes[0], inputs));
+            return;
+        };
+        let lanes = self.lanes.len().min(parts.len());
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let (done, results) = std::sync::mpsc::channel();
+        pool.in_place_scope(|s| {
+            // Lane l runs parts l, l + lanes, ... one after the other.
+            for (lane, stages) in self.lanes.iter_mut().take(lanes).enumerate() {
+                let (done, stop, parts) = (done.clone(), &stop, &parts);
+                s.spawn(move |_| {
+                    for k in (lane..parts.len()).step_by(lanes) {
+                        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                            return;
+                        }
+                        let result = run_lane(pipeline, max_faults, stages, parts[k])
+                            .map(|r| r.shifted(k * PART_RECORDS));
+                        if done.send((k, result)).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+            drop(done);
+            let mut ready: Vec<Option<Result<ChainResult, TransformError>>> =
+                (0..parts.len()).map(|_| None).collect();
+            let mut next = 0;
+            while next < parts.len() {
+                let Ok((k, result)) = results.recv() else {
+                    return;
+                };
+                ready[k] = Some(result);
+                while let Some(result) = ready.get_mut(next).and_then(Option::take) {
+                    next += 1;
+                    if !each(result) {
+                        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                        return;
+                    }
+                }
+            }
+        });
+    }
+}
+
+impl ChainResult {
+    /// The result with every origin moved up by `base` (a part's result as the
+    /// whole batch's).
+    fn shifted(mut self, base: usize) -> ChainResult {
+        for o in &mut self.outputs {
+            o.origin += base;
+        }
+        for e in &mut self.errors {
+            e.origin += base;
+        }
+        self
     }
 }
 

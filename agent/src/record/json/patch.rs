@@ -51,14 +51,14 @@ pub(super) fn apply(view: JsonView<'_>, ops: &[PatchOp]) -> Result<JsonObject, J
     Ok(current.unwrap_or_else(|| view.to_object()))
 }
 
-/// One JSON value (any kind) parsed on its own.
-struct ParsedValue {
-    bytes: Vec<u8>,
+/// One JSON value (any kind) parsed on its own, borrowing its text.
+struct ParsedValue<'t> {
+    bytes: &'t [u8],
     tape: Vec<Tok>,
 }
 
-impl ParsedValue {
-    fn parse(text: &[u8]) -> Result<ParsedValue, JsonError> {
+impl<'t> ParsedValue<'t> {
+    fn parse(text: &'t [u8]) -> Result<ParsedValue<'t>, JsonError> {
         if let Err(e) = std::str::from_utf8(text) {
             return Err(super::syntax("invalid UTF-8", e.valid_up_to()));
         }
@@ -69,15 +69,12 @@ impl ParsedValue {
             return Err(super::syntax("trailing characters", end));
         }
         // Token positions are relative to the text as given (leading spaces included).
-        Ok(ParsedValue {
-            bytes: text.to_vec(),
-            tape,
-        })
+        Ok(ParsedValue { bytes: text, tape })
     }
 
     fn value(&self) -> Value<'_> {
         JsonView {
-            bytes: &self.bytes,
+            bytes: self.bytes,
             tape: &self.tape,
         }
         .value_at(0)
@@ -173,15 +170,10 @@ fn write_edits(w: &mut JsonWriter, obj: Obj<'_>, edits: &[Edit<'_, '_>]) -> Resu
             }
             continue;
         };
-        let mine: Vec<usize> = (first..edits.len()).filter(|&i| matches(i)).collect();
-        for &i in &mine {
-            done[i] = true;
-        }
         // Disjoint: either one edit of this very field, or edits below it.
-        if let [only] = mine[..]
-            && edits[only].0.len() == 1
-        {
-            match edits[only].1 {
+        if edits[first].0.len() == 1 {
+            done[first] = true;
+            match edits[first].1 {
                 Action::Set(v) => {
                     w.key_quoted(key.quoted(), key.escaped);
                     w.value(v);
@@ -193,6 +185,10 @@ fn write_edits(w: &mut JsonWriter, obj: Obj<'_>, edits: &[Edit<'_, '_>]) -> Resu
                 }
             }
             continue;
+        }
+        let mine: Vec<usize> = (first..edits.len()).filter(|&i| matches(i)).collect();
+        for &i in &mine {
+            done[i] = true;
         }
         match value {
             Value::Object(inner) => {
