@@ -195,12 +195,12 @@ async fn a_record_that_traps_only_on_one_input_is_dead_lettered() -> Result<()> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_endless_loop_is_stopped_at_its_deadline() -> Result<()> {
-    // Fuel would last for days: only the deadline stops it.
+    // No fuel is counted unless a plugin asks for it: only the deadline stops it.
     isolates(
         "loops",
         "faulty",
         "{ mode = \"spin\", at_offset = 30 }",
-        "limits = { fuel = 1000000000000000000, timeout = \"300ms\" }",
+        "limits = { timeout = \"300ms\" }",
         30,
         "exceeded its time limit (300ms per batch",
     )
@@ -479,7 +479,7 @@ async fn shutdown_interrupts_a_running_plugin() -> Result<()> {
         &config,
         "faulty",
         "{ mode = \"spin\" }",
-        "limits = { fuel = 1000000000000000000, timeout = \"10m\" }",
+        "limits = { timeout = \"10m\" }",
     )?;
     let mut agent = AgentProcess::start(&config, &[])?;
     agent.wait_for_line("plugin loaded", Duration::from_secs(120))?;
@@ -633,6 +633,15 @@ fn random_is_seeded_per_batch_unless_granted() -> Result<()> {
     Ok(())
 }
 
+/// How a test runs a chain over a batch.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Run {
+    /// `TransformChain::run`: one result.
+    Whole,
+    /// `TransformChain::run_parts`: results part by part, merged here.
+    Parts,
+}
+
 /// A chain of a flat-map, a plugin that rejects some records, one that panics on one
 /// record and a filter, run over `n` records with `lanes` instances of each plugin:
 /// (origin, route, value) of every output and (origin, plugin, message) of every error.
@@ -640,6 +649,7 @@ fn random_is_seeded_per_batch_unless_granted() -> Result<()> {
 fn chain_result(
     lanes: usize,
     n: i64,
+    run: Run,
 ) -> Result<(
     Vec<(usize, Option<String>, String)>,
     Vec<(usize, String, String)>,
@@ -669,7 +679,28 @@ fn chain_result(
         })
         .collect::<Result<_, _>>()?;
     let inputs = chain_inputs(&values, 0);
-    let result = chain.run(&inputs)?;
+    let result = match run {
+        Run::Whole => chain.run(&inputs)?,
+        Run::Parts => {
+            let mut merged = floe::transform::ChainResult::default();
+            let mut failed = None;
+            chain.run_parts(&inputs, |part| match part {
+                Ok(part) => {
+                    merged.outputs.extend(part.outputs);
+                    merged.errors.extend(part.errors);
+                    true
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    false
+                }
+            });
+            if let Some(e) = failed {
+                return Err(e.into());
+            }
+            merged
+        }
+    };
     let outputs = result
         .outputs
         .iter()
@@ -695,7 +726,7 @@ fn chain_result(
 #[test]
 fn plugin_threads_give_what_one_thread_gives() -> Result<()> {
     let n = 3000;
-    let (outputs, errors) = chain_result(1, n)?;
+    let (outputs, errors) = chain_result(1, n, Run::Whole)?;
     // Record i has i % 3 items: 0, 1 or 2 outputs before the filter drops item 1.
     assert!(outputs.len() > n as usize / 2, "{} outputs", outputs.len());
     assert!(
@@ -709,14 +740,62 @@ fn plugin_threads_give_what_one_thread_gives() -> Result<()> {
             .collect::<Vec<_>>()
     );
     assert!(errors.iter().any(|e| e.1 == "rejects"), "rejected records");
-    for lanes in [2, 3] {
-        let (o, e) = chain_result(lanes, n)?;
-        assert_eq!(o.len(), outputs.len(), "{lanes} lanes: output count");
+    for (lanes, run) in [
+        (2, Run::Whole),
+        (3, Run::Whole),
+        (1, Run::Parts),
+        (2, Run::Parts),
+        (3, Run::Parts),
+    ] {
+        let (o, e) = chain_result(lanes, n, run)?;
+        assert_eq!(
+            o.len(),
+            outputs.len(),
+            "{lanes} lanes, {run:?}: output count"
+        );
         assert!(
             o == outputs,
-            "{lanes} lanes: outputs differ from one lane's"
+            "{lanes} lanes, {run:?}: outputs differ from one lane's"
         );
-        assert!(e == errors, "{lanes} lanes: errors differ from one lane's");
+        assert!(
+            e == errors,
+            "{lanes} lanes, {run:?}: errors differ from one lane's"
+        );
     }
+    Ok(())
+}
+
+/// The pipeline stops taking parts of a batch when one fails: `run_parts` hands over
+/// nothing after `each` says stop.
+#[test]
+fn a_caller_can_stop_taking_parts() -> Result<()> {
+    let cache = tempfile::tempdir()?;
+    let engine = chain_engine(cache.path(), 8)?;
+    let configs = [chain_config("passthrough", "pass", "")?];
+    let mut chain = TransformChain::with_lanes("parts", &engine, &configs, 2)?;
+    let values: Vec<JsonObject> = (0..5000)
+        .map(|i| JsonObject::parse(json!({ "id": i }).to_string().into_bytes()))
+        .collect::<Result<_, _>>()?;
+    let inputs = chain_inputs(&values, 0);
+    let mut origins = Vec::new();
+    chain.run_parts(&inputs, |part| {
+        origins.extend(part.expect("passthrough").outputs.iter().map(|o| o.origin));
+        origins.len() < 1000
+    });
+    assert!(
+        (1000..1600).contains(&origins.len()),
+        "parts stop after the one that crossed 1,000 records: {} taken",
+        origins.len()
+    );
+    assert!(
+        origins.iter().enumerate().all(|(i, &o)| i == o),
+        "parts come in input order"
+    );
+    let mut all = 0;
+    chain.run_parts(&inputs, |part| {
+        all += part.expect("passthrough").outputs.len();
+        true
+    });
+    assert_eq!(all, 5000, "the chain is usable after a stop");
     Ok(())
 }

@@ -112,8 +112,18 @@ pub async fn run(
             .map(|t| t.limits.memory)
             .max()
             .unwrap_or(0);
-        let engine = transform::TransformEngine::new(&config.plugins, instances as u32, max_memory)
-            .map_err(|e| FloeError::Transform(Box::new(e)))?;
+        let fuel = config
+            .pipelines
+            .iter()
+            .flat_map(|p| &p.transforms)
+            .any(|t| t.limits.fuel.is_some());
+        let engine = transform::TransformEngine::counting_fuel(
+            &config.plugins,
+            instances as u32,
+            max_memory,
+            fuel,
+        )
+        .map_err(|e| FloeError::Transform(Box::new(e)))?;
         Some(engine)
     } else {
         None

@@ -129,9 +129,9 @@ enum PluginCommand {
         /// The plugin's `with` settings, as JSON.
         #[arg(long, default_value = "{}")]
         with: String,
-        /// Fuel per batch.
-        #[arg(long, default_value_t = 10_000_000_000)]
-        fuel: u64,
+        /// Fuel per batch (a deterministic bound; not counted unless given).
+        #[arg(long)]
+        fuel: Option<u64>,
         /// Memory limit in bytes.
         #[arg(long, default_value_t = 64 << 20)]
         memory: u64,

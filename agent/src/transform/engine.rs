@@ -73,19 +73,45 @@ pub struct TransformEngine {
     pub(crate) engine: Engine,
     pub(crate) plugins: Arc<PluginsConfig>,
     pub(crate) shutdown: Arc<AtomicBool>,
+    /// Whether plugins count fuel (see [`TransformEngine::counting_fuel`]).
+    pub(crate) fuel: bool,
 }
 
 impl TransformEngine {
-    /// Builds the engine: fuel metering, pooling allocator sized for `instances` plugin
-    /// instances of at most `max_memory` bytes each, and the on-disk compilation cache.
+    /// Builds the engine: epoch deadlines, pooling allocator sized for `instances`
+    /// plugin instances of at most `max_memory` bytes each, and the on-disk
+    /// compilation cache. No fuel is counted (see [`TransformEngine::counting_fuel`]).
     pub fn new(
         plugins: &PluginsConfig,
         instances: u32,
         max_memory: u64,
     ) -> Result<TransformEngine, TransformError> {
+        TransformEngine::build(plugins, instances, max_memory, false)
+    }
+
+    /// [`TransformEngine::new`], counting fuel when `fuel` is true: what a config
+    /// needs when one of its plugins sets `limits.fuel`. Counting
+    /// fuel is compiled into every plugin of the engine and slows them all (by about
+    /// a fifth in `floe-plugin-bench`), so it is off unless asked for; the wall-clock
+    /// `limits.timeout` bounds every call either way.
+    pub fn counting_fuel(
+        plugins: &PluginsConfig,
+        instances: u32,
+        max_memory: u64,
+        fuel: bool,
+    ) -> Result<TransformEngine, TransformError> {
+        TransformEngine::build(plugins, instances, max_memory, fuel)
+    }
+
+    fn build(
+        plugins: &PluginsConfig,
+        instances: u32,
+        max_memory: u64,
+        fuel: bool,
+    ) -> Result<TransformEngine, TransformError> {
         let engine_err = |e: wasmtime::Error| TransformError::Engine(format!("{e:#}"));
         let mut config = Config::new();
-        config.consume_fuel(true);
+        config.consume_fuel(fuel);
         config.epoch_interruption(true);
         // `FLOE_WASM_PERFMAP=1`: name plugin functions for `perf` (/tmp/perf-PID.map).
         if std::env::var_os("FLOE_WASM_PERFMAP").is_some_and(|v| v == "1") {
@@ -128,6 +154,7 @@ impl TransformEngine {
             engine,
             plugins: Arc::new(plugins.clone()),
             shutdown: Arc::new(AtomicBool::new(false)),
+            fuel,
         })
     }
 

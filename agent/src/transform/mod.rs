@@ -88,15 +88,18 @@ impl TransformConfig {
     }
 }
 
-/// Per-plugin limits (`limits = { fuel = ..., memory = "64MiB", timeout = "5s" }`).
+/// Per-plugin limits (`limits = { memory = "64MiB", timeout = "5s", fuel = ... }`).
 /// "Per call" is one batch into the plugin: at most `batch` records and `batch_bytes`
 /// bytes of values (a single larger record goes alone).
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
-    /// Fuel (roughly, WebAssembly instructions) one call may use (default 10 billion).
-    #[serde(default = "default_fuel")]
-    pub fuel: u64,
+    /// Fuel (roughly, WebAssembly instructions) one call may use: a deterministic
+    /// bound, where `timeout` is a wall-clock one. Default: none, because counting
+    /// fuel slows every plugin of the agent (wasmtime meters fuel in the compiled
+    /// code of every plugin once one plugin sets it).
+    #[serde(default)]
+    pub fuel: Option<u64>,
     /// Linear memory a plugin instance may grow to (default 64MiB).
     #[serde(
         default = "default_memory",
@@ -130,9 +133,6 @@ pub struct Limits {
     pub max_output_bytes: u64,
 }
 
-fn default_fuel() -> u64 {
-    10_000_000_000
-}
 fn default_memory() -> u64 {
     64 * 1024 * 1024
 }
@@ -155,7 +155,7 @@ fn default_max_output_bytes() -> u64 {
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            fuel: default_fuel(),
+            fuel: None,
             memory: default_memory(),
             timeout: default_timeout(),
             batch: default_batch(),
@@ -258,7 +258,7 @@ mod tests {
                 t.limits.fuel,
                 t.limits.memory
             ),
-            ("r1", OnError::Fail, 5, 1 << 20)
+            ("r1", OnError::Fail, Some(5), 1 << 20)
         );
         assert!(toml::from_str::<TransformConfig>("uses = \"x\"\non_error = \"ignore\"").is_err());
         assert!(

@@ -151,7 +151,11 @@ impl PluginInstance {
         store.limiter(|s| s as &mut dyn ResourceLimiter);
         sandbox::watch_deadline(&mut store);
         let engine_err = |e: wasmtime::Error| TransformError::Engine(format!("{e:#}"));
-        store.set_fuel(limits.fuel).map_err(engine_err)?;
+        if self.engine.fuel {
+            store
+                .set_fuel(limits.fuel.unwrap_or(u64::MAX))
+                .map_err(engine_err)?;
+        }
         store.set_epoch_deadline(1);
         store.data_mut().begin_call(limits.timeout, 0);
         let contract = |what: &str| TransformError::Contract {
@@ -223,9 +227,11 @@ impl PluginInstance {
         let limits = self.config.limits;
         let live = self.live.as_mut().expect("instantiated above");
         let store = &mut live.store;
-        store
-            .set_fuel(limits.fuel)
-            .map_err(|e| CallError::Fatal(TransformError::Engine(format!("{e:#}"))))?;
+        if self.engine.fuel {
+            store
+                .set_fuel(limits.fuel.unwrap_or(u64::MAX))
+                .map_err(|e| CallError::Fatal(TransformError::Engine(format!("{e:#}"))))?;
+        }
         store.set_epoch_deadline(1);
         store.data_mut().begin_call(limits.timeout, seed);
         let result = live
@@ -279,7 +285,9 @@ impl PluginInstance {
                     return CallError::Fault(self.fault(FaultKind::Panic(message.clone()), *index));
                 }
                 if error.downcast_ref::<Trap>() == Some(&Trap::OutOfFuel) {
-                    FaultKind::Fuel { limit: limits.fuel }
+                    FaultKind::Fuel {
+                        limit: limits.fuel.unwrap_or(u64::MAX),
+                    }
                 } else if state.memory_exceeded {
                     FaultKind::Memory {
                         limit: limits.memory,

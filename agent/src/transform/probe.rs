@@ -19,10 +19,12 @@ pub fn probe(
         .map(|t| t.limits.memory)
         .max()
         .unwrap_or(0);
-    let engine = match TransformEngine::new(plugins, transforms.len() as u32, max_memory) {
-        Ok(e) => e,
-        Err(e) => return steps.report("plugin", Outcome::Fail, e.to_string()),
-    };
+    let fuel = transforms.iter().any(|t| t.limits.fuel.is_some());
+    let engine =
+        match TransformEngine::counting_fuel(plugins, transforms.len() as u32, max_memory, fuel) {
+            Ok(e) => e,
+            Err(e) => return steps.report("plugin", Outcome::Fail, e.to_string()),
+        };
     for t in transforms {
         let started = std::time::Instant::now();
         match TransformChain::new(pipeline, &engine, std::slice::from_ref(t)) {

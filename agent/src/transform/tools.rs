@@ -194,7 +194,7 @@ pub fn test_plugin(
         path: vec![PathBuf::from(".")],
         cache_dir: std::env::temp_dir().join("floe-plugin-test-cache"),
     };
-    let engine = TransformEngine::new(&plugins, 1, limits.memory)?;
+    let engine = TransformEngine::counting_fuel(&plugins, 1, limits.memory, limits.fuel.is_some())?;
     let with: toml::Value = serde_json::from_str(with)
         .map_err(|e| TransformError::Engine(format!("--with is not JSON: {e}")))?;
     let config = TransformConfig {
