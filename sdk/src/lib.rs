@@ -170,9 +170,10 @@
 //!   `allow_random = true`;
 //! - stdout and stderr go to the agent's log with the plugin's name (bounded per
 //!   batch), as does [`log`];
-//! - each call has a wall-clock deadline (`timeout`, default 5 s), fuel (`fuel`,
-//!   roughly instructions), a memory cap (`memory`, default 64 MiB), and caps on what it
-//!   may output (`max_outputs`, `max_output_bytes`);
+//! - each call has a wall-clock deadline (`timeout`, default 5 s), a memory cap
+//!   (`memory`, default 64 MiB), caps on what it may output (`max_outputs`,
+//!   `max_output_bytes`) and, when the config asks for it, fuel (`fuel`, roughly
+//!   instructions: a deterministic bound);
 //! - a panic, a trap or a limit hit is a fault: the agent splits the batch and retries
 //!   the halves on a fresh instance until the record that causes it is alone, and that
 //!   record goes to `on_error` with the fault as its reason; the others go on. A plugin

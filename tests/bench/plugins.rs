@@ -36,6 +36,9 @@ struct Args {
     /// one with `FLOE_WASM_PERFMAP=1 perf record`).
     #[arg(long)]
     only: Option<String>,
+    /// Count fuel (`limits.fuel` set on every plugin), to see what it costs.
+    #[arg(long)]
+    fuel: bool,
 }
 
 fn record(i: usize) -> Value {
@@ -67,26 +70,30 @@ const RENAME: (&str, &str) = (
 );
 const PASS: (&str, &str) = ("passthrough", "");
 
-fn config(plugin: &str, with: &str) -> Result<TransformConfig> {
+fn config(plugin: &str, with: &str, fuel: bool) -> Result<TransformConfig> {
     Ok(TransformConfig {
         uses: floe_tests::plugin_path(plugin).display().to_string(),
         name: None,
         with: toml::Value::Table(toml::from_str(with)?).into(),
-        limits: Limits::default(),
+        limits: Limits {
+            fuel: fuel.then_some(10_000_000_000),
+            ..Limits::default()
+        },
         on_error: OnError::DeadLetter,
         allow_clock: false,
         allow_random: false,
     })
 }
 
-fn engine(cache: &std::path::Path) -> Result<TransformEngine> {
-    Ok(TransformEngine::new(
+fn engine(cache: &std::path::Path, fuel: bool) -> Result<TransformEngine> {
+    Ok(TransformEngine::counting_fuel(
         &PluginsConfig {
             path: vec![],
             cache_dir: cache.to_path_buf(),
         },
         8,
         64 << 20,
+        fuel,
     )?)
 }
 
@@ -179,14 +186,14 @@ fn main() -> Result<()> {
     };
     for &(plugin, with) in measure_loads {
         let cache = tempfile::tempdir()?;
-        let c = config(plugin, with)?;
+        let c = config(plugin, with, args.fuel)?;
         let cold = {
-            let e = engine(cache.path())?;
+            let e = engine(cache.path(), args.fuel)?;
             let t = Instant::now();
             e.load(&c)?;
             t.elapsed()
         };
-        let e = engine(cache.path())?;
+        let e = engine(cache.path(), args.fuel)?;
         let t = Instant::now();
         e.load(&c)?;
         let cached = t.elapsed();
@@ -202,7 +209,7 @@ fn main() -> Result<()> {
     }
 
     let cache = tempfile::tempdir()?;
-    let e = engine(cache.path())?;
+    let e = engine(cache.path(), args.fuel)?;
     let scenarios: Vec<(&str, Vec<(&str, &str)>)> = vec![
         ("no plugin", vec![]),
         ("passthrough", vec![PASS]),
@@ -233,7 +240,7 @@ fn main() -> Result<()> {
         }
         let configs = plugins
             .iter()
-            .map(|(p, w)| config(p, w))
+            .map(|(p, w)| config(p, w, args.fuel))
             .collect::<Result<Vec<_>>>()?;
         let lanes = if name.contains("2 threads") { 2 } else { 1 };
         let mut chain = if configs.is_empty() {
