@@ -105,23 +105,10 @@ pub async fn run(
         .map(|p| p.transforms.len() * p.transform_threads)
         .sum();
     let engine = if instances > 0 {
-        let max_memory = config
-            .pipelines
-            .iter()
-            .flat_map(|p| &p.transforms)
-            .map(|t| t.limits.memory)
-            .max()
-            .unwrap_or(0);
-        let fuel = config
-            .pipelines
-            .iter()
-            .flat_map(|p| &p.transforms)
-            .any(|t| t.limits.fuel.is_some());
-        let engine = transform::TransformEngine::counting_fuel(
+        let engine = transform::TransformEngine::for_transforms(
             &config.plugins,
             instances as u32,
-            max_memory,
-            fuel,
+            config.pipelines.iter().flat_map(|p| &p.transforms),
         )
         .map_err(|e| FloeError::Transform(Box::new(e)))?;
         Some(engine)

@@ -140,7 +140,7 @@ const PART_RECORDS: usize = 512;
 /// The plugins of one pipeline.
 pub struct TransformChain {
     pipeline: String,
-    /// One instance of every plugin per lane; `lanes[0]` runs on the calling thread.
+    /// One instance of every plugin per lane.
     lanes: Vec<Vec<Stage>>,
     /// One thread per lane (kept for the chain's life: a thread started per batch
     /// costs a fresh stack each time). `run` runs lane 0 on the caller's thread;
@@ -323,9 +323,7 @@ impl TransformChain {
         }
         Ok(merged)
     }
-}
 
-impl TransformChain {
     /// Runs records through every plugin in parts of a few hundred records and hands
     /// each part's result to `each`, on the calling thread and in input order, while
     /// the lanes run the parts after it: what the caller does with a part's outputs

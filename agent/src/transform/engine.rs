@@ -103,6 +103,21 @@ impl TransformEngine {
         TransformEngine::build(plugins, instances, max_memory, fuel)
     }
 
+    /// The engine for these plugins: `instances` instances in all, memory for the
+    /// largest `limits.memory`, fuel counted when one of them sets `limits.fuel`.
+    pub fn for_transforms<'a>(
+        plugins: &PluginsConfig,
+        instances: u32,
+        transforms: impl IntoIterator<Item = &'a TransformConfig>,
+    ) -> Result<TransformEngine, TransformError> {
+        let (mut max_memory, mut fuel) = (0, false);
+        for t in transforms {
+            max_memory = max_memory.max(t.limits.memory);
+            fuel |= t.limits.fuel.is_some();
+        }
+        TransformEngine::build(plugins, instances, max_memory, fuel)
+    }
+
     fn build(
         plugins: &PluginsConfig,
         instances: u32,

@@ -151,11 +151,7 @@ impl PluginInstance {
         store.limiter(|s| s as &mut dyn ResourceLimiter);
         sandbox::watch_deadline(&mut store);
         let engine_err = |e: wasmtime::Error| TransformError::Engine(format!("{e:#}"));
-        if self.engine.fuel {
-            store
-                .set_fuel(limits.fuel.unwrap_or(u64::MAX))
-                .map_err(engine_err)?;
-        }
+        refuel(&self.engine, &mut store, limits).map_err(engine_err)?;
         store.set_epoch_deadline(1);
         store.data_mut().begin_call(limits.timeout, 0);
         let contract = |what: &str| TransformError::Contract {
@@ -227,11 +223,8 @@ impl PluginInstance {
         let limits = self.config.limits;
         let live = self.live.as_mut().expect("instantiated above");
         let store = &mut live.store;
-        if self.engine.fuel {
-            store
-                .set_fuel(limits.fuel.unwrap_or(u64::MAX))
-                .map_err(|e| CallError::Fatal(TransformError::Engine(format!("{e:#}"))))?;
-        }
+        refuel(&self.engine, store, &limits)
+            .map_err(|e| CallError::Fatal(TransformError::Engine(format!("{e:#}"))))?;
         store.set_epoch_deadline(1);
         store.data_mut().begin_call(limits.timeout, seed);
         let result = live
@@ -303,4 +296,17 @@ impl PluginInstance {
         };
         CallError::Fault(self.fault(kind, None))
     }
+}
+
+/// Fills a store's fuel for one call when the engine counts fuel (a plugin without
+/// `limits.fuel` of such an engine gets all there is).
+fn refuel(
+    engine: &TransformEngine,
+    store: &mut Store<HostState>,
+    limits: &super::Limits,
+) -> wasmtime::Result<()> {
+    if engine.fuel {
+        store.set_fuel(limits.fuel.unwrap_or(u64::MAX))?;
+    }
+    Ok(())
 }

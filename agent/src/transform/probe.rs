@@ -14,17 +14,11 @@ pub fn probe(
     if transforms.is_empty() {
         return;
     }
-    let max_memory = transforms
-        .iter()
-        .map(|t| t.limits.memory)
-        .max()
-        .unwrap_or(0);
-    let fuel = transforms.iter().any(|t| t.limits.fuel.is_some());
-    let engine =
-        match TransformEngine::counting_fuel(plugins, transforms.len() as u32, max_memory, fuel) {
-            Ok(e) => e,
-            Err(e) => return steps.report("plugin", Outcome::Fail, e.to_string()),
-        };
+    let engine = match TransformEngine::for_transforms(plugins, transforms.len() as u32, transforms)
+    {
+        Ok(e) => e,
+        Err(e) => return steps.report("plugin", Outcome::Fail, e.to_string()),
+    };
     for t in transforms {
         let started = std::time::Instant::now();
         match TransformChain::new(pipeline, &engine, std::slice::from_ref(t)) {
