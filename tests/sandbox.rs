@@ -633,6 +633,40 @@ fn random_is_seeded_per_batch_unless_granted() -> Result<()> {
     Ok(())
 }
 
+/// `redact` hashes through the host's `sha256` (the plugin computes nothing itself): the
+/// hashes are SHA-256 of salt + text, as the plugin's native tests and any other tool
+/// compute them.
+#[test]
+fn hashes_computed_by_the_host_are_sha_256() -> Result<()> {
+    let cache = tempfile::tempdir()?;
+    let engine = chain_engine(cache.path(), 1)?;
+    let config = chain_config(
+        "redact",
+        "redact",
+        "hash = [\"user\", \"n\"]\nsalt = \"pepper\"",
+    )?;
+    let mut chain = TransformChain::new("hash", &engine, &[config])?;
+    let values = vec![JsonObject::parse(
+        json!({"user": "u-42", "n": 42, "k": 1})
+            .to_string()
+            .into_bytes(),
+    )?];
+    let result = chain.run(&chain_inputs(&values, 0))?;
+    let floe::transform::Produced::New(out) = &result.outputs[0].value else {
+        bail!("redact patches the record")
+    };
+    assert_eq!(
+        serde_json::from_slice::<Value>(out.as_bytes())?,
+        json!({
+            // sha256("pepperu-42") and sha256("pepper42"), as Python's hashlib gives them.
+            "user": "d5edbbd3f8a9c935546d328a403d50aff769f7a8dcabe236880002f7fa7730ab",
+            "n": "93ca73bec2907ec825519db1f7ee28cb033d71c83d14b76ef78b0c4e64566e6e",
+            "k": 1
+        })
+    );
+    Ok(())
+}
+
 /// How a test runs a chain over a batch.
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Run {

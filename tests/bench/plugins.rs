@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use clap::Parser;
-use floe::record::json::{JsonObject, PatchOp};
+use floe::record::json::{JsonObject, PatchRef};
 use floe::transform::{
     ChainInput, Limits, OnError, PluginsConfig, TransformChain, TransformConfig, TransformEngine,
 };
@@ -129,42 +129,42 @@ fn main() -> Result<()> {
         std::hint::black_box(JsonObject::parse(v.as_bytes().to_vec())?);
     }
     let parse = t.elapsed().as_nanos() as f64 / values.len() as f64;
-    let set = [PatchOp::Set {
-        path: vec!["user".into()],
-        value: format!("\"{}\"", "0123456789abcdef".repeat(4)).into_bytes(),
+    // Borrowed ops, as the agent applies a plugin's answer.
+    let hashed = format!("\"{}\"", "0123456789abcdef".repeat(4));
+    let set = [PatchRef::Set {
+        path: &["user"],
+        value: hashed.as_bytes(),
     }];
-    let remove = [PatchOp::Remove {
-        path: vec!["tags".into()],
-    }];
+    let remove = [PatchRef::Remove { path: &["tags"] }];
     let t = Instant::now();
     for v in &values {
-        std::hint::black_box(v.apply(&set)?);
+        std::hint::black_box(v.apply_borrowed(&set)?);
     }
     let set_ns = t.elapsed().as_nanos() as f64 / values.len() as f64;
     let t = Instant::now();
     for v in &values {
-        std::hint::black_box(v.apply(&remove)?);
+        std::hint::black_box(v.apply_borrowed(&remove)?);
     }
     let remove_ns = t.elapsed().as_nanos() as f64 / values.len() as f64;
-    let both = [set[0].clone(), remove[0].clone()];
+    let both = [set[0], remove[0]];
     let t = Instant::now();
     for v in &values {
-        std::hint::black_box(v.apply(&both)?);
+        std::hint::black_box(v.apply_borrowed(&both)?);
     }
     let both_ns = t.elapsed().as_nanos() as f64 / values.len() as f64;
     let renames = [
-        PatchOp::Rename {
-            path: vec!["ts".into()],
-            to: "event_time".into(),
+        PatchRef::Rename {
+            path: &["ts"],
+            to: "event_time",
         },
-        PatchOp::Rename {
-            path: vec!["amount".into()],
-            to: "amount_eur".into(),
+        PatchRef::Rename {
+            path: &["amount"],
+            to: "amount_eur",
         },
     ];
     let t = Instant::now();
     for v in &values {
-        std::hint::black_box(v.apply(&renames)?);
+        std::hint::black_box(v.apply_borrowed(&renames)?);
     }
     let renames_ns = t.elapsed().as_nanos() as f64 / values.len() as f64;
     println!(

@@ -90,13 +90,15 @@ struct Tok {
 /// A parsed JSON object that owns its text and tape.
 #[derive(Clone, PartialEq, Eq)]
 pub struct JsonObject {
-    bytes: Vec<u8>,
+    /// Checked to be UTF-8 once, when parsed or written, so that reading a token's text
+    /// is a slice, not a check.
+    text: String,
     tape: Vec<Tok>,
 }
 
 impl fmt::Debug for JsonObject {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "JsonObject({})", String::from_utf8_lossy(&self.bytes))
+        write!(f, "JsonObject({})", self.text)
     }
 }
 
@@ -115,9 +117,10 @@ impl Tape {
 
     /// Parses `bytes` (one JSON object) into this tape and returns a view of it.
     pub fn parse<'a>(&'a mut self, bytes: &'a [u8]) -> Result<JsonView<'a>, JsonError> {
-        tokenize(bytes, &mut self.toks, &mut self.stack)?;
+        let text = utf8(bytes)?;
+        tokenize(text, &mut self.toks, &mut self.stack)?;
         Ok(JsonView {
-            bytes,
+            text,
             tape: &self.toks,
         })
     }
@@ -131,38 +134,47 @@ impl JsonObject {
         }
         // Tokenized into a reused tape, then copied at its exact size: one allocation per
         // object instead of a growing vector's several.
+        utf8(&bytes)?;
+        let text = String::from_utf8(bytes).expect("checked to be UTF-8 above");
         SCRATCH.with_borrow_mut(|scratch| {
-            tokenize(&bytes, &mut scratch.toks, &mut scratch.stack)?;
+            tokenize(&text, &mut scratch.toks, &mut scratch.stack)?;
             let tape = scratch.toks.clone();
-            Ok(JsonObject { bytes, tape })
+            Ok(JsonObject { text, tape })
         })
     }
 
     /// The object's JSON text.
     pub fn as_bytes(&self) -> &[u8] {
-        &self.bytes
+        self.text.as_bytes()
     }
 
     /// Its JSON text, without the tape.
     pub fn into_bytes(self) -> Vec<u8> {
-        self.bytes
+        self.text.into_bytes()
     }
 
     /// A borrowed view for reading.
     pub fn view(&self) -> JsonView<'_> {
         JsonView {
-            bytes: &self.bytes,
+            text: &self.text,
             tape: &self.tape,
         }
     }
 
     /// Bytes held (text plus tape), for memory accounting.
     pub fn memory_bytes(&self) -> usize {
-        self.bytes.capacity() + self.tape.capacity() * std::mem::size_of::<Tok>()
+        self.text.capacity() + self.tape.capacity() * std::mem::size_of::<Tok>()
     }
 
     /// The same object with `ops` applied; `self` is unchanged.
     pub fn apply(&self, ops: &[PatchOp]) -> Result<JsonObject, JsonError> {
+        let paths = PatchOp::paths(ops);
+        patch::apply(self.view(), &PatchOp::borrowed(ops, &paths))
+    }
+
+    /// [`JsonObject::apply`] with borrowed ops: what the agent uses to apply a plugin's
+    /// answer without copying its names and values.
+    pub fn apply_borrowed(&self, ops: &[PatchRef<'_>]) -> Result<JsonObject, JsonError> {
         patch::apply(self.view(), ops)
     }
 
@@ -217,6 +229,64 @@ impl PatchOp {
     /// Whether no path of `ops` equals another or is a prefix of another (then the
     /// order of the ops does not matter and they apply in one pass).
     pub fn are_disjoint(ops: &[PatchOp]) -> bool {
+        let paths = PatchOp::paths(ops);
+        PatchRef::are_disjoint(&PatchOp::borrowed(ops, &paths))
+    }
+
+    fn paths(ops: &[PatchOp]) -> Vec<Vec<&str>> {
+        ops.iter()
+            .map(|op| op.path().iter().map(String::as_str).collect())
+            .collect()
+    }
+
+    fn borrowed<'a>(ops: &'a [PatchOp], paths: &'a [Vec<&'a str>]) -> Vec<PatchRef<'a>> {
+        ops.iter()
+            .zip(paths)
+            .map(|(op, path)| match op {
+                PatchOp::Set { value, .. } => PatchRef::Set { path, value },
+                PatchOp::Remove { .. } => PatchRef::Remove { path },
+                PatchOp::Rename { to, .. } => PatchRef::Rename { path, to },
+            })
+            .collect()
+    }
+}
+
+/// A [`PatchOp`] that borrows its names and value (a plugin's answer, read in place).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PatchRef<'a> {
+    /// Sets the field at `path` to one JSON value given as text.
+    Set {
+        /// Field names from the top level down.
+        path: &'a [&'a str],
+        /// JSON text of the value.
+        value: &'a [u8],
+    },
+    /// Removes the field at `path` if it is there.
+    Remove {
+        /// Field names from the top level down.
+        path: &'a [&'a str],
+    },
+    /// Renames the field at `path` to `to` within its object.
+    Rename {
+        /// Field names from the top level down.
+        path: &'a [&'a str],
+        /// The new name.
+        to: &'a str,
+    },
+}
+
+impl<'a> PatchRef<'a> {
+    /// The field names from the top level down.
+    pub fn path(&self) -> &'a [&'a str] {
+        match *self {
+            PatchRef::Set { path, .. }
+            | PatchRef::Remove { path }
+            | PatchRef::Rename { path, .. } => path,
+        }
+    }
+
+    /// See [`PatchOp::are_disjoint`].
+    pub fn are_disjoint(ops: &[PatchRef<'_>]) -> bool {
         patch::disjoint(ops)
     }
 }
@@ -224,13 +294,13 @@ impl PatchOp {
 /// A borrowed, parsed JSON object (a [`JsonObject`] or a reused [`Tape`]).
 #[derive(Clone, Copy)]
 pub struct JsonView<'a> {
-    bytes: &'a [u8],
+    text: &'a str,
     tape: &'a [Tok],
 }
 
 impl fmt::Debug for JsonView<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "JsonView({})", String::from_utf8_lossy(self.bytes))
+        write!(f, "JsonView({})", self.text)
     }
 }
 
@@ -242,13 +312,13 @@ impl<'a> JsonView<'a> {
 
     /// The whole text.
     pub fn bytes(&self) -> &'a [u8] {
-        self.bytes
+        self.text.as_bytes()
     }
 
     /// An owned copy.
     pub fn to_object(&self) -> JsonObject {
         JsonObject {
-            bytes: self.bytes.to_vec(),
+            text: self.text.to_string(),
             tape: self.tape.to_vec(),
         }
     }
@@ -273,9 +343,9 @@ impl<'a> JsonView<'a> {
     }
 
     fn text(&self, pos: usize, len: usize) -> &'a str {
-        // The tokenizer checked that the whole text is UTF-8 and that token boundaries
-        // are ASCII characters, so every token's span is valid UTF-8.
-        std::str::from_utf8(&self.bytes[pos..pos + len]).unwrap_or_default()
+        // The text is UTF-8 and token boundaries are ASCII characters, so every token's
+        // span is a slice of it (the fallback is for a broken invariant, not for input).
+        self.text.get(pos..pos + len).unwrap_or_default()
     }
 
     /// Index after the value starting at `i`.
@@ -596,15 +666,10 @@ fn unescape(raw: &str) -> String {
 }
 
 /// Tokenizes one JSON object into `tape`.
-fn tokenize(bytes: &[u8], tape: &mut Vec<Tok>, stack: &mut Vec<usize>) -> Result<(), JsonError> {
+fn tokenize(text: &str, tape: &mut Vec<Tok>, stack: &mut Vec<usize>) -> Result<(), JsonError> {
     tape.clear();
     stack.clear();
-    if bytes.len() > u32::MAX as usize {
-        return Err(JsonError::TooLarge);
-    }
-    if let Err(e) = std::str::from_utf8(bytes) {
-        return Err(syntax("invalid UTF-8", e.valid_up_to()));
-    }
+    let bytes = text.as_bytes();
     let mut i = skip_ws(bytes, 0);
     match bytes.get(i) {
         Some(b'{') => {}
@@ -630,6 +695,14 @@ fn tokenize(bytes: &[u8], tape: &mut Vec<Tok>, stack: &mut Vec<usize>) -> Result
         return Err(syntax("trailing characters", end));
     }
     Ok(())
+}
+
+/// `bytes` as text, if UTF-8 and small enough for the tape's 32-bit offsets.
+fn utf8(bytes: &[u8]) -> Result<&str, JsonError> {
+    if bytes.len() > u32::MAX as usize {
+        return Err(JsonError::TooLarge);
+    }
+    std::str::from_utf8(bytes).map_err(|e| syntax("invalid UTF-8", e.valid_up_to()))
 }
 
 fn value_kind_name(bytes: &[u8], i: usize) -> Option<&'static str> {

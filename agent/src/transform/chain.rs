@@ -36,7 +36,7 @@ use super::engine::TransformEngine;
 use super::plugin::{CallError, FaultKind, PluginInstance};
 use super::sandbox::sanitize;
 use super::{Limits, OnError, TransformConfig, TransformError};
-use crate::record::json::{JsonObject, PatchOp, Value};
+use crate::record::json::{JsonObject, PatchRef, Value};
 use crate::telemetry;
 
 /// Bytes of a plugin's record error message kept.
@@ -113,6 +113,8 @@ struct Item {
 enum Out {
     Keep(Option<String>),
     Drop,
+    /// A patched record (one output: no vector for it).
+    Patched(JsonObject, Option<String>),
     New(Vec<(JsonObject, Option<String>)>),
     Error(String),
 }
@@ -515,6 +517,11 @@ impl Stage {
                             value: item.value.take(),
                         }),
                         Out::Drop => {}
+                        Out::Patched(v, route) => next.push(Item {
+                            origin: item.origin,
+                            value: Some(v),
+                            route: route.or_else(inherited),
+                        }),
                         Out::New(values) => {
                             next.extend(values.into_iter().map(|(v, route)| Item {
                                 origin: item.origin,
@@ -669,7 +676,7 @@ fn decode(
             wire::Answer::Patch { route: r, ops } => {
                 produced += 1;
                 match route(r).and_then(|r| patch(value_of(inputs, item), ops).map(|v| (v, r))) {
-                    Ok((v, r)) => Out::New(vec![(v, r)]),
+                    Ok((v, r)) => Out::Patched(v, r),
                     Err(e) => Out::Error(e),
                 }
             }
@@ -708,81 +715,139 @@ fn decode(
 }
 
 /// Applies a patch to a record: in one pass when its paths are disjoint (the usual
-/// answer: a few different fields), else one operation after the other.
+/// answer: a few different fields), else one operation after the other. Names and
+/// values are read in place from the answer: a patch costs the new record and a few
+/// vectors, not a copy of every name.
 fn patch(value: &JsonObject, ops: wire::Ops<'_>) -> Result<JsonObject, String> {
-    let all = ops
-        .clone()
-        .map(|op| host_op(value, op))
-        .collect::<Result<Vec<PatchOp>, String>>()?;
-    if PatchOp::are_disjoint(&all) {
-        return value
-            .apply(&all)
-            .map_err(|e| format!("its patch cannot be applied: {e}"));
+    let mut names: Vec<&str> = Vec::new();
+    let mut read: Vec<ReadOp<'_>> = Vec::with_capacity(ops.len());
+    for op in ops {
+        let (path, action) = match op {
+            wire::Op::Set { path, value } => (path, ReadAction::Set(value)),
+            wire::Op::Remove { path } => (path, ReadAction::Remove),
+            wire::Op::Rename { path, to } => {
+                (path, ReadAction::Rename(str_of(to, "a new field name")?))
+            }
+        };
+        if path.is_empty() {
+            return Err("its patch names an empty path".to_string());
+        }
+        let start = names.len();
+        for name in path {
+            names.push(str_of(name, "a patch path")?);
+        }
+        read.push(ReadOp {
+            names: start..names.len(),
+            action,
+        });
+    }
+    // Ops read against `base` (a `set` through a `null` parent depends on it); applied
+    // when `all` may be applied in one pass or there is only one op.
+    let applied = |base: &JsonObject, read: &[ReadOp<'_>], all: bool| {
+        let nulls = through_nulls(base, &names, read);
+        let ops: Vec<PatchRef<'_>> = read
+            .iter()
+            .enumerate()
+            .map(|(i, op)| op.as_patch(&names, nulls.iter().find(|n| n.op == i)))
+            .collect();
+        if !all && !PatchRef::are_disjoint(&ops) {
+            return Ok(None);
+        }
+        base.apply_borrowed(&ops)
+            .map(Some)
+            .map_err(|e| format!("its patch cannot be applied: {e}"))
+    };
+    if let Some(patched) = applied(value, &read, false)? {
+        return Ok(patched);
     }
     let mut current: Option<JsonObject> = None;
-    for op in ops {
-        let base = current.as_ref().unwrap_or(value);
-        let op = host_op(base, op)?;
-        current = Some(
-            base.apply(std::slice::from_ref(&op))
-                .map_err(|e| format!("its patch cannot be applied: {e}"))?,
-        );
+    for op in read.chunks(1) {
+        current = applied(current.as_ref().unwrap_or(value), op, true)?;
     }
     Ok(current.unwrap_or_else(|| value.clone()))
 }
 
-/// A plugin's patch operation as the agent applies it to `base`.
-fn host_op(base: &JsonObject, op: wire::Op<'_>) -> Result<PatchOp, String> {
-    let path = match &op {
-        wire::Op::Set { path, .. } | wire::Op::Remove { path } | wire::Op::Rename { path, .. } => {
-            path.clone()
-        }
-    };
-    if path.is_empty() {
-        return Err("its patch names an empty path".to_string());
-    }
-    let path = path
-        .map(|k| text(k, "a patch path"))
-        .collect::<Result<Vec<String>, String>>()?;
-    Ok(match op {
-        wire::Op::Set { value, .. } => through_null(base, path, value),
-        wire::Op::Remove { .. } => PatchOp::Remove { path },
-        wire::Op::Rename { to, .. } => PatchOp::Rename {
-            path,
-            to: text(to, "a new field name")?,
-        },
-    })
+/// One operation of a plugin's patch: its names (a range of the patch's names) and
+/// what it does.
+struct ReadOp<'a> {
+    names: Range<usize>,
+    action: ReadAction<'a>,
 }
 
-/// A `set` of `value` at `path`; where a parent on the path holds `null`, the `set`
-/// of that parent to the nested objects instead (a `null` parent becomes an object).
-fn through_null(object: &JsonObject, path: Vec<String>, value: &[u8]) -> PatchOp {
-    let view = object.view();
-    let mut obj = view.root();
-    for (i, key) in path[..path.len() - 1].iter().enumerate() {
-        match obj.get(key) {
-            Some(Value::Object(inner)) => obj = inner,
-            Some(Value::Null) => {
-                let mut nested = Vec::with_capacity(value.len() + 16);
-                for k in &path[i + 1..] {
-                    nested.push(b'{');
-                    floe_sdk::json::write_str(&mut nested, k);
-                    nested.push(b':');
-                }
-                nested.extend_from_slice(value);
-                nested.extend(std::iter::repeat_n(b'}', path.len() - i - 1));
-                return PatchOp::Set {
-                    path: path[..=i].to_vec(),
-                    value: nested,
-                };
-            }
-            _ => break,
+enum ReadAction<'a> {
+    Set(&'a [u8]),
+    Remove,
+    Rename(&'a str),
+}
+
+/// A `set` through a `null` parent, rewritten as a `set` of that parent.
+struct ThroughNull {
+    /// Index of the op in the patch.
+    op: usize,
+    /// Names of the path kept (up to the `null` parent).
+    keep: usize,
+    /// The parent's new value: the nested objects down to the value.
+    value: Vec<u8>,
+}
+
+impl<'a> ReadOp<'a> {
+    fn as_patch<'p>(&'p self, names: &'p [&'a str], null: Option<&'p ThroughNull>) -> PatchRef<'p>
+    where
+        'a: 'p,
+    {
+        let path = &names[self.names.clone()];
+        match (&self.action, null) {
+            (ReadAction::Set(_), Some(n)) => PatchRef::Set {
+                path: &path[..n.keep],
+                value: &n.value,
+            },
+            (ReadAction::Set(value), None) => PatchRef::Set { path, value },
+            (ReadAction::Remove, _) => PatchRef::Remove { path },
+            (ReadAction::Rename(to), _) => PatchRef::Rename { path, to },
         }
     }
-    PatchOp::Set {
-        path,
-        value: value.to_vec(),
+}
+
+fn str_of<'a>(bytes: &'a [u8], what: &str) -> Result<&'a str, String> {
+    std::str::from_utf8(bytes).map_err(|_| format!("{what} is not UTF-8"))
+}
+
+/// The `set`s of `read` that go through a parent holding `null` in `object`: a `null`
+/// parent becomes an object, so the `set` is of that parent to the nested objects.
+/// Empty (no allocation) in the usual case.
+fn through_nulls(object: &JsonObject, names: &[&str], read: &[ReadOp<'_>]) -> Vec<ThroughNull> {
+    let mut found = Vec::new();
+    for (op, read) in read.iter().enumerate() {
+        let ReadAction::Set(value) = read.action else {
+            continue;
+        };
+        let path = &names[read.names.clone()];
+        let view = object.view();
+        let mut obj = view.root();
+        for (i, key) in path[..path.len() - 1].iter().enumerate() {
+            match obj.get(key) {
+                Some(Value::Object(inner)) => obj = inner,
+                Some(Value::Null) => {
+                    let mut nested = Vec::with_capacity(value.len() + 16);
+                    for k in &path[i + 1..] {
+                        nested.push(b'{');
+                        floe_sdk::json::write_str(&mut nested, k);
+                        nested.push(b':');
+                    }
+                    nested.extend_from_slice(value);
+                    nested.extend(std::iter::repeat_n(b'}', path.len() - i - 1));
+                    found.push(ThroughNull {
+                        op,
+                        keep: i + 1,
+                        value: nested,
+                    });
+                    break;
+                }
+                _ => break,
+            }
+        }
     }
+    found
 }
 
 #[cfg(test)]
@@ -826,6 +891,22 @@ mod tests {
             panic!("a patch")
         };
         assert!(patch(&o, ops).unwrap_err().contains("cannot set s.z"));
+
+        // Two sets through the same null parent see each other (one after the other).
+        let mut two = Vec::new();
+        wire::put_set(&mut two, ["meta", "a", "b"].into_iter(), b"1");
+        wire::put_set(&mut two, ["meta", "a", "c"].into_iter(), b"2");
+        let mut w = wire::AnswerWriter::new(1, 0);
+        w.patch(None, 2, &two);
+        let answers = w.finish();
+        let mut r = AnswerReader::new(&answers).unwrap();
+        let Some(Ok(wire::Answer::Patch { ops, .. })) = r.next_answer() else {
+            panic!("a patch")
+        };
+        assert_eq!(
+            patch(&o, ops).unwrap().to_serde(),
+            serde_json::json!({"meta": {"a": {"b": 1, "c": 2}}, "k": {"x": null}, "s": 1})
+        );
     }
 
     #[test]
@@ -876,7 +957,7 @@ mod tests {
         let outs = decode(&w.finish(), &inputs, &items, 100).unwrap();
         assert!(matches!(&outs[0], Out::Keep(Some(r)) if r == "eu"));
         assert!(
-            matches!(&outs[1], Out::New(v) if v[0].0.to_serde() == serde_json::json!({"b": 2, "c": [3]}))
+            matches!(&outs[1], Out::Patched(v, None) if v.to_serde() == serde_json::json!({"b": 2, "c": [3]}))
         );
         assert!(matches!(&outs[2], Out::Error(e) if e.contains("not a JSON object")));
         assert!(matches!(&outs[3], Out::Error(e) if e.contains("cannot set a.x")));

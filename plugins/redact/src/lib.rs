@@ -36,9 +36,8 @@
 //! rebuild the record itself, to apply them one after the other.
 
 use floe_sdk::path::FieldPath;
-use floe_sdk::{Answer, Emit, Error, Patch, Record, Value, map};
+use floe_sdk::{Answer, Emit, Error, Patch, Record, Value, hash, map};
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
 
 /// Masks, hashes and drops the configured fields.
 #[map(Redact)]
@@ -59,7 +58,8 @@ fn redact(record: &Record, config: &Config) -> Result<Answer, Error> {
                 Some(text) => hash_text(&config.salt, &text),
                 None => hash_value(&config.salt, &v.to_value()?),
             };
-            patch = patch.set(path, hashed);
+            // Hex needs no escaping: the JSON string is the hex in quotes.
+            patch = patch.set_json(path, format!("\"{hashed}\"").as_bytes());
         }
     }
     for path in &config.drop {
@@ -121,18 +121,10 @@ pub fn hash_value(salt: &str, value: &Value) -> String {
     }
 }
 
-/// Lowercase hex SHA-256 of `salt` followed by `text`.
+/// Lowercase hex SHA-256 of `salt` followed by `text` (computed by the agent: see
+/// `floe_sdk::hash`).
 pub fn hash_text(salt: &str, text: &str) -> String {
-    let mut hasher = Sha256::new();
-    hasher.update(salt.as_bytes());
-    hasher.update(text.as_bytes());
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(64);
-    for b in hasher.finalize() {
-        out.push(HEX[(b >> 4) as usize] as char);
-        out.push(HEX[(b & 0xf) as usize] as char);
-    }
-    out
+    hash::to_hex(&hash::sha256(&[salt.as_bytes(), text.as_bytes()]))
 }
 
 /// `"***"` + the last 4 characters of `text`, or `"***"` alone for short text.

@@ -1,13 +1,13 @@
 //! Applying a patch (set / remove / rename fields) to a parsed object, copying everything else
 //! as written.
 
-use super::{JsonError, JsonObject, JsonView, JsonWriter, MAX_DEPTH, Obj, PatchOp, Tok, Value};
+use super::{JsonError, JsonObject, JsonView, JsonWriter, MAX_DEPTH, Obj, PatchRef, Tok, Value};
 
 /// `view` with `ops` applied in order.
 ///
 /// Ops whose paths are disjoint (none equal to or a prefix of another) do not see each
 /// other, so they are applied in one pass over the object; others one after the other.
-pub(super) fn apply(view: JsonView<'_>, ops: &[PatchOp]) -> Result<JsonObject, JsonError> {
+pub(super) fn apply(view: JsonView<'_>, ops: &[PatchRef<'_>]) -> Result<JsonObject, JsonError> {
     for op in ops {
         let path = op.path();
         if path.is_empty() || path.len() > MAX_DEPTH {
@@ -20,8 +20,8 @@ pub(super) fn apply(view: JsonView<'_>, ops: &[PatchOp]) -> Result<JsonObject, J
     let values = ops
         .iter()
         .map(|op| match op {
-            PatchOp::Set { value, .. } => ParsedValue::parse(value).map(Some),
-            PatchOp::Remove { .. } | PatchOp::Rename { .. } => Ok(None),
+            PatchRef::Set { value, .. } => ParsedValue::parse(value).map(Some),
+            PatchRef::Remove { .. } | PatchRef::Rename { .. } => Ok(None),
         })
         .collect::<Result<Vec<Option<ParsedValue>>, JsonError>>()?;
     let edits: Vec<Edit<'_, '_>> = ops
@@ -29,52 +29,54 @@ pub(super) fn apply(view: JsonView<'_>, ops: &[PatchOp]) -> Result<JsonObject, J
         .zip(&values)
         .map(|(op, v)| {
             let action = match (op, v) {
-                (PatchOp::Rename { to, .. }, _) => Action::Rename(to),
+                (PatchRef::Rename { to, .. }, _) => Action::Rename(to),
                 (_, Some(v)) => Action::Set(v.value()),
                 (_, None) => Action::Remove,
             };
-            (op.path().as_slice(), action)
+            (op.path(), action)
         })
         .collect();
-    if ops.len() > 1 && disjoint(ops) {
-        let mut w = JsonWriter::with_capacity(view.bytes.len() + 16);
+    if edits.len() <= ONE_PASS_MAX && disjoint(ops) {
+        let mut w = JsonWriter::with_capacity(view.text.len() + 16);
         write_edits(&mut w, view.root(), &edits)?;
         return Ok(w.finish());
     }
     let mut current: Option<JsonObject> = None;
     for edit in &edits {
         let base = current.as_ref().map_or(view, JsonObject::view);
-        let mut w = JsonWriter::with_capacity(base.bytes.len() + 16);
+        let mut w = JsonWriter::with_capacity(base.text.len() + 16);
         write_edits(&mut w, base.root(), std::slice::from_ref(edit))?;
         current = Some(w.finish());
     }
     Ok(current.unwrap_or_else(|| view.to_object()))
 }
 
+/// The most edits applied in one pass (what edits are done is one bit each).
+const ONE_PASS_MAX: usize = 64;
+
 /// One JSON value (any kind) parsed on its own, borrowing its text.
 struct ParsedValue<'t> {
-    bytes: &'t [u8],
+    text: &'t str,
     tape: Vec<Tok>,
 }
 
 impl<'t> ParsedValue<'t> {
-    fn parse(text: &'t [u8]) -> Result<ParsedValue<'t>, JsonError> {
-        if let Err(e) = std::str::from_utf8(text) {
-            return Err(super::syntax("invalid UTF-8", e.valid_up_to()));
-        }
+    fn parse(bytes: &'t [u8]) -> Result<ParsedValue<'t>, JsonError> {
+        let text = std::str::from_utf8(bytes)
+            .map_err(|e| super::syntax("invalid UTF-8", e.valid_up_to()))?;
         let mut tape = Vec::new();
-        let start = super::skip_ws(text, 0);
-        let end = super::tokenize_any(text, start, &mut tape, &mut Vec::new())?;
-        if super::skip_ws(text, end) != text.len() {
+        let start = super::skip_ws(bytes, 0);
+        let end = super::tokenize_any(bytes, start, &mut tape, &mut Vec::new())?;
+        if super::skip_ws(bytes, end) != bytes.len() {
             return Err(super::syntax("trailing characters", end));
         }
         // Token positions are relative to the text as given (leading spaces included).
-        Ok(ParsedValue { bytes: text, tape })
+        Ok(ParsedValue { text, tape })
     }
 
     fn value(&self) -> Value<'_> {
         JsonView {
-            bytes: self.bytes,
+            text: self.text,
             tape: &self.tape,
         }
         .value_at(0)
@@ -84,7 +86,7 @@ impl<'t> ParsedValue<'t> {
 /// Whether no path that an op of `ops` touches equals or is a prefix of one that
 /// another op touches (a rename touches its field and the field of its new name).
 /// Runs per patched record: compares in place, allocates nothing.
-pub(super) fn disjoint(ops: &[PatchOp]) -> bool {
+pub(super) fn disjoint(ops: &[PatchRef<'_>]) -> bool {
     ops.iter().enumerate().all(|(i, a)| {
         ops[i + 1..].iter().all(|b| {
             touched(a)
@@ -99,7 +101,7 @@ pub(super) fn disjoint(ops: &[PatchOp]) -> bool {
 /// the new name.
 #[derive(Clone, Copy)]
 struct Touched<'a> {
-    head: &'a [String],
+    head: &'a [&'a str],
     last: Option<&'a str>,
 }
 
@@ -111,7 +113,8 @@ impl<'a> Touched<'a> {
     fn name(self, i: usize) -> &'a str {
         self.head
             .get(i)
-            .map_or_else(|| self.last.unwrap_or(""), String::as_str)
+            .copied()
+            .unwrap_or_else(|| self.last.unwrap_or(""))
     }
 
     /// One is the other or a prefix of it.
@@ -120,10 +123,10 @@ impl<'a> Touched<'a> {
     }
 }
 
-fn touched(op: &PatchOp) -> [Option<Touched<'_>>; 2] {
+fn touched<'a>(op: &PatchRef<'a>) -> [Option<Touched<'a>>; 2] {
     let path = op.path();
-    let renamed = match op {
-        PatchOp::Rename { to, .. } => Some(Touched {
+    let renamed = match *op {
+        PatchRef::Rename { to, .. } => Some(Touched {
             head: &path[..path.len().saturating_sub(1)],
             last: Some(to),
         }),
@@ -147,24 +150,27 @@ enum Action<'p, 'v> {
 }
 
 /// A path and what to do there.
-type Edit<'p, 'v> = (&'p [String], Action<'p, 'v>);
+type Edit<'p, 'v> = (&'p [&'p str], Action<'p, 'v>);
 
-/// Writes `obj` with disjoint `edits` applied, in one pass.
+/// Writes `obj` with disjoint `edits` applied, in one pass. At most [`ONE_PASS_MAX`]
+/// edits (each is one bit of `done`).
 fn write_edits(w: &mut JsonWriter, obj: Obj<'_>, edits: &[Edit<'_, '_>]) -> Result<(), JsonError> {
-    let mut done = vec![false; edits.len()];
-    // Names that a rename here takes over: a field already called so goes.
-    let taken: Vec<&str> = edits
-        .iter()
-        .filter_map(|(path, action)| match action {
-            Action::Rename(to) if path.len() == 1 && obj.get(&path[0]).is_some() => Some(*to),
-            _ => None,
+    debug_assert!(edits.len() <= ONE_PASS_MAX);
+    let mut done = 0u64;
+    let is_done = |done: u64, i: usize| done & (1 << i) != 0;
+    // A field named like a rename's new name goes when the renamed field is here (the
+    // rename takes its place): looked up only when such a name is met, which is rare.
+    let taken = |key: &super::Str<'_>| {
+        edits.iter().any(|(path, action)| match action {
+            Action::Rename(to) => path.len() == 1 && key.eq_str(to) && obj.get(path[0]).is_some(),
+            _ => false,
         })
-        .collect();
+    };
     w.begin_object();
     for (key, value) in obj.iter() {
-        let matches = |i: usize| !done[i] && key.eq_str(&edits[i].0[0]);
-        let Some(first) = (0..edits.len()).find(|&i| matches(i)) else {
-            if !taken.iter().any(|t| key.eq_str(t)) {
+        let matches = |done: u64, i: usize| !is_done(done, i) && key.eq_str(edits[i].0[0]);
+        let Some(first) = (0..edits.len()).find(|&i| matches(done, i)) else {
+            if !taken(&key) {
                 w.key_quoted(key.quoted(), key.escaped);
                 w.value(value);
             }
@@ -172,7 +178,7 @@ fn write_edits(w: &mut JsonWriter, obj: Obj<'_>, edits: &[Edit<'_, '_>]) -> Resu
         };
         // Disjoint: either one edit of this very field, or edits below it.
         if edits[first].0.len() == 1 {
-            done[first] = true;
+            done |= 1 << first;
             match edits[first].1 {
                 Action::Set(v) => {
                     w.key_quoted(key.quoted(), key.escaped);
@@ -186,9 +192,9 @@ fn write_edits(w: &mut JsonWriter, obj: Obj<'_>, edits: &[Edit<'_, '_>]) -> Resu
             }
             continue;
         }
-        let mine: Vec<usize> = (first..edits.len()).filter(|&i| matches(i)).collect();
+        let mine: Vec<usize> = (first..edits.len()).filter(|&i| matches(done, i)).collect();
         for &i in &mine {
-            done[i] = true;
+            done |= 1 << i;
         }
         match value {
             Value::Object(inner) => {
@@ -210,38 +216,40 @@ fn write_edits(w: &mut JsonWriter, obj: Obj<'_>, edits: &[Edit<'_, '_>]) -> Resu
         }
     }
     // Sets of fields that are not there (removing what is not there does nothing).
-    let missing: Vec<(&[String], Value<'_>)> = edits
-        .iter()
-        .zip(&done)
-        .filter(|(_, done)| !**done)
-        .filter_map(|((path, action), _)| match action {
-            Action::Set(v) => Some((*path, *v)),
-            _ => None,
-        })
-        .collect();
-    write_new(w, &missing);
+    if (0..edits.len()).any(|i| !is_done(done, i)) {
+        let missing: Vec<(&[&str], Value<'_>)> = edits
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !is_done(done, *i))
+            .filter_map(|(_, (path, action))| match action {
+                Action::Set(v) => Some((*path, *v)),
+                _ => None,
+            })
+            .collect();
+        write_new(w, &missing);
+    }
     w.end_object();
     Ok(())
 }
 
 /// Writes members for disjoint sets of absent paths, creating the objects between;
 /// names in the order they first appear.
-fn write_new(w: &mut JsonWriter, sets: &[(&[String], Value<'_>)]) {
+fn write_new(w: &mut JsonWriter, sets: &[(&[&str], Value<'_>)]) {
     let mut written = vec![false; sets.len()];
     for i in 0..sets.len() {
         if written[i] {
             continue;
         }
-        let name = &sets[i].0[0];
+        let name = sets[i].0[0];
         w.key(name);
         if sets[i].0.len() == 1 {
             written[i] = true;
             w.value(sets[i].1);
             continue;
         }
-        let mut below: Vec<(&[String], Value<'_>)> = Vec::new();
+        let mut below: Vec<(&[&str], Value<'_>)> = Vec::new();
         for j in i..sets.len() {
-            if !written[j] && &sets[j].0[0] == name {
+            if !written[j] && sets[j].0[0] == name {
                 written[j] = true;
                 below.push((&sets[j].0[1..], sets[j].1));
             }
@@ -252,6 +260,6 @@ fn write_new(w: &mut JsonWriter, sets: &[(&[String], Value<'_>)]) {
     }
 }
 
-fn path_text(path: &[String]) -> String {
+fn path_text(path: &[&str]) -> String {
     path.join(".")
 }
