@@ -170,8 +170,6 @@
 //!   `allow_random = true`;
 //! - stdout and stderr go to the agent's log with the plugin's name (bounded per
 //!   batch), as does [`log`];
-//! - [`hash::sha256`] is computed by the agent (native code, many times faster than
-//!   hashing inside WebAssembly);
 //! - each call has a wall-clock deadline (`timeout`, default 5 s), a memory cap
 //!   (`memory`, default 64 MiB), caps on what it may output (`max_outputs`,
 //!   `max_output_bytes`) and, when the config asks for it, fuel (`fuel`, roughly
@@ -211,7 +209,6 @@ mod answer;
 mod error;
 mod record;
 
-pub mod hash;
 pub mod json;
 pub mod log;
 pub mod path;

@@ -387,12 +387,6 @@ impl floe_plugin::transform::host::Host for HostState {
         self.panic = Some((sanitize(&message, LOG_LINE_BYTES), index));
         Err(wasmtime::Error::msg("the plugin panicked"))
     }
-
-    fn sha256(&mut self, data: Vec<u8>) -> Vec<u8> {
-        // `sha2` uses the CPU's SHA extensions when it has them (checked at run time).
-        use sha2::Digest as _;
-        sha2::Sha256::digest(&data).to_vec()
-    }
 }
 
 impl ResourceLimiter for HostState {

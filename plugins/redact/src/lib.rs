@@ -36,8 +36,9 @@
 //! rebuild the record itself, to apply them one after the other.
 
 use floe_sdk::path::FieldPath;
-use floe_sdk::{Answer, Emit, Error, Patch, Record, Value, hash, map};
+use floe_sdk::{Answer, Emit, Error, Patch, Record, Value, map};
 use serde::Deserialize;
+use sha2::{Digest, Sha256};
 
 /// Masks, hashes and drops the configured fields.
 #[map(Redact)]
@@ -121,10 +122,18 @@ pub fn hash_value(salt: &str, value: &Value) -> String {
     }
 }
 
-/// Lowercase hex SHA-256 of `salt` followed by `text` (computed by the agent: see
-/// `floe_sdk::hash`).
+/// Lowercase hex SHA-256 of `salt` followed by `text`.
 pub fn hash_text(salt: &str, text: &str) -> String {
-    hash::to_hex(&hash::sha256(&[salt.as_bytes(), text.as_bytes()]))
+    let mut hasher = Sha256::new();
+    hasher.update(salt.as_bytes());
+    hasher.update(text.as_bytes());
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let hex: Vec<u8> = hasher
+        .finalize()
+        .iter()
+        .flat_map(|b| [HEX[(b >> 4) as usize], HEX[(b & 0xf) as usize]])
+        .collect();
+    String::from_utf8(hex).expect("hex digits are ASCII")
 }
 
 /// `"***"` + the last 4 characters of `text`, or `"***"` alone for short text.
