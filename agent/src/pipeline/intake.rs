@@ -27,7 +27,7 @@ use crate::schema::{Admission, SchemaTracker, TableSchema};
 use crate::source::{Source, SourceCommand, SourceError, SourceEvent, resume_position};
 use crate::telemetry;
 use crate::transform::{
-    ChainInput, ChainResult, OnError, Produced, TransformChain, TransformError,
+    ChainInput, ChainResult, OnError, Produced, Releaser, TransformChain, TransformError,
 };
 
 /// Requests from the pipeline's owner.
@@ -542,9 +542,10 @@ impl Intake {
             .collect();
         // Parts of the batch come back in order while the plugins run the next parts.
         let mut chain = std::mem::take(&mut self.chain);
+        let releaser = chain.releaser();
         let mut outcome = Ok(());
         chain.run_parts(&inputs, |part| {
-            outcome = self.take_part(messages, &decoded, part);
+            outcome = self.take_part(messages, &decoded, part, &releaser);
             outcome.is_ok() && !self.state.rewinding
         });
         self.chain = chain;
@@ -563,6 +564,7 @@ impl Intake {
         messages: &[Message],
         decoded: &[(usize, Option<String>, Decoded)],
         part: Result<ChainResult, TransformError>,
+        releaser: &Releaser,
     ) -> Result<(), PipelineError> {
         let result = match part {
             Ok(r) => r,
@@ -615,6 +617,8 @@ impl Intake {
                 }
             }
         }
+        // Records the plugins built, freed on their threads once buffered.
+        let mut spent = Vec::new();
         for out in result.outputs {
             let (i, key, d) = &decoded[out.origin];
             let m = &messages[*i];
@@ -647,7 +651,11 @@ impl Intake {
                     hints_only: true,
                 },
             )?;
+            if let Produced::New(v) = out.value {
+                spent.push(v);
+            }
         }
+        releaser.release(spent);
         Ok(())
     }
 

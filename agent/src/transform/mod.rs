@@ -34,7 +34,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-pub use chain::{ChainInput, ChainOutput, ChainResult, Produced, RecordError, TransformChain};
+pub use chain::{
+    ChainInput, ChainOutput, ChainResult, Produced, RecordError, Releaser, TransformChain,
+};
 pub use engine::{PluginsConfig, TransformEngine};
 pub use plugin::{Fault, FaultKind};
 
