@@ -408,9 +408,9 @@ pub struct Releaser(Option<Arc<rayon::ThreadPool>>);
 
 impl Releaser {
     /// Frees `values` on a plugin thread, or here for a chain without threads. The
-    /// records a plugin changed were allocated on its thread; freeing them on the
-    /// pipeline's thread made it wait on the allocator's lock of the other thread (a
-    /// fifth of its time in the chain benchmark's profile).
+    /// records a plugin changed were allocated on its thread; freed on the pipeline's
+    /// thread they cost it a fifth of its time in glibc's `free` in the chain
+    /// benchmark's profile (15 % with this; docs/benchmarks.md).
     pub fn release(&self, values: Vec<JsonObject>) {
         match &self.0 {
             Some(pool) if !values.is_empty() => pool.spawn(move || drop(values)),
@@ -885,6 +885,18 @@ mod tests {
         send::<ChainResult>();
     }
 
+    /// `o` patched by `count` encoded `ops`, read back from an answer buffer.
+    fn patch_of(o: &JsonObject, count: u32, ops: &[u8]) -> Result<JsonObject, String> {
+        let mut w = wire::AnswerWriter::new(1, 0);
+        w.patch(None, count, ops);
+        let answers = w.finish();
+        let mut r = AnswerReader::new(&answers).unwrap();
+        let Some(Ok(wire::Answer::Patch { ops, .. })) = r.next_answer() else {
+            panic!("a patch")
+        };
+        patch(o, ops)
+    }
+
     #[test]
     fn a_null_parent_becomes_an_object() {
         let o = JsonObject::parse(br#"{"meta": null, "k": {"x": null}, "s": 1}"#.to_vec()).unwrap();
@@ -893,42 +905,24 @@ mod tests {
         wire::put_set(&mut ops, ["k", "x", "q\""].into_iter(), b"true");
         wire::put_set(&mut ops, ["new", "c"].into_iter(), b"2");
         wire::put_remove(&mut ops, ["s", "z"].into_iter());
-        let mut w = wire::AnswerWriter::new(1, 0);
-        w.patch(None, 4, &ops);
-        let answers = w.finish();
-        let mut r = AnswerReader::new(&answers).unwrap();
-        let Some(Ok(wire::Answer::Patch { ops, .. })) = r.next_answer() else {
-            panic!("a patch")
-        };
-        let patched = patch(&o, ops).unwrap();
         assert_eq!(
-            patched.to_serde(),
+            patch_of(&o, 4, &ops).unwrap().to_serde(),
             serde_json::json!({"meta": {"a": {"b": 1}}, "k": {"x": {"q\"": true}}, "s": 1, "new": {"c": 2}})
         );
         let mut bad = Vec::new();
         wire::put_set(&mut bad, ["s", "z"].into_iter(), b"1");
-        let mut w = wire::AnswerWriter::new(1, 0);
-        w.patch(None, 1, &bad);
-        let answers = w.finish();
-        let mut r = AnswerReader::new(&answers).unwrap();
-        let Some(Ok(wire::Answer::Patch { ops, .. })) = r.next_answer() else {
-            panic!("a patch")
-        };
-        assert!(patch(&o, ops).unwrap_err().contains("cannot set s.z"));
+        assert!(
+            patch_of(&o, 1, &bad)
+                .unwrap_err()
+                .contains("cannot set s.z")
+        );
 
         // Two sets through the same null parent see each other (one after the other).
         let mut two = Vec::new();
         wire::put_set(&mut two, ["meta", "a", "b"].into_iter(), b"1");
         wire::put_set(&mut two, ["meta", "a", "c"].into_iter(), b"2");
-        let mut w = wire::AnswerWriter::new(1, 0);
-        w.patch(None, 2, &two);
-        let answers = w.finish();
-        let mut r = AnswerReader::new(&answers).unwrap();
-        let Some(Ok(wire::Answer::Patch { ops, .. })) = r.next_answer() else {
-            panic!("a patch")
-        };
         assert_eq!(
-            patch(&o, ops).unwrap().to_serde(),
+            patch_of(&o, 2, &two).unwrap().to_serde(),
             serde_json::json!({"meta": {"a": {"b": 1, "c": 2}}, "k": {"x": null}, "s": 1})
         );
     }
