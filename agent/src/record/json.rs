@@ -132,14 +132,14 @@ impl JsonObject {
         thread_local! {
             static SCRATCH: std::cell::RefCell<Tape> = std::cell::RefCell::new(Tape::new());
         }
-        // Tokenized into a reused tape, then copied at its exact size: one allocation per
-        // object instead of a growing vector's several.
         if bytes.len() > u32::MAX as usize {
             return Err(JsonError::TooLarge);
         }
         // Checked once here; the tokenizer then reads text known to be UTF-8.
         let text = String::from_utf8(bytes)
             .map_err(|e| syntax("invalid UTF-8", e.utf8_error().valid_up_to()))?;
+        // Tokenized into a reused tape, then copied at its exact size: one allocation per
+        // object instead of a growing vector's several.
         SCRATCH.with_borrow_mut(|scratch| {
             tokenize(&text, &mut scratch.toks, &mut scratch.stack)?;
             let tape = scratch.toks.clone();
