@@ -197,8 +197,8 @@ impl JsonObject {
 /// One edit of a patch (a plugin's answer that changes a few fields).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PatchOp {
-    /// Sets the field at `path` to one JSON value given as text; missing intermediate
-    /// objects are created, a non-object on the path is an error.
+    /// Sets the field at `path` to one JSON value given as text; missing or `null`
+    /// intermediate objects are created, another non-object on the path is an error.
     Set {
         /// Field names from the top level down.
         path: Vec<String>,

@@ -37,7 +37,7 @@ use super::engine::TransformEngine;
 use super::plugin::{CallError, FaultKind, PluginInstance};
 use super::sandbox::sanitize;
 use super::{Limits, OnError, TransformConfig, TransformError};
-use crate::record::json::{JsonObject, PatchRef, Value};
+use crate::record::json::{JsonObject, PatchRef};
 use crate::telemetry;
 
 /// Bytes of a plugin's record error message kept.
@@ -765,30 +765,10 @@ fn patch(value: &JsonObject, ops: wire::Ops<'_>) -> Result<JsonObject, String> {
             action,
         });
     }
-    // Ops read against `base` (a `set` through a `null` parent depends on it); applied
-    // when `all` may be applied in one pass or there is only one op.
-    let applied = |base: &JsonObject, read: &[ReadOp<'_>], all: bool| {
-        let nulls = through_nulls(base, &names, read);
-        let ops: Vec<PatchRef<'_>> = read
-            .iter()
-            .enumerate()
-            .map(|(i, op)| op.as_patch(&names, nulls.iter().find(|n| n.op == i)))
-            .collect();
-        if !all && !PatchRef::are_disjoint(&ops) {
-            return Ok(None);
-        }
-        base.apply_borrowed(&ops)
-            .map(Some)
-            .map_err(|e| format!("its patch cannot be applied: {e}"))
-    };
-    if let Some(patched) = applied(value, &read, false)? {
-        return Ok(patched);
-    }
-    let mut current: Option<JsonObject> = None;
-    for op in read.chunks(1) {
-        current = applied(current.as_ref().unwrap_or(value), op, true)?;
-    }
-    Ok(current.unwrap_or_else(|| value.clone()))
+    let ops: Vec<PatchRef<'_>> = read.iter().map(|op| op.as_patch(&names)).collect();
+    value
+        .apply_borrowed(&ops)
+        .map_err(|e| format!("its patch cannot be applied: {e}"))
 }
 
 /// One operation of a plugin's patch: its names (a range of the patch's names) and
@@ -804,74 +784,22 @@ enum ReadAction<'a> {
     Rename(&'a str),
 }
 
-/// A `set` through a `null` parent, rewritten as a `set` of that parent.
-struct ThroughNull {
-    /// Index of the op in the patch.
-    op: usize,
-    /// Names of the path kept (up to the `null` parent).
-    keep: usize,
-    /// The parent's new value: the nested objects down to the value.
-    value: Vec<u8>,
-}
-
 impl<'a> ReadOp<'a> {
-    fn as_patch<'p>(&'p self, names: &'p [&'a str], null: Option<&'p ThroughNull>) -> PatchRef<'p>
+    fn as_patch<'p>(&'p self, names: &'p [&'a str]) -> PatchRef<'p>
     where
         'a: 'p,
     {
         let path = &names[self.names.clone()];
-        match (&self.action, null) {
-            (ReadAction::Set(_), Some(n)) => PatchRef::Set {
-                path: &path[..n.keep],
-                value: &n.value,
-            },
-            (ReadAction::Set(value), None) => PatchRef::Set { path, value },
-            (ReadAction::Remove, _) => PatchRef::Remove { path },
-            (ReadAction::Rename(to), _) => PatchRef::Rename { path, to },
+        match self.action {
+            ReadAction::Set(value) => PatchRef::Set { path, value },
+            ReadAction::Remove => PatchRef::Remove { path },
+            ReadAction::Rename(to) => PatchRef::Rename { path, to },
         }
     }
 }
 
 fn str_of<'a>(bytes: &'a [u8], what: &str) -> Result<&'a str, String> {
     std::str::from_utf8(bytes).map_err(|_| format!("{what} is not UTF-8"))
-}
-
-/// The `set`s of `read` that go through a parent holding `null` in `object`: a `null`
-/// parent becomes an object, so the `set` is of that parent to the nested objects.
-/// Empty (no allocation) in the usual case.
-fn through_nulls(object: &JsonObject, names: &[&str], read: &[ReadOp<'_>]) -> Vec<ThroughNull> {
-    let mut found = Vec::new();
-    for (op, read) in read.iter().enumerate() {
-        let ReadAction::Set(value) = read.action else {
-            continue;
-        };
-        let path = &names[read.names.clone()];
-        let view = object.view();
-        let mut obj = view.root();
-        for (i, key) in path[..path.len() - 1].iter().enumerate() {
-            match obj.get(key) {
-                Some(Value::Object(inner)) => obj = inner,
-                Some(Value::Null) => {
-                    let mut nested = Vec::with_capacity(value.len() + 16);
-                    for k in &path[i + 1..] {
-                        nested.push(b'{');
-                        floe_sdk::json::write_str(&mut nested, k);
-                        nested.push(b':');
-                    }
-                    nested.extend_from_slice(value);
-                    nested.extend(std::iter::repeat_n(b'}', path.len() - i - 1));
-                    found.push(ThroughNull {
-                        op,
-                        keep: i + 1,
-                        value: nested,
-                    });
-                    break;
-                }
-                _ => break,
-            }
-        }
-    }
-    found
 }
 
 #[cfg(test)]

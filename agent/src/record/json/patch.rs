@@ -206,28 +206,44 @@ fn write_edits(w: &mut JsonWriter, obj: Obj<'_>, edits: &[Edit<'_, '_>]) -> Resu
                 write_edits(w, inner, &below)?;
             }
             other => {
-                if let Some(&i) = mine.iter().find(|&&i| matches!(edits[i].1, Action::Set(_))) {
-                    return Err(JsonError::PatchPath(path_text(edits[i].0)));
-                }
-                // Removing or renaming below a non-object: nothing to do.
+                let sets: Vec<(&[&str], Value<'_>)> = mine
+                    .iter()
+                    .filter_map(|&i| match edits[i].1 {
+                        Action::Set(v) => Some((&edits[i].0[1..], v)),
+                        _ => None,
+                    })
+                    .collect();
                 w.key_quoted(key.quoted(), key.escaped);
-                w.value(other);
+                if sets.is_empty() {
+                    // Removing or renaming below a non-object: nothing to do.
+                    w.value(other);
+                } else if other.is_null() {
+                    // A `null` parent becomes an object holding what is set below it.
+                    w.begin_object();
+                    write_new(w, &sets);
+                    w.end_object();
+                } else {
+                    let i = mine
+                        .iter()
+                        .find(|&&i| matches!(edits[i].1, Action::Set(_)))
+                        .expect("a set among them");
+                    return Err(JsonError::PatchPath(path_text(edits[*i].0)));
+                }
             }
         }
     }
     // Sets of fields that are not there (removing what is not there does nothing).
-    if (0..edits.len()).any(|i| !is_done(done, i)) {
-        let missing: Vec<(&[&str], Value<'_>)> = edits
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| !is_done(done, *i))
-            .filter_map(|(_, (path, action))| match action {
-                Action::Set(v) => Some((*path, *v)),
-                _ => None,
-            })
-            .collect();
-        write_new(w, &missing);
-    }
+    // Empty in the usual case: no allocation.
+    let missing: Vec<(&[&str], Value<'_>)> = edits
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !is_done(done, *i))
+        .filter_map(|(_, (path, action))| match action {
+            Action::Set(v) => Some((*path, *v)),
+            _ => None,
+        })
+        .collect();
+    write_new(w, &missing);
     w.end_object();
     Ok(())
 }

@@ -392,3 +392,35 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_set_through_a_null_parent_makes_it_an_object() {
+    let o = JsonObject::parse(br#"{"m": null, "s": 1}"#.to_vec()).unwrap();
+    let set = |path: &[&str], v: &str| PatchOp::Set {
+        path: path.iter().map(|s| s.to_string()).collect(),
+        value: v.as_bytes().to_vec(),
+    };
+    let both = o.apply(&[set(&["m", "a"], "1"), set(&["m", "b", "c"], "2")]);
+    assert_eq!(
+        both.unwrap().to_serde(),
+        json!({"m": {"a": 1, "b": {"c": 2}}, "s": 1})
+    );
+    // One after the other (overlapping paths): the second sees the first's object.
+    let overlapping = o.apply(&[
+        set(&["m", "a"], "1"),
+        set(&["m"], "null"),
+        set(&["m", "x"], "3"),
+    ]);
+    assert_eq!(
+        overlapping.unwrap().to_serde(),
+        json!({"m": {"x": 3}, "s": 1})
+    );
+    assert!(
+        o.apply(&[set(&["s", "a"], "1")]).is_err(),
+        "a number is no parent"
+    );
+    let removed = o.apply(&[PatchOp::Remove {
+        path: vec!["m".into(), "a".into()],
+    }]);
+    assert_eq!(removed.unwrap().to_serde(), json!({"m": null, "s": 1}));
+}
