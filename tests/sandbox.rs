@@ -571,7 +571,7 @@ fn chain_inputs(values: &[JsonObject], first: i64) -> Vec<ChainInput<'_>> {
         .iter()
         .zip(first..)
         .map(|(value, offset)| ChainInput {
-            value,
+            value: value.view(),
             topic: "t",
             partition: 0,
             offset,

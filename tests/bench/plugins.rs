@@ -107,7 +107,7 @@ fn main() -> Result<()> {
         .iter()
         .enumerate()
         .map(|(i, value)| ChainInput {
-            value,
+            value: value.view(),
             topic: "events",
             partition: (i % 8) as i32,
             offset: i as i64,

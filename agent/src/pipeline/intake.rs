@@ -21,7 +21,7 @@ use crate::config::PipelineConfig;
 use crate::dead_letter::DeadLetterWriter;
 use crate::decode::{Decoded, Decoder};
 use crate::error::{Classify, ErrorClass, backoff};
-use crate::record::json::{Obj, Tape};
+use crate::record::json::{JsonView, Obj, Parsed, Tape, Tapes};
 use crate::record::{Message, PartitionMap, TopicPartition};
 use crate::schema::{Admission, SchemaTracker, TableSchema};
 use crate::source::{Source, SourceCommand, SourceError, SourceEvent, resume_position};
@@ -126,6 +126,8 @@ pub(super) struct State {
     closing: bool,
     consecutive_faults: u32,
     tape: Tape,
+    /// The tapes of a batch's records for the plugins (kept for their memory).
+    tapes: Tapes,
     last_commit: Option<Instant>,
     /// When the oldest buffered row arrived: the commit interval counts from there, so
     /// a seal holds what arrived together rather than what a timer cut in two.
@@ -153,6 +155,38 @@ pub(super) struct Intake {
 enum Flow {
     Go,
     Done,
+}
+
+/// A decoded record on its way to the plugins.
+struct Pending<'m> {
+    /// Index of its message in the batch.
+    message: usize,
+    /// Its `_kafka_key` text when the key is not a plain string.
+    key: Option<String>,
+    value: PendingValue<'m>,
+}
+
+enum PendingValue<'m> {
+    /// Plain JSON, parsed into the batch's tapes.
+    Parsed(Parsed<'m>),
+    /// Decoded from another format (or with a schema).
+    Decoded(Decoded),
+}
+
+impl Pending<'_> {
+    fn view<'a>(&'a self, tapes: &'a Tapes) -> JsonView<'a> {
+        match &self.value {
+            PendingValue::Parsed(p) => tapes.view(*p),
+            PendingValue::Decoded(d) => d.value.view(),
+        }
+    }
+
+    fn declared(&self) -> Option<&Arc<iceberg::spec::StructType>> {
+        match &self.value {
+            PendingValue::Parsed(_) => None,
+            PendingValue::Decoded(d) => d.declared.as_ref(),
+        }
+    }
 }
 
 /// A row ready for a table, before admission.
@@ -354,7 +388,11 @@ impl Intake {
         telemetry::records_in(self.name(), messages.len() as u64);
         self.prepare(&messages)?;
         let fast = self.decoder.is_json() && self.chain.is_empty();
-        let mut decoded: Vec<(usize, Option<String>, Decoded)> = Vec::new();
+        // For the plugins, plain JSON is parsed into tapes shared by the batch.
+        let into_tapes = self.decoder.is_json() && !self.chain.is_empty();
+        let mut tapes = std::mem::take(&mut self.state.tapes);
+        tapes.clear();
+        let mut decoded: Vec<Pending<'_>> = Vec::new();
         for (i, m) in messages.iter().enumerate() {
             let tp = m.topic_partition();
             let next = self.state.next.entry(tp.clone()).or_insert(m.offset);
@@ -406,34 +444,62 @@ impl Intake {
                 result?;
                 continue;
             }
+            if into_tapes {
+                match tapes.parse(bytes) {
+                    Ok(parsed) => decoded.push(Pending {
+                        message: i,
+                        key,
+                        value: PendingValue::Parsed(parsed),
+                    }),
+                    Err(e) => self.dead_letter(m, "decode", &e.to_string())?,
+                }
+                continue;
+            }
             match self.decoder.decode_value(bytes) {
-                Ok(d) => decoded.push((i, key, d)),
+                Ok(d) => decoded.push(Pending {
+                    message: i,
+                    key,
+                    value: PendingValue::Decoded(d),
+                }),
                 Err(e) if e.class() == ErrorClass::BadRecord => {
                     self.dead_letter(m, "decode", &e.to_string())?
                 }
                 Err(e) => return Err(self.decode_failed(m, e)),
             }
         }
-        if decoded.is_empty() {
-            return Ok(());
+        let result = if decoded.is_empty() {
+            Ok(())
+        } else if self.chain.is_empty() {
+            self.offer_all(&messages, &decoded, &tapes)
+        } else {
+            self.transform(&messages, &decoded, &tapes)
+        };
+        drop(decoded);
+        self.state.tapes = tapes;
+        result
+    }
+
+    /// Offers decoded records as they are (no plugins).
+    fn offer_all(
+        &mut self,
+        messages: &[Message],
+        decoded: &[Pending<'_>],
+        tapes: &Tapes,
+    ) -> Result<(), PipelineError> {
+        for p in decoded {
+            let m = &messages[p.message];
+            self.offer(
+                0,
+                Candidate {
+                    message: m,
+                    key: p.key.as_deref().or_else(|| utf8_key(m)),
+                    value: Some(p.view(tapes).root()),
+                    declared: p.declared(),
+                    hints_only: false,
+                },
+            )?;
         }
-        if self.chain.is_empty() {
-            for (i, key, d) in &decoded {
-                let m = &messages[*i];
-                self.offer(
-                    0,
-                    Candidate {
-                        message: m,
-                        key: key.as_deref().or_else(|| utf8_key(m)),
-                        value: Some(d.value.view().root()),
-                        declared: d.declared.as_ref(),
-                        hints_only: false,
-                    },
-                )?;
-            }
-            return Ok(());
-        }
-        self.transform(&messages, decoded)
+        Ok(())
     }
 
     /// Fetches the registry schemas a batch refers to, retrying while the registry is
@@ -523,20 +589,21 @@ impl Intake {
     fn transform(
         &mut self,
         messages: &[Message],
-        decoded: Vec<(usize, Option<String>, Decoded)>,
+        decoded: &[Pending<'_>],
+        tapes: &Tapes,
     ) -> Result<(), PipelineError> {
         // The chain reads each record's parsed value with its Kafka metadata.
         let inputs: Vec<ChainInput<'_>> = decoded
             .iter()
-            .map(|(i, key, d)| {
-                let m = &messages[*i];
+            .map(|p| {
+                let m = &messages[p.message];
                 ChainInput {
-                    value: &d.value,
+                    value: p.view(tapes),
                     topic: &m.topic,
                     partition: m.partition,
                     offset: m.offset,
                     timestamp_ms: m.timestamp_ms,
-                    key: key.as_deref().map(str::as_bytes).or(m.key.as_deref()),
+                    key: p.key.as_deref().map(str::as_bytes).or(m.key.as_deref()),
                 }
             })
             .collect();
@@ -545,7 +612,7 @@ impl Intake {
         let releaser = chain.releaser();
         let mut outcome = Ok(());
         chain.run_parts(&inputs, |part| {
-            outcome = self.take_part(messages, &decoded, part, &releaser);
+            outcome = self.take_part(messages, decoded, &inputs, part, &releaser);
             outcome.is_ok() && !self.state.rewinding
         });
         self.chain = chain;
@@ -562,7 +629,8 @@ impl Intake {
     fn take_part(
         &mut self,
         messages: &[Message],
-        decoded: &[(usize, Option<String>, Decoded)],
+        decoded: &[Pending<'_>],
+        inputs: &[ChainInput<'_>],
         part: Result<ChainResult, TransformError>,
         releaser: &Releaser,
     ) -> Result<(), PipelineError> {
@@ -593,7 +661,7 @@ impl Intake {
             }
         };
         for e in &result.errors {
-            let m = &messages[decoded[e.origin].0];
+            let m = &messages[decoded[e.origin].message];
             match e.policy {
                 OnError::DeadLetter => {
                     telemetry::plugin_record_error(self.name(), &e.plugin, "dead_letter");
@@ -620,8 +688,8 @@ impl Intake {
         // Records the plugins built, freed on their threads once buffered.
         let mut spent = Vec::new();
         for out in result.outputs {
-            let (i, key, d) = &decoded[out.origin];
-            let m = &messages[*i];
+            let p = &decoded[out.origin];
+            let m = &messages[p.message];
             let table = match &out.route {
                 None => 0,
                 Some(stream) => match self.routes.get(stream) {
@@ -637,17 +705,16 @@ impl Intake {
             };
             // Unchanged by every plugin: the value parsed at decoding goes on.
             let value = match &out.value {
-                Produced::Unchanged => &d.value,
-                Produced::New(v) => v,
+                Produced::Unchanged => inputs[out.origin].value,
+                Produced::New(v) => v.view(),
             };
-            let declared = d.declared.as_ref();
             self.offer(
                 table,
                 Candidate {
                     message: m,
-                    key: key.as_deref().or_else(|| utf8_key(m)),
-                    value: Some(value.view().root()),
-                    declared,
+                    key: p.key.as_deref().or_else(|| utf8_key(m)),
+                    value: Some(value.root()),
+                    declared: p.declared(),
                     hints_only: true,
                 },
             )?;

@@ -37,7 +37,9 @@ use super::engine::TransformEngine;
 use super::plugin::{CallError, FaultKind, PluginInstance};
 use super::sandbox::sanitize;
 use super::{Limits, OnError, TransformConfig, TransformError};
-use crate::record::json::{JsonObject, PatchRef};
+use smallvec::SmallVec;
+
+use crate::record::json::{INLINE_OPS, JsonObject, JsonView, PatchRef};
 use crate::telemetry;
 
 /// Bytes of a plugin's record error message kept.
@@ -47,7 +49,7 @@ const MESSAGE_BYTES: usize = 4096;
 #[derive(Debug, Clone, Copy)]
 pub struct ChainInput<'a> {
     /// The value, parsed once by the pipeline.
-    pub value: &'a JsonObject,
+    pub value: JsonView<'a>,
     /// Topic the message was read from.
     pub topic: &'a str,
     /// Partition.
@@ -471,7 +473,7 @@ fn run_lane(
             let mut end = start;
             let mut bytes = 0u64;
             while end < items.len() && end - start < stage.limits.batch.max(1) {
-                let len = value_of(inputs, &items[end]).as_bytes().len() as u64;
+                let len = value_of(inputs, &items[end]).bytes().len() as u64;
                 if end > start && bytes + len > stage.limits.batch_bytes {
                     break;
                 }
@@ -509,8 +511,10 @@ fn run_lane(
     })
 }
 
-fn value_of<'a>(inputs: &'a [ChainInput<'_>], item: &'a Item) -> &'a JsonObject {
-    item.value.as_ref().unwrap_or(inputs[item.origin].value)
+fn value_of<'a>(inputs: &'a [ChainInput<'_>], item: &'a Item) -> JsonView<'a> {
+    item.value
+        .as_ref()
+        .map_or(inputs[item.origin].value, JsonObject::view)
 }
 
 impl Stage {
@@ -609,7 +613,7 @@ impl Stage {
             let input = &inputs[item.origin];
             let topic = topics.iter().position(|t| *t == input.topic).unwrap_or(0) as u32;
             writer.push(
-                value_of(inputs, item).as_bytes(),
+                value_of(inputs, item).bytes(),
                 input.key,
                 topic,
                 input.partition,
@@ -742,9 +746,10 @@ fn decode(
 /// answer: a few different fields), else one operation after the other. Names and
 /// values are read in place from the answer: a patch costs the new record and a few
 /// vectors, not a copy of every name.
-fn patch(value: &JsonObject, ops: wire::Ops<'_>) -> Result<JsonObject, String> {
-    let mut names: Vec<&str> = Vec::new();
-    let mut read: Vec<ReadOp<'_>> = Vec::with_capacity(ops.len());
+fn patch(value: JsonView<'_>, ops: wire::Ops<'_>) -> Result<JsonObject, String> {
+    // On the stack for the usual few ops: this runs for every patched record.
+    let mut names: SmallVec<[&str; 2 * INLINE_OPS]> = SmallVec::new();
+    let mut read: SmallVec<[ReadOp<'_>; INLINE_OPS]> = SmallVec::new();
     for op in ops {
         let (path, action) = match op {
             wire::Op::Set { path, value } => (path, ReadAction::Set(value)),
@@ -765,7 +770,8 @@ fn patch(value: &JsonObject, ops: wire::Ops<'_>) -> Result<JsonObject, String> {
             action,
         });
     }
-    let ops: Vec<PatchRef<'_>> = read.iter().map(|op| op.as_patch(&names)).collect();
+    let ops: SmallVec<[PatchRef<'_>; INLINE_OPS]> =
+        read.iter().map(|op| op.as_patch(&names)).collect();
     value
         .apply_borrowed(&ops)
         .map_err(|e| format!("its patch cannot be applied: {e}"))
@@ -822,7 +828,7 @@ mod tests {
         let Some(Ok(wire::Answer::Patch { ops, .. })) = r.next_answer() else {
             panic!("a patch")
         };
-        patch(o, ops)
+        patch(o.view(), ops)
     }
 
     #[test]
@@ -874,7 +880,7 @@ mod tests {
         let a = JsonObject::parse(br#"{"a": 1, "b": 2}"#.to_vec()).unwrap();
         let inputs: Vec<ChainInput<'_>> = (0..5)
             .map(|i| ChainInput {
-                value: &a,
+                value: a.view(),
                 topic: "t",
                 partition: 0,
                 offset: i,

@@ -230,7 +230,7 @@ pub fn test_plugin(
     let inputs: Vec<ChainInput<'_>> = parsed
         .iter()
         .map(|(n, value)| ChainInput {
-            value,
+            value: value.view(),
             topic: "test",
             partition: 0,
             offset: *n as i64,
@@ -250,7 +250,7 @@ pub fn test_plugin(
         produced[o.origin] = true;
         summary.records_out += 1;
         let bytes = match &o.value {
-            Produced::Unchanged => inputs[o.origin].value.as_bytes(),
+            Produced::Unchanged => inputs[o.origin].value.bytes(),
             Produced::New(v) => v.as_bytes(),
         };
         let stream = o

@@ -1,6 +1,8 @@
 //! Applying a patch (set / remove / rename fields) to a parsed object, copying everything else
 //! as written.
 
+use smallvec::SmallVec;
+
 use super::{JsonError, JsonObject, JsonView, JsonWriter, MAX_DEPTH, Obj, PatchRef, Tok, Value};
 
 /// `view` with `ops` applied in order.
@@ -23,8 +25,8 @@ pub(super) fn apply(view: JsonView<'_>, ops: &[PatchRef<'_>]) -> Result<JsonObje
             PatchRef::Set { value, .. } => ParsedValue::parse(value).map(Some),
             PatchRef::Remove { .. } | PatchRef::Rename { .. } => Ok(None),
         })
-        .collect::<Result<Vec<Option<ParsedValue>>, JsonError>>()?;
-    let edits: Vec<Edit<'_, '_>> = ops
+        .collect::<Result<SmallVec<[Option<ParsedValue>; INLINE_OPS]>, JsonError>>()?;
+    let edits: SmallVec<[Edit<'_, '_>; INLINE_OPS]> = ops
         .iter()
         .zip(&values)
         .map(|(op, v)| {
@@ -50,6 +52,9 @@ pub(super) fn apply(view: JsonView<'_>, ops: &[PatchRef<'_>]) -> Result<JsonObje
     }
     Ok(current.unwrap_or_else(|| view.to_object()))
 }
+
+/// Ops of a patch kept on the stack (a patch of a few fields allocates nothing for them).
+pub(crate) const INLINE_OPS: usize = 8;
 
 /// The most edits applied in one pass (what edits are done is one bit each).
 const ONE_PASS_MAX: usize = 64;
@@ -167,15 +172,33 @@ fn write_edits(w: &mut JsonWriter, obj: Obj<'_>, edits: &[Edit<'_, '_>]) -> Resu
         })
     };
     w.begin_object();
-    for (key, value) in obj.iter() {
+    let view = obj.view;
+    let end = view.tape[obj.at].len as usize;
+    // Untouched members in a row are copied at once (their text and tokens): tape
+    // indices of the run's first member and after its last.
+    let mut run: Option<(usize, usize)> = None;
+    let mut next = obj.at + 1;
+    while next < end {
+        let at = next;
+        let Value::String(key) = view.value_at(at) else {
+            break;
+        };
+        let value = view.value_at(at + 1);
+        next = view.skip(at + 1);
         let matches = |done: u64, i: usize| !is_done(done, i) && key.eq_str(edits[i].0[0]);
         let Some(first) = (0..edits.len()).find(|&i| matches(done, i)) else {
-            if !taken(&key) {
-                w.key_quoted(key.quoted(), key.escaped);
-                w.value(value);
+            if taken(&key) {
+                if let Some((from, to)) = run.take() {
+                    w.members(view, from, to);
+                }
+            } else {
+                run = Some((run.map_or(at, |(from, _)| from), next));
             }
             continue;
         };
+        if let Some((from, to)) = run.take() {
+            w.members(view, from, to);
+        }
         // Disjoint: either one edit of this very field, or edits below it.
         if edits[first].0.len() == 1 {
             done |= 1 << first;
@@ -231,6 +254,9 @@ fn write_edits(w: &mut JsonWriter, obj: Obj<'_>, edits: &[Edit<'_, '_>]) -> Resu
                 }
             }
         }
+    }
+    if let Some((from, to)) = run {
+        w.members(view, from, to);
     }
     // Sets of fields that are not there (removing what is not there does nothing).
     // Empty in the usual case: no allocation.

@@ -424,3 +424,79 @@ fn a_set_through_a_null_parent_makes_it_an_object() {
     }]);
     assert_eq!(removed.unwrap().to_serde(), json!({"m": null, "s": 1}));
 }
+
+#[test]
+fn records_parsed_into_shared_tapes_read_as_if_parsed_alone() {
+    let texts = [
+        r#"{"a": {"b": [1, {"c": 2}]}, "d": "x"}"#,
+        r#"{"e": [[], {}], "f": {"g": {"h": null}}}"#,
+        r#"{}"#,
+        r#"{"z": {"y": [3, 4, {"x": "w"}]}, "v": 1.5}"#,
+    ];
+    let mut tapes = Tapes::new();
+    let parsed: Vec<Parsed<'_>> = texts
+        .iter()
+        .map(|t| tapes.parse(t.as_bytes()).unwrap())
+        .collect();
+    // A bad record in between leaves the others as they were.
+    let bad = tapes.parse(br#"{"a": [1, }"#).unwrap_err();
+    assert_eq!(bad, parse(r#"{"a": [1, }"#).unwrap_err());
+    for (text, p) in texts.iter().zip(&parsed) {
+        let alone = parse(text).unwrap();
+        let shared = tapes.view(*p);
+        assert_eq!(shared.bytes(), text.as_bytes());
+        assert_eq!(Value::Object(shared.root()).to_serde(), to_serde(&alone));
+        assert_eq!(shared.to_object(), alone);
+    }
+    // Nested containers of a later record point into its own part of the tapes.
+    let Some(Value::Object(z)) = tapes.view(parsed[3]).root().get("z") else {
+        panic!("z is an object")
+    };
+    let Some(Value::Array(y)) = z.get("y") else {
+        panic!("y is an array")
+    };
+    assert_eq!(y.len(), 3);
+    tapes.clear();
+    let again = tapes.parse(br#"{"n": 1}"#).unwrap();
+    assert_eq!(tapes.view(again).to_object(), parse(r#"{"n": 1}"#).unwrap());
+}
+
+#[test]
+fn patches_copy_untouched_fields_as_written_with_a_valid_tape() {
+    let spaced = " {\n  \"a\" : 1 ,\t\"b\": {\"x\": [1, {\"y\": \"\\u00e9\"}]},\n \"c\": \"k\",\"d\" :null , \"e\": [ ] , \"f\": {\"g\": 2, \"h\": 3} }\n";
+    let o = parse(spaced).unwrap();
+    let compact = JsonObject::from_map(o.to_serde().as_object().unwrap());
+    let p = |path: &str| path.split('.').map(str::to_string).collect::<Vec<_>>();
+    let cases: Vec<Vec<PatchOp>> = vec![
+        vec![PatchOp::Remove { path: p("c") }],
+        vec![
+            PatchOp::Remove { path: p("a") },
+            PatchOp::Remove { path: p("f") },
+        ],
+        vec![PatchOp::Rename {
+            path: p("c"),
+            to: "a".into(),
+        }],
+        vec![
+            PatchOp::Set {
+                path: p("f.h"),
+                value: b"[4]".to_vec(),
+            },
+            PatchOp::Remove { path: p("b.x") },
+            PatchOp::Set {
+                path: p("z"),
+                value: b"true".to_vec(),
+            },
+        ],
+    ];
+    for ops in &cases {
+        let patched = o.apply(ops).unwrap();
+        assert_eq!(
+            patched,
+            JsonObject::parse(patched.as_bytes().to_vec()).unwrap(),
+            "tape of {:?}",
+            std::str::from_utf8(patched.as_bytes())
+        );
+        assert_eq!(patched.to_serde(), compact.apply(ops).unwrap().to_serde());
+    }
+}

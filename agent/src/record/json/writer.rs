@@ -1,6 +1,8 @@
 //! Building a [`JsonObject`] (text and tape together) without parsing.
 
-use super::{Arr, JsonObject, Kind, Obj, Tok, Value};
+use std::ops::Range;
+
+use super::{Arr, JsonObject, JsonView, Kind, Obj, Tok, Value};
 
 /// Writes one JSON object, producing its text and tape at once. Used by decoders of
 /// other formats (Avro, Protobuf) and by patches. The caller writes a well-formed
@@ -196,20 +198,38 @@ impl JsonWriter {
             }
             Value::Object(Obj { view, at }) | Value::Array(Arr { view, at }) => {
                 self.separate();
-                let span = view.span(at);
                 let end = view.tape[at].len as usize;
-                let byte_shift = self.bytes.len() as i64 - span.start as i64;
-                let tape_shift = self.tape.len() as i64 - at as i64;
-                self.bytes.extend_from_slice(&view.text.as_bytes()[span]);
-                for t in &view.tape[at..=end] {
-                    let mut t = *t;
-                    t.pos = (t.pos as i64 + byte_shift) as u32;
-                    if matches!(t.kind, Kind::Object | Kind::Array) {
-                        t.len = (t.len as i64 + tape_shift) as u32;
-                    }
-                    self.tape.push(t);
-                }
+                self.copy(view, view.span(at), at..end + 1);
             }
+        }
+    }
+
+    /// Copies the members `view.tape[from..to]` of an object (whole members: keys and
+    /// values) into the object being written, as they are written there (with what lies
+    /// between them): one copy for a run of fields a patch leaves alone.
+    pub(super) fn members(&mut self, view: JsonView<'_>, from: usize, to: usize) {
+        debug_assert!(!self.after_key && from < to);
+        self.separate();
+        // The last token of a member is a scalar or a closing bracket: its text ends
+        // at `pos + len`.
+        let last = view.tape[to - 1];
+        let span = view.tape[from].pos as usize..(last.pos + last.len) as usize;
+        self.copy(view, span, from..to);
+    }
+
+    /// Appends the text `span` of `view` and its tokens `tokens`, moved to where they
+    /// land here.
+    fn copy(&mut self, view: JsonView<'_>, span: Range<usize>, tokens: Range<usize>) {
+        let byte_shift = self.bytes.len() as i64 - span.start as i64;
+        let tape_shift = self.tape.len() as i64 - tokens.start as i64;
+        self.bytes.extend_from_slice(&view.text.as_bytes()[span]);
+        for t in &view.tape[tokens] {
+            let mut t = *t;
+            t.pos = (t.pos as i64 + byte_shift) as u32;
+            if matches!(t.kind, Kind::Object | Kind::Array) {
+                t.len = (t.len as i64 + tape_shift) as u32;
+            }
+            self.tape.push(t);
         }
     }
 
