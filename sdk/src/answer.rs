@@ -89,10 +89,19 @@ impl Patch {
         Patch::default()
     }
 
+    /// The op buffer, with room for a few ops from the first one on (growing from
+    /// empty cost several reallocations per patch; an unused patch allocates nothing).
+    fn ops(&mut self) -> &mut Vec<u8> {
+        if self.ops.capacity() == 0 {
+            self.ops.reserve(64);
+        }
+        &mut self.ops
+    }
+
     /// Sets the value at `path` to `value` serialized as JSON. A value serde cannot
     /// write (a map with non-string keys) makes the record an error.
     pub fn set(mut self, path: impl FieldRef, value: impl Serialize) -> Patch {
-        self.ops.push(wire::op::SET);
+        self.ops().push(wire::op::SET);
         wire::put_path(&mut self.ops, path.keys());
         let at = self.ops.len();
         self.ops.extend_from_slice(&[0; 4]);
@@ -114,14 +123,14 @@ impl Patch {
     /// Sets the value at `path` to `json`, the text of one JSON value, as it is (for
     /// example a value read from the record with [`Json::bytes`](crate::json::Json::bytes)).
     pub fn set_json(mut self, path: impl FieldRef, json: &[u8]) -> Patch {
-        wire::put_set(&mut self.ops, path.keys(), json);
+        wire::put_set(self.ops(), path.keys(), json);
         self.count += 1;
         self
     }
 
     /// Removes the value at `path`, if it is there.
     pub fn remove(mut self, path: impl FieldRef) -> Patch {
-        wire::put_remove(&mut self.ops, path.keys());
+        wire::put_remove(self.ops(), path.keys());
         self.count += 1;
         self
     }
@@ -130,7 +139,7 @@ impl Patch {
     /// among the other fields (a field already named `to` there is replaced). Nothing
     /// happens when `path` is absent.
     pub fn rename(mut self, path: impl FieldRef, to: &str) -> Patch {
-        wire::put_rename(&mut self.ops, path.keys(), to);
+        wire::put_rename(self.ops(), path.keys(), to);
         self.count += 1;
         self
     }

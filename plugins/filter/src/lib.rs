@@ -120,6 +120,18 @@ enum Ordered {
     Lte,
 }
 
+impl Ordered {
+    /// Whether a value that compares `ord` to the wanted one passes.
+    fn holds(self, ord: Ordering) -> bool {
+        match self {
+            Ordered::Gt => ord == Ordering::Greater,
+            Ordered::Gte => ord != Ordering::Less,
+            Ordered::Lt => ord == Ordering::Less,
+            Ordered::Lte => ord != Ordering::Greater,
+        }
+    }
+}
+
 const OPS: &str = "eq, ne, gt, gte, lt, lte, in, exists, missing, contains, prefix";
 
 impl Condition {
@@ -188,9 +200,28 @@ impl Condition {
         match &self.test {
             Test::Exists => found.is_some_and(|v| !v.is_null()),
             Test::Missing => found.is_none_or(|v| v.is_null()),
-            _ => found
-                .and_then(|v| v.to_value().ok())
-                .is_some_and(|v| self.test_value(&v)),
+            _ => match found {
+                None => false,
+                // A string (what filters test most) is compared as it is: no value built.
+                Some(v) => match v.as_str() {
+                    Some(s) => self.test_str(&s),
+                    None => v.to_value().is_ok_and(|v| self.test_value(&v)),
+                },
+            },
+        }
+    }
+
+    /// [`Condition::test_value`] for a string value.
+    fn test_str(&self, s: &str) -> bool {
+        let is = |want: &Value| want.as_str() == Some(s);
+        match &self.test {
+            Test::Eq(want) => is(want),
+            Test::Ne(want) => want.is_string() && !is(want),
+            Test::Order(op, want) => want.as_str().is_some_and(|w| op.holds(s.cmp(w))),
+            Test::In(list) => list.iter().any(is),
+            Test::Contains(want) => want.as_str().is_some_and(|sub| s.contains(sub)),
+            Test::Prefix(prefix) => s.starts_with(prefix.as_str()),
+            Test::Exists | Test::Missing => unreachable!("handled in `holds`"),
         }
     }
 
@@ -198,15 +229,7 @@ impl Condition {
         match &self.test {
             Test::Eq(want) => json_eq(v, want),
             Test::Ne(want) => same_kind(v, want) && !json_eq(v, want),
-            Test::Order(op, want) => match compare(v, want) {
-                Some(ord) => match op {
-                    Ordered::Gt => ord == Ordering::Greater,
-                    Ordered::Gte => ord != Ordering::Less,
-                    Ordered::Lt => ord == Ordering::Less,
-                    Ordered::Lte => ord != Ordering::Greater,
-                },
-                None => false,
-            },
+            Test::Order(op, want) => compare(v, want).is_some_and(|ord| op.holds(ord)),
             Test::In(list) => list.iter().any(|want| json_eq(v, want)),
             Test::Contains(want) => match (v, want) {
                 (Value::String(s), Value::String(sub)) => s.contains(sub.as_str()),
@@ -356,6 +379,51 @@ mod tests {
             c["value"] = v;
         }
         filter(json!({"all": [c]}))
+    }
+
+    #[test]
+    fn strings_are_tested_as_their_values_would_be() {
+        let strings = ["", "a", "pai", "paid", "paid ", "Paid", "café", "z", "1"];
+        let wanted = [
+            json!("paid"),
+            json!("a"),
+            json!(""),
+            json!(1),
+            json!(["paid", 2, "z"]),
+            json!(null),
+            json!("pai"),
+        ];
+        let mut compared = 0;
+        for op in [
+            "eq", "ne", "gt", "gte", "lt", "lte", "in", "contains", "prefix",
+        ] {
+            for want in &wanted {
+                let raw = RawCondition {
+                    field: "s".into(),
+                    op: op.into(),
+                    value: Some(want.clone()),
+                };
+                // Some ops refuse some values (`in` needs a list).
+                let Ok(c) = Condition::parse(raw, "test") else {
+                    continue;
+                };
+                for s in strings {
+                    let as_value = c.test_value(&Value::String(s.into()));
+                    assert_eq!(c.test_str(s), as_value, "{op} {want} on {s:?}");
+                    compared += 1;
+                }
+            }
+        }
+        assert!(compared > 300, "{compared}");
+    }
+
+    #[test]
+    fn an_escaped_string_is_tested_as_its_text() {
+        let mut h = filter(json!({"all": [{"field": "s", "op": "in", "value": ["x", "café"]}]}));
+        let kept = |h: &mut Harness<Filter>, json: &[u8]| !h.run_json(json).unwrap().is_empty();
+        assert!(kept(&mut h, br#"{"s": "caf\u00e9"}"#));
+        assert!(kept(&mut h, br#"{"s": "\u0078"}"#));
+        assert!(!kept(&mut h, br#"{"s": "caf\u00e8"}"#));
     }
 
     #[test]

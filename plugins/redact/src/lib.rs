@@ -56,11 +56,10 @@ fn redact(record: &Record, config: &Config) -> Result<Answer, Error> {
         if let Some(v) = record.get(path).filter(|v| !v.is_null()) {
             // A string is hashed from its text as it is, without building a value.
             let hashed = match v.as_str() {
-                Some(text) => hash_text(&config.salt, &text),
-                None => hash_value(&config.salt, &v.to_value()?),
+                Some(text) => quoted_hash(&config.salt, &text),
+                None => quoted_hash(&config.salt, &v.to_value()?.to_string()),
             };
-            // Hex needs no escaping: the JSON string is the hex in quotes.
-            patch = patch.set_json(path, format!("\"{hashed}\"").as_bytes());
+            patch = patch.set_json(path, &hashed);
         }
     }
     for path in &config.drop {
@@ -124,16 +123,23 @@ pub fn hash_value(salt: &str, value: &Value) -> String {
 
 /// Lowercase hex SHA-256 of `salt` followed by `text`.
 pub fn hash_text(salt: &str, text: &str) -> String {
+    let quoted = quoted_hash(salt, text);
+    String::from_utf8(quoted[1..65].to_vec()).expect("hex digits are ASCII")
+}
+
+/// [`hash_text`] as a JSON string (the hex in quotes: it needs no escaping), built
+/// without allocating: what a patch sets.
+fn quoted_hash(salt: &str, text: &str) -> [u8; 66] {
     let mut hasher = Sha256::new();
     hasher.update(salt.as_bytes());
     hasher.update(text.as_bytes());
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let hex: Vec<u8> = hasher
-        .finalize()
-        .iter()
-        .flat_map(|b| [HEX[(b >> 4) as usize], HEX[(b & 0xf) as usize]])
-        .collect();
-    String::from_utf8(hex).expect("hex digits are ASCII")
+    let mut out = [b'"'; 66];
+    for (i, b) in hasher.finalize().iter().enumerate() {
+        out[1 + 2 * i] = HEX[(b >> 4) as usize];
+        out[2 + 2 * i] = HEX[(b & 0xf) as usize];
+    }
+    out
 }
 
 /// `"***"` + the last 4 characters of `text`, or `"***"` alone for short text.

@@ -39,7 +39,7 @@
 
 use std::collections::HashMap;
 
-use floe_sdk::json::{Json, Key, Kind, ObjectWriter};
+use floe_sdk::json::{Json, Kind, ObjectWriter};
 use floe_sdk::path::FieldPath;
 use floe_sdk::{Answer, Emit, Error, Map, Patch, Record, Value, error, map};
 use serde::Deserialize;
@@ -221,13 +221,21 @@ impl Config {
     /// object to see what is there, one over what it found to write it.
     fn rename_in_place(&self, record: &Record, groups: &[Group]) -> Result<Answer, Error> {
         let root = record.value();
-        let mut found = vec![Found::default(); self.renames.len()];
-        let mut members: Vec<Vec<(Key<'_>, Json<'_>)>> = Vec::with_capacity(groups.len());
+        // On the stack for the usual few renames (allocating costs a WebAssembly guest).
+        let mut few = [Found::default(); 8];
+        let mut many = Vec::new();
+        let found: &mut [Found] = match few.get_mut(..self.renames.len()) {
+            Some(f) => f,
+            None => {
+                many.resize(self.renames.len(), Found::default());
+                &mut many
+            }
+        };
         for group in groups {
-            let fields: Vec<(Key<'_>, Json<'_>)> = object_of(group, root)
-                .map(|o| o.fields().collect())
-                .unwrap_or_default();
-            for (key, value) in &fields {
+            let Some(object) = object_of(group, root) else {
+                continue;
+            };
+            for (key, value) in object.fields() {
                 for &i in &group.moves {
                     let m = &self.renames[i];
                     if key.is(&m.from_key) {
@@ -237,7 +245,6 @@ impl Config {
                     }
                 }
             }
-            members.push(fields);
         }
         if !found.iter().any(|f| f.source) {
             return Ok(Answer::UNCHANGED);
@@ -264,13 +271,14 @@ impl Config {
             let patch = self
                 .renames
                 .iter()
-                .zip(&found)
+                .zip(found.iter())
                 .filter(|(_, f)| f.source)
                 .fold(Patch::new(), |p, (m, _)| p.rename(&m.from, &m.to_key));
             return Ok(patch.into());
         }
+        // A target is in the way and moves too: rewrite the objects concerned (rare).
         let mut text: Option<Vec<u8>> = None;
-        for (group, original) in groups.iter().zip(&members) {
+        for group in groups {
             let moves: Vec<&Move> = group
                 .moves
                 .iter()
@@ -282,22 +290,13 @@ impl Config {
             }
             let new_text = {
                 let current = text.as_deref().unwrap_or(record.json());
-                let rescanned: Vec<(Key<'_>, Json<'_>)>;
-                let fields = match &text {
-                    None => original,
-                    Some(t) => {
-                        rescanned = object_of(group, Json::new(t))
-                            .map(|o| o.fields().collect())
-                            .unwrap_or_default();
-                        &rescanned
-                    }
-                };
                 let mut out = ObjectWriter::with_capacity(current.len() + 16);
-                for (key, value) in fields {
+                let fields = object_of(group, Json::new(current)).map(|o| o.fields());
+                for (key, value) in fields.into_iter().flatten() {
                     if let Some(m) = moves.iter().find(|m| key.is(&m.from_key)) {
-                        out.raw(&m.to_key, *value);
+                        out.raw(&m.to_key, value);
                     } else if !moves.iter().any(|m| key.is(&m.to_key)) {
-                        out.raw_member(*key, *value);
+                        out.raw_member(key, value);
                     }
                 }
                 let rewritten = out.finish();
@@ -405,6 +404,19 @@ mod tests {
         let out = h.run_one(json!({"a": 1, "old": {"x": [1]}, "b": 2}));
         assert_eq!(out, json!({"a": 1, "new": {"x": [1]}, "b": 2}));
         assert_eq!(keys(&out), ["a", "new", "b"]);
+    }
+
+    #[test]
+    fn more_renames_than_fit_on_the_stack() {
+        let fields: Map<String, Value> = (0..12)
+            .map(|i| (format!("f{i}"), json!(format!("g{i}"))))
+            .collect();
+        let mut h = rename(json!({ "fields": fields }));
+        let record: Map<String, Value> = (0..12).map(|i| (format!("f{i}"), json!(i))).collect();
+        let out = h.run_one(Value::Object(record));
+        let want: Vec<String> = (0..12).map(|i| format!("g{i}")).collect();
+        assert_eq!(keys(&out), want);
+        assert_eq!(out["g11"], 11);
     }
 
     #[test]
