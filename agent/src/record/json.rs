@@ -150,10 +150,21 @@ impl Tapes {
         Tapes::default()
     }
 
-    /// Forgets every record parsed so far (keeps the memory).
+    /// Forgets every record parsed so far. The memory is kept for the next batch,
+    /// unless a batch of unusually large records made it grow past
+    /// [`Tapes::KEEP_TOKENS`] tokens: a spike is not held for the agent's life.
     pub fn clear(&mut self) {
         self.toks.clear();
+        if self.toks.capacity() > Tapes::KEEP_TOKENS {
+            self.toks = Vec::new();
+        }
+        if self.scratch.toks.capacity() > Tapes::KEEP_TOKENS {
+            self.scratch = Tape::new();
+        }
     }
+
+    /// Tokens whose memory is kept from batch to batch (12 bytes each: 12 MiB).
+    pub const KEEP_TOKENS: usize = 1 << 20;
 
     /// Parses `bytes` (one JSON object) and appends its tape.
     pub fn parse<'a>(&mut self, bytes: &'a [u8]) -> Result<Parsed<'a>, JsonError> {

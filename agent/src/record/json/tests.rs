@@ -459,6 +459,14 @@ fn records_parsed_into_shared_tapes_read_as_if_parsed_alone() {
     tapes.clear();
     let again = tapes.parse(br#"{"n": 1}"#).unwrap();
     assert_eq!(tapes.view(again).to_object(), parse(r#"{"n": 1}"#).unwrap());
+    // A spike of tokens is not kept after the batch.
+    let big = format!("{{\"a\": [{}0]}}", "0,".repeat(Tapes::KEEP_TOKENS));
+    let p = tapes.parse(big.as_bytes()).unwrap();
+    assert!(tapes.view(p).root().get("a").is_some());
+    assert!(tapes.toks.capacity() > Tapes::KEEP_TOKENS);
+    tapes.clear();
+    assert!(tapes.toks.capacity() <= Tapes::KEEP_TOKENS);
+    assert!(tapes.scratch.toks.capacity() <= Tapes::KEEP_TOKENS);
 }
 
 #[test]
