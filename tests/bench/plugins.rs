@@ -138,18 +138,18 @@ fn main() -> Result<()> {
     let remove = [PatchRef::Remove { path: &["tags"] }];
     let t = Instant::now();
     for v in &values {
-        std::hint::black_box(v.apply_borrowed(&set)?);
+        std::hint::black_box(v.view().apply_borrowed(&set)?);
     }
     let set_ns = t.elapsed().as_nanos() as f64 / values.len() as f64;
     let t = Instant::now();
     for v in &values {
-        std::hint::black_box(v.apply_borrowed(&remove)?);
+        std::hint::black_box(v.view().apply_borrowed(&remove)?);
     }
     let remove_ns = t.elapsed().as_nanos() as f64 / values.len() as f64;
     let both = [set[0], remove[0]];
     let t = Instant::now();
     for v in &values {
-        std::hint::black_box(v.apply_borrowed(&both)?);
+        std::hint::black_box(v.view().apply_borrowed(&both)?);
     }
     let both_ns = t.elapsed().as_nanos() as f64 / values.len() as f64;
     let renames = [
@@ -164,7 +164,7 @@ fn main() -> Result<()> {
     ];
     let t = Instant::now();
     for v in &values {
-        std::hint::black_box(v.apply_borrowed(&renames)?);
+        std::hint::black_box(v.view().apply_borrowed(&renames)?);
     }
     let renames_ns = t.elapsed().as_nanos() as f64 / values.len() as f64;
     println!(

@@ -244,12 +244,6 @@ impl JsonObject {
         patch::apply(self.view(), &PatchOp::borrowed(ops, &paths))
     }
 
-    /// [`JsonObject::apply`] with borrowed ops: what the agent uses to apply a plugin's
-    /// answer without copying its names and values.
-    pub fn apply_borrowed(&self, ops: &[PatchRef<'_>]) -> Result<JsonObject, JsonError> {
-        patch::apply(self.view(), ops)
-    }
-
     /// The object as a `serde_json` value (tests, tools; not on the hot path).
     pub fn to_serde(&self) -> serde_json::Value {
         Value::Object(self.view().root()).to_serde()
@@ -387,8 +381,9 @@ impl<'a> JsonView<'a> {
         self.text.as_bytes()
     }
 
-    /// The same object with `ops` applied, as a new object (see
-    /// [`JsonObject::apply_borrowed`]).
+    /// The same object with `ops` applied, as a new object: [`JsonObject::apply`] with
+    /// borrowed ops, what the agent uses to apply a plugin's answer without copying its
+    /// names and values, to a record parsed into shared tapes or owned alike.
     pub fn apply_borrowed(&self, ops: &[PatchRef<'_>]) -> Result<JsonObject, JsonError> {
         patch::apply(*self, ops)
     }

@@ -3,7 +3,7 @@
 //! Each stage gets the records the previous one produced, in calls of at most
 //! `limits.batch` records and `limits.batch_bytes` bytes (one buffer in, one buffer
 //! out per call). Answers are applied to the agent's own parsed objects: an unchanged
-//! record goes on as it is, a patch is applied with [`JsonObject::apply`] (a `null`
+//! record goes on as it is, a patch is applied with [`JsonView::apply_borrowed`] (a `null`
 //! parent on a `set` path becomes an object, as the SDK documents), new objects are
 //! parsed once. A call that faults is split and retried on a fresh instance until
 //! the record behind the fault is alone; that record becomes a [`RecordError`] with
