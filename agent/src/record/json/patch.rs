@@ -1,6 +1,8 @@
 //! Applying a patch (set / remove / rename fields) to a parsed object, copying everything else
 //! as written.
 
+use std::cell::RefCell;
+
 use smallvec::SmallVec;
 
 use super::{JsonError, JsonObject, JsonView, JsonWriter, MAX_DEPTH, Obj, PatchRef, Tok, Value};
@@ -10,6 +12,11 @@ use super::{JsonError, JsonObject, JsonView, JsonWriter, MAX_DEPTH, Obj, PatchRe
 /// Ops whose paths are disjoint (none equal to or a prefix of another) do not see each
 /// other, so they are applied in one pass over the object; others one after the other.
 pub(super) fn apply(view: JsonView<'_>, ops: &[PatchRef<'_>]) -> Result<JsonObject, JsonError> {
+    thread_local! {
+        /// Tokens of the values a patch sets, reused from patch to patch (this runs for
+        /// every patched record).
+        static VALUE_TOKENS: RefCell<Vec<Tok>> = const { RefCell::new(Vec::new()) };
+    }
     for op in ops {
         let path = op.path();
         if path.is_empty() || path.len() > MAX_DEPTH {
@@ -19,36 +26,73 @@ pub(super) fn apply(view: JsonView<'_>, ops: &[PatchRef<'_>]) -> Result<JsonObje
             )));
         }
     }
-    let values = ops
-        .iter()
-        .map(|op| match op {
-            PatchRef::Set { value, .. } => ParsedValue::parse(value).map(Some),
-            PatchRef::Remove { .. } | PatchRef::Rename { .. } => Ok(None),
-        })
-        .collect::<Result<SmallVec<[Option<ParsedValue>; INLINE_OPS]>, JsonError>>()?;
+    let mut tokens = VALUE_TOKENS.with_borrow_mut(std::mem::take);
+    tokens.clear();
+    let applied = apply_with(view, ops, &mut tokens);
+    if tokens.capacity() <= KEEP_VALUE_TOKENS {
+        VALUE_TOKENS.set(tokens);
+    }
+    applied
+}
+
+/// Value tokens kept between patches at most (a patch setting a huge value does not
+/// leave its tokens behind).
+const KEEP_VALUE_TOKENS: usize = 4096;
+
+/// [`apply`], the values set tokenized into `tokens`.
+fn apply_with(
+    view: JsonView<'_>,
+    ops: &[PatchRef<'_>],
+    tokens: &mut Vec<Tok>,
+) -> Result<JsonObject, JsonError> {
+    // Room for the object as it is and what the ops add to it: written without growing.
+    let mut extra_bytes = 16;
+    let mut starts: SmallVec<[Option<(&str, usize)>; INLINE_OPS]> = SmallVec::new();
+    for op in ops {
+        starts.push(match op {
+            PatchRef::Set { value, .. } => {
+                extra_bytes += value.len();
+                Some(parse_value(value, tokens)?)
+            }
+            PatchRef::Rename { to, .. } => {
+                extra_bytes += to.len() + 2;
+                None
+            }
+            PatchRef::Remove { .. } => None,
+        });
+    }
+    let values = &*tokens;
     let edits: SmallVec<[Edit<'_, '_>; INLINE_OPS]> = ops
         .iter()
-        .zip(&values)
-        .map(|(op, v)| {
-            let action = match (op, v) {
+        .zip(&starts)
+        .map(|(op, start)| {
+            let action = match (op, start) {
                 (PatchRef::Rename { to, .. }, _) => Action::Rename(to),
-                (_, Some(v)) => Action::Set(v.value()),
+                (_, Some((text, at))) => Action::Set(JsonView { text, tape: values }.value_at(*at)),
                 (_, None) => Action::Remove,
             };
             (op.path(), action)
         })
         .collect();
+    let room = |base: JsonView<'_>| {
+        JsonWriter::with_room(
+            base.text.len() + extra_bytes,
+            base.tape.len() + values.len() + 4,
+        )
+    };
     if edits.len() <= ONE_PASS_MAX && disjoint(ops) {
-        let mut w = JsonWriter::with_capacity(view.text.len() + 16);
+        let mut w = room(view);
         write_edits(&mut w, view.root(), &edits)?;
         return Ok(w.finish());
     }
     let mut current: Option<JsonObject> = None;
     for edit in &edits {
         let base = current.as_ref().map_or(view, JsonObject::view);
-        let mut w = JsonWriter::with_capacity(base.text.len() + 16);
+        let mut w = room(base);
         write_edits(&mut w, base.root(), std::slice::from_ref(edit))?;
-        current = Some(w.finish());
+        if let Some(before) = current.replace(w.finish()) {
+            before.recycle();
+        }
     }
     Ok(current.unwrap_or_else(|| view.to_object()))
 }
@@ -59,33 +103,19 @@ pub(crate) const INLINE_OPS: usize = 8;
 /// The most edits applied in one pass (what edits are done is one bit each).
 const ONE_PASS_MAX: usize = 64;
 
-/// One JSON value (any kind) parsed on its own, borrowing its text.
-struct ParsedValue<'t> {
-    text: &'t str,
-    tape: Vec<Tok>,
-}
-
-impl<'t> ParsedValue<'t> {
-    fn parse(bytes: &'t [u8]) -> Result<ParsedValue<'t>, JsonError> {
-        let text = std::str::from_utf8(bytes)
-            .map_err(|e| super::syntax("invalid UTF-8", e.valid_up_to()))?;
-        let mut tape = Vec::new();
-        let start = super::skip_ws(bytes, 0);
-        let end = super::tokenize_any(bytes, start, &mut tape, &mut Vec::new())?;
-        if super::skip_ws(bytes, end) != bytes.len() {
-            return Err(super::syntax("trailing characters", end));
-        }
-        // Token positions are relative to the text as given (leading spaces included).
-        Ok(ParsedValue { text, tape })
+/// Tokenizes one JSON value (any kind) given on its own, appending its tokens to
+/// `tokens`: its text and the index of its first token there. Token positions are
+/// relative to the text as given (leading spaces included).
+fn parse_value<'t>(bytes: &'t [u8], tokens: &mut Vec<Tok>) -> Result<(&'t str, usize), JsonError> {
+    let text =
+        std::str::from_utf8(bytes).map_err(|e| super::syntax("invalid UTF-8", e.valid_up_to()))?;
+    let at = tokens.len();
+    let start = super::skip_ws(bytes, 0);
+    let end = super::tokenize_any(bytes, start, tokens, &mut Vec::new())?;
+    if super::skip_ws(bytes, end) != bytes.len() {
+        return Err(super::syntax("trailing characters", end));
     }
-
-    fn value(&self) -> Value<'_> {
-        JsonView {
-            text: self.text,
-            tape: &self.tape,
-        }
-        .value_at(0)
-    }
+    Ok((text, at))
 }
 
 /// Whether no path that an op of `ops` touches equals or is a prefix of one that

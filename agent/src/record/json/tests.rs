@@ -386,6 +386,9 @@ proptest! {
             (Ok(a), Ok(b)) => {
                 prop_assert_eq!(a.as_bytes(), b.as_bytes());
                 prop_assert_eq!(&a, &JsonObject::parse(a.as_bytes().to_vec()).unwrap());
+                // The next cases write into these buffers, as a plugin chain does.
+                a.recycle();
+                b.recycle();
             }
             (Err(_), Err(_)) => {}
             (a, b) => prop_assert!(false, "one pass {:?}, one at a time {:?}", a.map(|o| o.to_serde()), b.map(|o| o.to_serde())),
@@ -507,4 +510,48 @@ fn patches_copy_untouched_fields_as_written_with_a_valid_tape() {
         );
         assert_eq!(patched.to_serde(), compact.apply(ops).unwrap().to_serde());
     }
+}
+
+#[test]
+fn recycled_buffers_are_written_again_from_scratch() {
+    // A long object, then a patch of a short one into its buffers: nothing of the long
+    // one's text or tape may show through.
+    let long = parse(&format!(
+        r#"{{"pad": "{}", "n": [1, {{"x": 2}}]}}"#,
+        "y".repeat(300)
+    ))
+    .unwrap();
+    let text_at = long.text.as_ptr();
+    long.recycle();
+    let short = parse(r#"{"a": 1, "tags": ["x"], "b": "c"}"#).unwrap();
+    let patched = short
+        .view()
+        .apply_borrowed(&[
+            PatchRef::Remove { path: &["tags"] },
+            PatchRef::Set {
+                path: &["z"],
+                value: br#" {"q": [true]} "#,
+            },
+        ])
+        .unwrap();
+    assert_eq!(
+        patched.text.as_ptr(),
+        text_at,
+        "the recycled text buffer is reused"
+    );
+    // Untouched fields and the value set are copied as written (spaces and all).
+    assert_eq!(
+        patched.as_bytes(),
+        br#"{"a": 1,"b": "c","z":{"q": [true]}}"#
+    );
+    assert_eq!(
+        patched,
+        JsonObject::parse(patched.as_bytes().to_vec()).unwrap()
+    );
+
+    // A large object's buffers are freed, not kept for the thread's life.
+    let huge = parse(&format!(r#"{{"pad": "{}"}}"#, "y".repeat(1 << 20))).unwrap();
+    huge.recycle();
+    let next = JsonWriter::with_capacity(16);
+    assert!(next.into_text().capacity() < 1 << 20);
 }

@@ -1,8 +1,41 @@
 //! Building a [`JsonObject`] (text and tape together) without parsing.
 
+use std::cell::RefCell;
 use std::ops::Range;
 
+use smallvec::SmallVec;
+
 use super::{Arr, JsonObject, JsonView, Kind, Obj, Tok, Value};
+
+thread_local! {
+    /// Buffers of objects handed back with [`JsonObject::recycle`], taken by the next
+    /// writer on the same thread. A plugin chain writes a new object for every patched
+    /// record and drops the one before: reusing the buffers saves an allocation and a
+    /// free of the text and of the tape for each.
+    static SPARE: RefCell<Vec<(Vec<u8>, Vec<Tok>)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The most spare buffers a thread keeps (a few parts of a batch of records).
+const SPARE_MAX: usize = 1024;
+
+/// Buffers larger than this are freed, not kept (a huge record is not held on to).
+const SPARE_BYTES_MAX: usize = 16 << 10;
+
+impl JsonObject {
+    /// Drops the object, keeping its buffers for the next [`JsonWriter`] on this thread
+    /// (up to a bound: large buffers, and any past the first thousand, are freed).
+    pub fn recycle(self) {
+        let (text, tape) = (self.text.into_bytes(), self.tape);
+        if text.capacity() > SPARE_BYTES_MAX || tape.capacity() > SPARE_BYTES_MAX / 4 {
+            return;
+        }
+        SPARE.with_borrow_mut(|spare| {
+            if spare.len() < SPARE_MAX {
+                spare.push((text, tape));
+            }
+        });
+    }
+}
 
 /// Writes one JSON object, producing its text and tape at once. Used by decoders of
 /// other formats (Avro, Protobuf) and by patches. The caller writes a well-formed
@@ -11,8 +44,9 @@ use super::{Arr, JsonObject, JsonView, Kind, Obj, Tok, Value};
 pub struct JsonWriter {
     bytes: Vec<u8>,
     tape: Vec<Tok>,
-    /// Open containers: tape index and whether a member was written.
-    stack: Vec<(usize, bool)>,
+    /// Open containers: tape index and whether a member was written (on the stack for
+    /// the usual few levels).
+    stack: SmallVec<[(usize, bool); 8]>,
     /// A key was written; its value comes next without a comma.
     after_key: bool,
 }
@@ -23,11 +57,22 @@ impl JsonWriter {
         JsonWriter::default()
     }
 
-    /// An empty writer with room for `bytes` bytes of text.
+    /// An empty writer with room for `bytes` bytes of text (in buffers of a recycled
+    /// object when this thread has one).
     pub fn with_capacity(bytes: usize) -> JsonWriter {
+        Self::with_room(bytes, bytes / 8)
+    }
+
+    /// An empty writer with room for `bytes` bytes of text and `tokens` tokens.
+    pub(super) fn with_room(bytes: usize, tokens: usize) -> JsonWriter {
+        let (mut text, mut tape) = SPARE.with_borrow_mut(Vec::pop).unwrap_or_default();
+        text.clear();
+        text.reserve(bytes);
+        tape.clear();
+        tape.reserve(tokens);
         JsonWriter {
-            bytes: Vec::with_capacity(bytes),
-            tape: Vec::with_capacity(bytes / 8),
+            bytes: text,
+            tape,
             ..JsonWriter::default()
         }
     }
