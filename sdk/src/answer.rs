@@ -57,6 +57,15 @@ impl From<Vec<Emit>> for Answer {
     }
 }
 
+std::thread_local! {
+    /// The op buffer of the last patch answered, for the next [`Patch`].
+    static SPARE_OPS: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// The largest op buffer kept for the next patch (a patch setting a big value does
+/// not leave it behind).
+const SPARE_OPS_MAX: usize = 4096;
+
 /// Field changes to a record, applied by the agent in order:
 ///
 /// - [`set`](Patch::set) writes a value at a path: a replaced value keeps its position,
@@ -91,11 +100,25 @@ impl Patch {
 
     /// The op buffer, with room for a few ops from the first one on (growing from
     /// empty cost several reallocations per patch; an unused patch allocates nothing).
+    /// It is the buffer of the patch answered before when there is one: a plugin
+    /// builds a patch per record, and an allocation inside WebAssembly is costly.
     fn ops(&mut self) -> &mut Vec<u8> {
         if self.ops.capacity() == 0 {
-            self.ops.reserve(64);
+            self.ops = SPARE_OPS.take();
+            if self.ops.capacity() == 0 {
+                self.ops.reserve(64);
+            }
         }
         &mut self.ops
+    }
+
+    /// Keeps the op buffer for the next patch (a small one only).
+    fn recycle(self) {
+        let mut ops = self.ops;
+        if ops.capacity() > 0 && ops.capacity() <= SPARE_OPS_MAX {
+            ops.clear();
+            SPARE_OPS.set(ops);
+        }
     }
 
     /// Sets the value at `path` to `value` serialized as JSON. A value serde cannot
@@ -236,7 +259,10 @@ pub(crate) fn write_answer(out: &mut wire::AnswerWriter, answer: Result<Answer, 
     match answer {
         Ok(Answer::Unchanged { route }) => out.unchanged(route.as_deref()),
         Ok(Answer::Dropped) => out.dropped(),
-        Ok(Answer::Patch(p)) => p.write(out),
+        Ok(Answer::Patch(p)) => {
+            p.write(out);
+            p.recycle();
+        }
         Ok(Answer::Emit(emits)) => match emits.iter().find_map(|e| e.error.as_deref()) {
             Some(e) => out.error(e),
             None => out.emit(
@@ -342,5 +368,66 @@ impl<T: Into<Emit>> IntoEmits for Option<T> {
 impl<T: IntoEmits, E: Into<Error>> IntoEmits for Result<T, E> {
     fn into_emits(self) -> Result<Vec<Emit>, Error> {
         self.map_err(Into::into)?.into_emits()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The ops of each patch answered, as (op, path, value or new name) text.
+    fn ops_of(buf: &[u8]) -> Vec<Vec<String>> {
+        let text = |b: &[u8]| String::from_utf8(b.to_vec()).unwrap();
+        let mut reader = wire::AnswerReader::new(buf).unwrap();
+        let mut patches = Vec::new();
+        while let Some(answer) = reader.next_answer() {
+            let wire::Answer::Patch { ops, .. } = answer.unwrap() else {
+                panic!("a patch")
+            };
+            patches.push(
+                ops.map(|op| match op {
+                    wire::Op::Set { path, value } => {
+                        format!(
+                            "set {} {}",
+                            text(&path.collect::<Vec<_>>().join(&b'.')),
+                            text(value)
+                        )
+                    }
+                    wire::Op::Remove { path } => {
+                        format!("remove {}", text(&path.collect::<Vec<_>>().join(&b'.')))
+                    }
+                    wire::Op::Rename { path, to } => format!(
+                        "rename {} {}",
+                        text(&path.collect::<Vec<_>>().join(&b'.')),
+                        text(to)
+                    ),
+                })
+                .collect(),
+            );
+        }
+        patches
+    }
+
+    #[test]
+    fn a_patch_is_written_in_the_buffer_of_the_patch_answered_before() {
+        let first = Patch::new().set("a.b", 1).remove("gone");
+        let buffer = first.ops.as_ptr();
+        let mut out = wire::AnswerWriter::new(3, 0);
+        write_answer(&mut out, Ok(Answer::Patch(first)));
+        let second = Patch::new().rename("c", "d");
+        assert_eq!(second.ops.as_ptr(), buffer, "the buffer is reused");
+        write_answer(&mut out, Ok(Answer::Patch(second)));
+        // A patch too big to keep the buffer of leaves none behind.
+        let big = Patch::new().set_json("x", &vec![b'1'; SPARE_OPS_MAX]);
+        write_answer(&mut out, Ok(Answer::Patch(big)));
+        assert_eq!(Patch::new().remove("y").ops.capacity(), 64);
+        assert_eq!(
+            ops_of(&out.finish()),
+            [
+                vec!["set a.b 1".to_string(), "remove gone".to_string()],
+                vec!["rename c d".to_string()],
+                vec![format!("set x {}", "1".repeat(SPARE_OPS_MAX))],
+            ]
+        );
     }
 }
