@@ -549,9 +549,16 @@ fn recycled_buffers_are_written_again_from_scratch() {
         JsonObject::parse(patched.as_bytes().to_vec()).unwrap()
     );
 
-    // A large object's buffers are freed, not kept for the thread's life.
-    let huge = parse(&format!(r#"{{"pad": "{}"}}"#, "y".repeat(1 << 20))).unwrap();
+    // A thread keeps at most 2 MiB of spare buffers: a large object's are freed.
+    let huge = parse(&format!(r#"{{"pad": "{}"}}"#, "y".repeat(3 << 20))).unwrap();
     huge.recycle();
     let next = JsonWriter::with_capacity(16);
     assert!(next.into_text().capacity() < 1 << 20);
+    for _ in 0..30 {
+        parse(&format!(r#"{{"pad": "{}"}}"#, "y".repeat(100 << 10)))
+            .unwrap()
+            .recycle();
+    }
+    let kept = writer::spare_bytes();
+    assert!(kept > 1 << 20 && kept <= 2 << 20, "{kept} bytes kept");
 }

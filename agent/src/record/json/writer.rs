@@ -12,26 +12,48 @@ thread_local! {
     /// writer on the same thread. A plugin chain writes a new object for every patched
     /// record and drops the one before: reusing the buffers saves an allocation and a
     /// free of the text and of the tape for each.
-    static SPARE: RefCell<Vec<(Vec<u8>, Vec<Tok>)>> = const { RefCell::new(Vec::new()) };
+    static SPARE: RefCell<Spare> = const {
+        RefCell::new(Spare {
+            buffers: Vec::new(),
+            bytes: 0,
+        })
+    };
+}
+
+/// Spare buffers of one thread and the bytes they hold.
+struct Spare {
+    buffers: Vec<(Vec<u8>, Vec<Tok>)>,
+    bytes: usize,
 }
 
 /// The most spare buffers a thread keeps (a few parts of a batch of records).
 const SPARE_MAX: usize = 1024;
 
-/// Buffers larger than this are freed, not kept (a huge record is not held on to).
-const SPARE_BYTES_MAX: usize = 16 << 10;
+/// The most bytes of spare buffers a thread keeps: what a thread holds between batches
+/// stays small whatever the records' size.
+const SPARE_TOTAL_BYTES_MAX: usize = 2 << 20;
+
+/// Bytes held by a text and a tape.
+fn held(text: &Vec<u8>, tape: &Vec<Tok>) -> usize {
+    text.capacity() + tape.capacity() * std::mem::size_of::<Tok>()
+}
+
+/// Bytes of spare buffers this thread holds.
+#[cfg(test)]
+pub(super) fn spare_bytes() -> usize {
+    SPARE.with_borrow(|spare| spare.bytes)
+}
 
 impl JsonObject {
     /// Drops the object, keeping its buffers for the next [`JsonWriter`] on this thread
-    /// (up to a bound: large buffers, and any past the first thousand, are freed).
+    /// (up to a bound: past a thousand buffers or 2 MiB, they are freed).
     pub fn recycle(self) {
         let (text, tape) = (self.text.into_bytes(), self.tape);
-        if text.capacity() > SPARE_BYTES_MAX || tape.capacity() > SPARE_BYTES_MAX / 4 {
-            return;
-        }
+        let bytes = held(&text, &tape);
         SPARE.with_borrow_mut(|spare| {
-            if spare.len() < SPARE_MAX {
-                spare.push((text, tape));
+            if spare.buffers.len() < SPARE_MAX && spare.bytes + bytes <= SPARE_TOTAL_BYTES_MAX {
+                spare.bytes += bytes;
+                spare.buffers.push((text, tape));
             }
         });
     }
@@ -65,7 +87,13 @@ impl JsonWriter {
 
     /// An empty writer with room for `bytes` bytes of text and `tokens` tokens.
     pub(super) fn with_room(bytes: usize, tokens: usize) -> JsonWriter {
-        let (mut text, mut tape) = SPARE.with_borrow_mut(Vec::pop).unwrap_or_default();
+        let (mut text, mut tape) = SPARE
+            .with_borrow_mut(|spare| {
+                let (text, tape) = spare.buffers.pop()?;
+                spare.bytes -= held(&text, &tape);
+                Some((text, tape))
+            })
+            .unwrap_or_default();
         text.clear();
         text.reserve(bytes);
         tape.clear();
