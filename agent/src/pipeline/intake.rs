@@ -474,7 +474,6 @@ impl Intake {
         } else {
             self.transform(&messages, &decoded, &tapes)
         };
-        drop(decoded);
         self.state.tapes = tapes;
         result
     }

@@ -569,7 +569,7 @@ impl Stage {
                             })
                         }
                         Out::New(values) => {
-                            let route = item.route.clone();
+                            let route = item.route.take();
                             item.recycle();
                             next.extend(values.into_iter().map(|(v, r)| Item {
                                 origin: item.origin,

@@ -107,8 +107,7 @@ const ONE_PASS_MAX: usize = 64;
 /// `tokens`: its text and the index of its first token there. Token positions are
 /// relative to the text as given (leading spaces included).
 fn parse_value<'t>(bytes: &'t [u8], tokens: &mut Vec<Tok>) -> Result<(&'t str, usize), JsonError> {
-    let text =
-        std::str::from_utf8(bytes).map_err(|e| super::syntax("invalid UTF-8", e.valid_up_to()))?;
+    let text = super::utf8(bytes)?;
     let at = tokens.len();
     let start = super::skip_ws(bytes, 0);
     let end = super::tokenize_any(bytes, start, tokens, &mut Vec::new())?;
