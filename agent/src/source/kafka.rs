@@ -41,14 +41,44 @@ const SHORT_STALL: Duration = Duration::from_millis(500);
 /// Events queued by the rebalance callback and the poll loop, delivered in order.
 type Pending = Arc<Mutex<VecDeque<SourceEvent>>>;
 
+/// Partitions just positioned at a stored offset: the first record read of each tells
+/// whether retention removed records in between.
+///
+/// Read for every message, written only on assignments and seeks: `any` lets a message
+/// skip the lock and the lookup while nothing waits for a check (almost always).
+#[derive(Default)]
+struct Positioned {
+    map: Mutex<PartitionMap<i64>>,
+    any: AtomicBool,
+}
+
+impl Positioned {
+    fn insert(&self, tp: TopicPartition, offset: i64) {
+        let mut map = self.map.lock().expect("positioned");
+        map.insert(tp, offset);
+        self.any.store(true, Ordering::Release);
+    }
+
+    /// The position a partition was given, if its first record has not been seen yet.
+    fn take(&self, topic: &Arc<str>, partition: i32) -> Option<i64> {
+        if !self.any.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut map = self.map.lock().expect("positioned");
+        let position = map.remove(&(topic.clone(), partition));
+        if map.is_empty() {
+            self.any.store(false, Ordering::Release);
+        }
+        position
+    }
+}
+
 struct Context {
     pipeline: String,
     start: StartPosition,
     lookup: Arc<dyn PositionLookup>,
     pending: Pending,
-    /// Partitions just positioned at a stored offset: the first record read tells
-    /// whether retention removed records in between.
-    positioned: Arc<Mutex<PartitionMap<i64>>>,
+    positioned: Arc<Positioned>,
 }
 
 impl ClientContext for Context {
@@ -123,7 +153,6 @@ impl ConsumerContext for Context {
                         }
                     }
                 }
-                let mut positioned = self.positioned.lock().expect("positioned");
                 for a in &assigned {
                     let (topic, partition) = &a.tp;
                     if let Err(e) =
@@ -132,10 +161,9 @@ impl ConsumerContext for Context {
                         tracing::error!(pipeline = %self.pipeline, %topic, partition, error = %e, "cannot set start offset");
                     }
                     if let Some(o) = a.position {
-                        positioned.insert(a.tp.clone(), o);
+                        self.positioned.insert(a.tp.clone(), o);
                     }
                 }
-                drop(positioned);
                 let result = if cooperative {
                     consumer.incremental_assign(tpl)
                 } else {
@@ -198,7 +226,7 @@ impl KafkaSource {
     ) -> Result<KafkaSource, SourceError> {
         let (tx, rx) = crossbeam_channel::bounded(EVENT_QUEUE);
         let pending: Pending = Arc::default();
-        let positioned: Arc<Mutex<PartitionMap<i64>>> = Arc::default();
+        let positioned: Arc<Positioned> = Arc::default();
         let context = Context {
             pipeline: pipeline.to_string(),
             start: config.start,
@@ -244,6 +272,7 @@ impl KafkaSource {
             epoch: 0,
             topics: Default::default(),
             paused: false,
+            last_batch: 0,
         };
         let thread = std::thread::Builder::new()
             .name(format!("floe-source-{pipeline}"))
@@ -281,6 +310,30 @@ impl Drop for KafkaSource {
     }
 }
 
+/// Topic names shared as `Arc<str>`, so a message does not allocate its topic.
+#[derive(Default)]
+struct TopicNames {
+    last: Option<Arc<str>>,
+    all: HashMap<String, Arc<str>>,
+}
+
+impl TopicNames {
+    fn get(&mut self, name: &str) -> Arc<str> {
+        if let Some(last) = &self.last
+            && **last == *name
+        {
+            return last.clone();
+        }
+        let shared = self
+            .all
+            .entry(name.to_string())
+            .or_insert_with(|| Arc::from(name))
+            .clone();
+        self.last = Some(shared.clone());
+        shared
+    }
+}
+
 struct Poller {
     pipeline: String,
     consumer: BaseConsumer<Context>,
@@ -289,10 +342,14 @@ struct Poller {
     stop: Arc<AtomicBool>,
     start: StartPosition,
     pending: Pending,
-    positioned: Arc<Mutex<PartitionMap<i64>>>,
+    positioned: Arc<Positioned>,
     epoch: u64,
-    topics: std::cell::RefCell<HashMap<String, Arc<str>>>,
+    /// Topic names as the pipeline shares them; `last` is the one of the previous
+    /// message (consecutive messages almost always share it).
+    topics: std::cell::RefCell<TopicNames>,
     paused: bool,
+    /// Messages in the previous batch.
+    last_batch: usize,
 }
 
 impl Poller {
@@ -399,7 +456,9 @@ impl Poller {
     }
 
     fn poll_batch(&mut self) -> Vec<Message> {
-        let mut batch = Vec::new();
+        // Sized like the previous batch: growing a vector of thousands of messages
+        // step by step copies each of them about twice more.
+        let mut batch = Vec::with_capacity(self.last_batch);
         let mut timeout = Duration::from_millis(100);
         while batch.len() < MAX_EVENT_RECORDS {
             match self.consumer.poll(timeout) {
@@ -420,22 +479,13 @@ impl Poller {
             }
             timeout = Duration::ZERO;
         }
+        self.last_batch = batch.len();
         batch
     }
 
     /// Copies a message out of librdkafka (checking for a retention gap first).
     fn message(&self, m: &rdkafka::message::BorrowedMessage<'_>) -> Message {
-        let cached = self.topics.borrow().get(m.topic()).cloned();
-        let topic = match cached {
-            Some(t) => t,
-            None => {
-                let t: Arc<str> = Arc::from(m.topic());
-                self.topics
-                    .borrow_mut()
-                    .insert(m.topic().to_string(), t.clone());
-                t
-            }
-        };
+        let topic = self.topics.borrow_mut().get(m.topic());
         let message = Message {
             topic,
             partition: m.partition(),
@@ -451,10 +501,10 @@ impl Poller {
     /// The first record after positioning a partition: if it is past the position and
     /// the log now starts past it too, retention removed records we never read.
     fn check_gap(&self, m: &Message) {
-        let tp = m.topic_partition();
-        let Some(expected) = self.positioned.lock().expect("positioned").remove(&tp) else {
+        let Some(expected) = self.positioned.take(&m.topic, m.partition) else {
             return;
         };
+        let tp = m.topic_partition();
         if m.offset <= expected {
             return;
         }
@@ -505,10 +555,7 @@ impl Poller {
                     };
                     let _ = tpl.add_partition_offset(topic, *partition, to);
                     if let Some(o) = offset {
-                        self.positioned
-                            .lock()
-                            .expect("positioned")
-                            .insert((topic.clone(), *partition), *o);
+                        self.positioned.insert((topic.clone(), *partition), *o);
                     }
                 }
                 if tpl.count() == 0 {
@@ -544,5 +591,47 @@ impl Poller {
         tracing::error!(pipeline = %self.pipeline, %reason, "seek failed after a rewind");
         self.queue(SourceEvent::Failed(format!("seek failed: {reason}")));
         self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_positioned_partition_is_checked_once() {
+        let positioned = Positioned::default();
+        let topic: Arc<str> = Arc::from("events");
+        assert_eq!(positioned.take(&topic, 0), None);
+        positioned.insert((topic.clone(), 0), 41);
+        positioned.insert((topic.clone(), 1), 7);
+        assert_eq!(positioned.take(&topic, 2), None);
+        assert_eq!(positioned.take(&topic, 0), Some(41));
+        assert_eq!(
+            positioned.take(&topic, 0),
+            None,
+            "only the first record checks"
+        );
+        // Positioned again (a seek after a rewind): checked again.
+        positioned.insert((topic.clone(), 0), 50);
+        assert_eq!(positioned.take(&topic, 0), Some(50));
+        assert_eq!(positioned.take(&topic, 1), Some(7));
+        assert!(
+            !positioned.any.load(Ordering::Acquire),
+            "nothing left to check"
+        );
+    }
+
+    #[test]
+    fn topic_names_are_shared_and_never_mixed_up() {
+        let mut names = TopicNames::default();
+        let a = names.get("orders");
+        let b = names.get("payments");
+        assert_eq!(&*a, "orders");
+        assert_eq!(&*b, "payments");
+        assert!(Arc::ptr_eq(&names.get("orders"), &a));
+        assert!(Arc::ptr_eq(&names.get("orders"), &a), "the last name again");
+        assert!(Arc::ptr_eq(&names.get("payments"), &b));
+        assert_eq!(names.all.len(), 2);
     }
 }
