@@ -3,7 +3,10 @@
 # the tools, builds the plugins, then runs tests/bench (a local broker, 1M JSON records of
 # about 144 bytes by default) and prints a table; results also go to bench-results.json.
 #   scripts/bench.sh [--records N] [--partitions N] [--out FILE] [--skip-peer]
-#                    [--only-maintenance | --skip-maintenance] [--maintenance-commits N]
+#                    [--rounds N] [--only-maintenance | --skip-maintenance]
+#                    [--maintenance-commits N]
+# --rounds N (default 3) runs the `floe` scenarios (c) and (d) N times in turn; each
+# plugin ratio to (c) is the median of the rounds' own ratios (all of them are printed).
 # --only-maintenance runs scenario (f) alone: 1,000 upsert commits over 10k keys with
 # table maintenance off and on (file count, metadata bytes, commit latency, scan time).
 set -euo pipefail

@@ -11,6 +11,9 @@
 //! (f) a long-lived upsert table (1,000 commits over 10k keys), maintenance off vs on
 //! (`maintenance.rs`; alone with `--only-maintenance`).
 //!
+//! The `floe` scenarios run `--rounds` times in turn (default 3); each plugin ratio to
+//! (c) is the median of the rounds' own ratios, every round's figures are printed.
+//!
 //! Run with `scripts/bench.sh` (builds in release, installs tools, prints a table and
 //! writes JSON).
 
@@ -60,6 +63,11 @@ struct Args {
     /// Skip scenario (f).
     #[arg(long)]
     skip_maintenance: bool,
+    /// Rounds of the `floe run` scenarios: each round runs (c) and every (d) in turn, and
+    /// each plugin ratio is the median of the rounds' own ratios (the machine's speed
+    /// drifts within minutes, so a ratio is taken between runs a few seconds apart).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// `flush_bytes` of the `floe run` scenarios (c) and (d).
     #[arg(long, default_value = "32MiB")]
     flush_bytes: String,
@@ -88,6 +96,8 @@ struct Figures {
     bytes: u64,
     /// For the `floe` runs: seconds from process start to the first record read (not in `seconds`).
     startup_seconds: Option<f64>,
+    /// For the `floe` runs: which round (from 1).
+    round: Option<usize>,
 }
 
 impl Figures {
@@ -222,6 +232,7 @@ fn read_only(
         snapshots: None,
         bytes,
         startup_seconds: None,
+        round: None,
     })
 }
 
@@ -338,6 +349,7 @@ flush_bytes = {flush_bytes}
         snapshots: Some(snapshots),
         bytes,
         startup_seconds: None,
+        round: None,
     })
 }
 
@@ -526,6 +538,7 @@ flush_bytes = "{flush_bytes}"
         snapshots: Some(snapshots),
         bytes,
         startup_seconds,
+        round: None,
     })
 }
 
@@ -649,6 +662,7 @@ flush_bytes = "32MiB"
         snapshots: Some(snapshots),
         bytes,
         startup_seconds: None,
+        round: None,
     })
 }
 
@@ -690,6 +704,7 @@ fn python_peer(broker: &Broker, topic: &str, n: usize, bytes: u64) -> Result<Fig
         snapshots: v["snapshots"].as_i64(),
         bytes,
         startup_seconds: None,
+        round: None,
     })
 }
 
@@ -707,9 +722,13 @@ fn print_table(results: &[Figures]) {
         "snaps"
     );
     for f in results {
+        let label = match f.round {
+            Some(r) => format!("{} (round {r})", f.scenario),
+            None => f.scenario.clone(),
+        };
         println!(
             "{:<52} {:>10.0} {:>9.1} {:>9.2} {:>12.2} {:>13.0} {:>9} {:>6} {:>6} {:>9}",
-            f.scenario,
+            label,
             f.rate(),
             f.mb_per_s(),
             f.seconds,
@@ -720,6 +739,18 @@ fn print_table(results: &[Figures]) {
             f.snapshots.map_or("-".into(), |x| x.to_string()),
             f.startup_seconds.map_or("-".into(), |x| format!("{x:.2}")),
         );
+    }
+}
+
+/// The middle value (the mean of the two middle ones for an even count).
+fn median(values: &[f64]) -> Option<f64> {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
     }
 }
 
@@ -886,10 +917,10 @@ async fn bench(args: Args) -> Result<()> {
     println!("{:?}", results.last().map(|f| (&f.scenario, f.rate())));
     drop(upsert_values);
     drop(values);
-    for (i, run) in RUNS.iter().enumerate() {
-        results.push(
-            floe_run(
-                &format!("p{i}"),
+    for round in 1..=args.rounds.max(1) {
+        for (i, run) in RUNS.iter().enumerate() {
+            let mut figures = floe_run(
+                &format!("r{round}p{i}"),
                 &broker,
                 topic,
                 n,
@@ -897,34 +928,66 @@ async fn bench(args: Args) -> Result<()> {
                 run,
                 &args.flush_bytes,
             )
-            .await?,
-        );
-        println!("{:?}", results.last().map(|f| (&f.scenario, f.rate())));
+            .await?;
+            figures.round = Some(round);
+            println!(
+                "round {round}: {} {:.0} records/s",
+                figures.scenario,
+                figures.rate()
+            );
+            results.push(figures);
+        }
     }
     if !args.skip_peer {
         results.push(python_peer(&broker, topic, n, bytes)?);
     }
     print_table(&results);
 
-    let find = |prefix: &str| {
+    let rate = |prefix: &str, round: Option<usize>| {
         results
             .iter()
-            .find(|f| f.scenario.starts_with(prefix))
-            .cloned()
+            .find(|f| f.scenario.starts_with(prefix) && f.round == round)
+            .map(Figures::rate)
     };
-    let ratio = |a: Option<Figures>, b: Option<Figures>| a.zip(b).map(|(a, b)| a.rate() / b.rate());
-    let c = find("c:");
+    // Each plugin scenario against the (c) run of its own round; the median of those.
+    let rounds: Vec<Option<usize>> = (1..=args.rounds.max(1)).map(Some).collect();
+    let by_round = |prefix: &str| -> Vec<f64> {
+        rounds
+            .iter()
+            .filter_map(|&r| Some(rate(prefix, r)? / rate("c:", r)?))
+            .collect()
+    };
+    let (d1, d3, chain) = (
+        by_round("d: floe, 1 "),
+        by_round("d: floe, 3 "),
+        by_round("d: floe, filter"),
+    );
+    // (c) against the single-run scenarios: (c)'s median rate.
+    let c = median(
+        &rounds
+            .iter()
+            .filter_map(|&r| rate("c:", r))
+            .collect::<Vec<_>>(),
+    );
+    let over = |b: Option<f64>| c.zip(b).map(|(c, b)| c / b);
     let ratios = json!({
-        "c_over_a": ratio(c.clone(), find("a:")),
-        "c_over_b": ratio(c.clone(), find("b:")),
-        "d1_over_c": ratio(find("d: floe, 1 "), c.clone()),
-        "d3_over_c": ratio(find("d: floe, 3 "), c.clone()),
-        "chain_over_c": ratio(find("d: floe, filter"), c.clone()),
-        "c_over_e": ratio(c.clone(), find("e:")),
+        "c_over_a": over(rate("a:", None)),
+        "c_over_b": over(rate("b:", None)),
+        "d1_over_c": median(&d1),
+        "d3_over_c": median(&d3),
+        "chain_over_c": median(&chain),
+        "c_over_e": over(rate("e:", None)),
+    });
+    let ratios_by_round = json!({
+        "d1_over_c": d1,
+        "d3_over_c": d3,
+        "chain_over_c": chain,
     });
     println!(
-        "\nratios (records/s): {}",
-        serde_json::to_string_pretty(&ratios)?
+        "\nratios (records/s; plugin ratios: median of {} rounds): {}\nby round: {}",
+        rounds.len(),
+        serde_json::to_string_pretty(&ratios)?,
+        serde_json::to_string(&ratios_by_round)?
     );
     let commit = Command::new("git")
         .args(["rev-parse", "--short", "HEAD"])
@@ -946,6 +1009,7 @@ async fn bench(args: Args) -> Result<()> {
         "partitions": args.partitions,
         "results": results,
         "ratios": ratios,
+        "ratios_by_round": ratios_by_round,
     });
     std::fs::write(&args.out, serde_json::to_string_pretty(&report)?)?;
     println!("wrote {}", Path::new(&args.out).display());
