@@ -666,6 +666,66 @@ fn redact_in_webassembly_hashes_with_sha_256() -> Result<()> {
     Ok(())
 }
 
+/// With fuel counted, a chain reports the fuel its plugins used: the same batch again
+/// uses exactly as much again (it counts WebAssembly instructions, not time), a plugin
+/// doing more per record uses more, and an engine without fuel reports none.
+#[test]
+fn fuel_used_counts_the_plugins_work() -> Result<()> {
+    let cache = tempfile::tempdir()?;
+    let plugins = PluginsConfig {
+        path: vec![],
+        cache_dir: cache.path().to_path_buf(),
+    };
+    let with_fuel = |plugin: &str, with: &str| -> Result<TransformConfig> {
+        let mut config = chain_config(plugin, plugin, with)?;
+        config.limits.fuel = Some(1_000_000_000);
+        Ok(config)
+    };
+    let pass = with_fuel("passthrough", "")?;
+    let redact = with_fuel("redact", "hash = [\"user\"]")?;
+    let engine = TransformEngine::for_transforms(&plugins, 2, [&pass, &redact])?;
+    let values: Vec<JsonObject> = (0..50)
+        .map(|i| {
+            JsonObject::parse(
+                json!({"user": format!("u-{i}"), "n": i})
+                    .to_string()
+                    .into_bytes(),
+            )
+        })
+        .collect::<Result<_, _>>()?;
+    let inputs = chain_inputs(&values, 0);
+
+    let mut passthrough = TransformChain::new("fuel", &engine, std::slice::from_ref(&pass))?;
+    assert_eq!(passthrough.fuel_used(), 0, "nothing ran yet");
+    passthrough.run(&inputs)?;
+    let once = passthrough.fuel_used();
+    assert!(once > 0, "a call uses fuel");
+    passthrough.run(&inputs)?;
+    assert_eq!(
+        passthrough.fuel_used(),
+        2 * once,
+        "the same batch, the same fuel"
+    );
+
+    let mut hashing = TransformChain::new("fuel", &engine, &[redact])?;
+    hashing.run(&inputs)?;
+    assert!(
+        hashing.fuel_used() > once,
+        "hashing a field ({}) costs more than passing records on ({once})",
+        hashing.fuel_used()
+    );
+
+    let uncounted = chain_engine(cache.path(), 1)?;
+    let mut free = TransformChain::new(
+        "fuel",
+        &uncounted,
+        &[chain_config("passthrough", "passthrough", "")?],
+    )?;
+    free.run(&inputs)?;
+    assert_eq!(free.fuel_used(), 0, "an engine without fuel counts none");
+    Ok(())
+}
+
 /// How a test runs a chain over a batch.
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Run {

@@ -36,7 +36,9 @@ struct Args {
     /// one with `FLOE_WASM_PERFMAP=1 perf record`).
     #[arg(long)]
     only: Option<String>,
-    /// Count fuel (`limits.fuel` set on every plugin), to see what it costs.
+    /// Count fuel (`limits.fuel` set on every plugin), to see what it costs; also prints
+    /// the fuel used per record (about one unit per WebAssembly instruction: a measure
+    /// of the plugins' own work that does not move with the machine's load).
     #[arg(long)]
     fuel: bool,
 }
@@ -227,8 +229,12 @@ fn main() -> Result<()> {
     ];
     println!("\ncost through TransformChain::run (encode, call, decode, apply), per input record");
     println!(
-        "{:<36} {:>12} {:>12} {:>12}",
-        "scenario", "ns/record", "records/s", "out/in"
+        "{:<36} {:>12} {:>12} {:>12} {:>12}",
+        "scenario",
+        "ns/record",
+        "records/s",
+        "out/in",
+        if args.fuel { "fuel/record" } else { "" }
     );
     for (name, plugins) in scenarios {
         if args
@@ -254,6 +260,7 @@ fn main() -> Result<()> {
         let _inside = name.contains("in a runtime").then(|| runtime.enter());
         let mut best = Duration::MAX;
         let mut out = 0;
+        let fuel_before = chain.fuel_used();
         for round in 0..=args.rounds {
             let t = Instant::now();
             out = 0;
@@ -268,10 +275,18 @@ fn main() -> Result<()> {
             }
         }
         let ns = best.as_nanos() as f64 / args.records as f64;
+        // Every round (the warm-up too) ran every record once.
+        let runs = ((args.rounds + 1) * args.records) as f64;
+        let fuel = (chain.fuel_used() - fuel_before) as f64 / runs;
         println!(
-            "{name:<36} {ns:>12.0} {:>12.0} {:>12.2}",
+            "{name:<36} {ns:>12.0} {:>12.0} {:>12.2} {:>12}",
             1e9 / ns,
-            out as f64 / args.records as f64
+            out as f64 / args.records as f64,
+            if args.fuel {
+                format!("{fuel:.0}")
+            } else {
+                String::new()
+            }
         );
     }
     Ok(())

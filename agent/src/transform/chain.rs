@@ -281,6 +281,18 @@ impl TransformChain {
             .unwrap_or_default()
     }
 
+    /// Fuel (about one unit per WebAssembly instruction) every instance of the chain's
+    /// plugins used so far, when the engine counts fuel (`limits.fuel` set on a
+    /// plugin); 0 otherwise. Unlike time, it does not move with the machine's load:
+    /// `floe-plugin-bench --fuel` reports it per record.
+    pub fn fuel_used(&self) -> u64 {
+        self.lanes
+            .iter()
+            .flatten()
+            .map(|stage| stage.instance.fuel_used())
+            .sum()
+    }
+
     /// A handle that frees records the plugins produced on the plugins' threads.
     pub fn releaser(&self) -> Releaser {
         Releaser(self.pool.clone())

@@ -106,6 +106,8 @@ pub(crate) struct PluginInstance {
     engine: TransformEngine,
     pre: InstancePre<HostState>,
     live: Option<Live>,
+    /// Fuel the calls used, when the engine counts it.
+    fuel_used: u64,
 }
 
 impl PluginInstance {
@@ -130,6 +132,7 @@ impl PluginInstance {
             engine: engine.clone(),
             pre,
             live: None,
+            fuel_used: 0,
         };
         instance.live = Some(instance.instantiate()?);
         Ok(instance)
@@ -232,6 +235,11 @@ impl PluginInstance {
             .typed::<(&[u8],), (Vec<u8>,)>(&*store)
             .and_then(|f| f.call(&mut *store, (input,)));
         store.data_mut().end_call();
+        if self.engine.fuel
+            && let Ok(left) = store.get_fuel()
+        {
+            self.fuel_used += limits.fuel.unwrap_or(u64::MAX).saturating_sub(left);
+        }
         let outcome = match result {
             Ok((answers,)) if answers.len() as u64 > limits.max_output_bytes => {
                 Err(CallError::Fault(self.fault(
@@ -254,6 +262,12 @@ impl PluginInstance {
             self.live = None;
         }
         outcome
+    }
+
+    /// Fuel (about one unit per WebAssembly instruction) all calls used so far; 0 when
+    /// the engine does not count fuel.
+    pub fn fuel_used(&self) -> u64 {
+        self.fuel_used
     }
 
     fn fault(&self, kind: FaultKind, index: Option<u32>) -> Fault {
