@@ -917,7 +917,8 @@ async fn bench(args: Args) -> Result<()> {
     println!("{:?}", results.last().map(|f| (&f.scenario, f.rate())));
     drop(upsert_values);
     drop(values);
-    for round in 1..=args.rounds.max(1) {
+    let rounds: Vec<usize> = (1..=args.rounds.max(1)).collect();
+    for &round in &rounds {
         for (i, run) in RUNS.iter().enumerate() {
             let mut figures = floe_run(
                 &format!("r{round}p{i}"),
@@ -950,11 +951,10 @@ async fn bench(args: Args) -> Result<()> {
             .map(Figures::rate)
     };
     // Each plugin scenario against the (c) run of its own round; the median of those.
-    let rounds: Vec<Option<usize>> = (1..=args.rounds.max(1)).map(Some).collect();
     let by_round = |prefix: &str| -> Vec<f64> {
         rounds
             .iter()
-            .filter_map(|&r| Some(rate(prefix, r)? / rate("c:", r)?))
+            .filter_map(|&r| Some(rate(prefix, Some(r))? / rate("c:", Some(r))?))
             .collect()
     };
     let (d1, d3, chain) = (
@@ -966,7 +966,7 @@ async fn bench(args: Args) -> Result<()> {
     let c = median(
         &rounds
             .iter()
-            .filter_map(|&r| rate("c:", r))
+            .filter_map(|&r| rate("c:", Some(r)))
             .collect::<Vec<_>>(),
     );
     let over = |b: Option<f64>| c.zip(b).map(|(c, b)| c / b);

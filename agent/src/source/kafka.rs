@@ -10,7 +10,7 @@
 //! - Cooperative incremental rebalancing (`cooperative-sticky`) is the default; the
 //!   eager protocol (set through `properties`) works too.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -314,7 +314,7 @@ impl Drop for KafkaSource {
 #[derive(Default)]
 struct TopicNames {
     last: Option<Arc<str>>,
-    all: HashMap<String, Arc<str>>,
+    all: HashSet<Arc<str>>,
 }
 
 impl TopicNames {
@@ -324,11 +324,14 @@ impl TopicNames {
         {
             return last.clone();
         }
-        let shared = self
-            .all
-            .entry(name.to_string())
-            .or_insert_with(|| Arc::from(name))
-            .clone();
+        let shared = match self.all.get(name) {
+            Some(known) => known.clone(),
+            None => {
+                let new: Arc<str> = Arc::from(name);
+                self.all.insert(new.clone());
+                new
+            }
+        };
         self.last = Some(shared.clone());
         shared
     }

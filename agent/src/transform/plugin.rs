@@ -238,7 +238,7 @@ impl PluginInstance {
         if self.engine.fuel
             && let Ok(left) = store.get_fuel()
         {
-            self.fuel_used += limits.fuel.unwrap_or(u64::MAX).saturating_sub(left);
+            self.fuel_used += fuel_per_call(&limits).saturating_sub(left);
         }
         let outcome = match result {
             Ok((answers,)) if answers.len() as u64 > limits.max_output_bytes => {
@@ -293,7 +293,7 @@ impl PluginInstance {
                 }
                 if error.downcast_ref::<Trap>() == Some(&Trap::OutOfFuel) {
                     FaultKind::Fuel {
-                        limit: limits.fuel.unwrap_or(u64::MAX),
+                        limit: fuel_per_call(limits),
                     }
                 } else if state.memory_exceeded {
                     FaultKind::Memory {
@@ -312,6 +312,11 @@ impl PluginInstance {
     }
 }
 
+/// The fuel a call starts with: `limits.fuel`, or all there is without it.
+fn fuel_per_call(limits: &super::Limits) -> u64 {
+    limits.fuel.unwrap_or(u64::MAX)
+}
+
 /// Fills a store's fuel for one call when the engine counts fuel (a plugin without
 /// `limits.fuel` of such an engine gets all there is).
 fn refuel(
@@ -320,7 +325,7 @@ fn refuel(
     limits: &super::Limits,
 ) -> wasmtime::Result<()> {
     if engine.fuel {
-        store.set_fuel(limits.fuel.unwrap_or(u64::MAX))?;
+        store.set_fuel(fuel_per_call(limits))?;
     }
     Ok(())
 }
