@@ -505,7 +505,7 @@ async fn a_plugin_built_for_the_old_contract_is_refused_with_how_to_rebuild() ->
     assert!(!status.success());
     let out = plain(&out);
     assert!(
-        out.contains("built for the plugin contract floe-plugin:transform@0.1.0, but this agent runs @0.2.0; rebuild it with floe-sdk 0.2"),
+        out.contains("built for the plugin contract floe-plugin:transform@0.1.0, but this agent runs @0.2.1; rebuild it with floe-sdk 0.2"),
         "{out}"
     );
     assert_eq!(ws.committed_rows(NS, "legacy").await.unwrap_or(0), 0);
@@ -634,7 +634,9 @@ fn random_is_seeded_per_batch_unless_granted() -> Result<()> {
 }
 
 /// `redact` compiled to WebAssembly hashes as its native tests do: SHA-256 of salt +
-/// text, as any other tool computes it.
+/// text, as any other tool computes it. In WebAssembly the hash is the agent's
+/// `sha256` host function: a short value (joined with the salt on the guest's stack)
+/// and a long one (joined on its heap, several SHA-256 blocks).
 #[test]
 fn redact_in_webassembly_hashes_with_sha_256() -> Result<()> {
     let cache = tempfile::tempdir()?;
@@ -650,6 +652,7 @@ fn redact_in_webassembly_hashes_with_sha_256() -> Result<()> {
             .to_string()
             .into_bytes(),
     )?];
+    let long = format!("long-{}", "x".repeat(300));
     let result = chain.run(&chain_inputs(&values, 0))?;
     let floe::transform::Produced::New(out) = &result.outputs[0].value else {
         bail!("redact patches the record")
@@ -662,6 +665,47 @@ fn redact_in_webassembly_hashes_with_sha_256() -> Result<()> {
             "n": "93ca73bec2907ec825519db1f7ee28cb033d71c83d14b76ef78b0c4e64566e6e",
             "k": 1
         })
+    );
+    let values = vec![JsonObject::parse(
+        json!({"user": long, "n": null}).to_string().into_bytes(),
+    )?];
+    let result = chain.run(&chain_inputs(&values, 1))?;
+    let floe::transform::Produced::New(out) = &result.outputs[0].value else {
+        bail!("redact patches the record")
+    };
+    assert_eq!(
+        serde_json::from_slice::<Value>(out.as_bytes())?,
+        // sha256("pepper" + long) as hashlib gives it; a null stays null.
+        json!({"user": "98a2ed1dea892fda9d30a10dc11836c83b7862810787efc9b28768c264ef4a44", "n": null})
+    );
+    Ok(())
+}
+
+/// A plugin built for contract 0.2.0 (before the `sha256` host function; it reads
+/// and writes the batch buffers itself, as floe-sdk 0.2.0 did) still loads and runs:
+/// a patch version of the contract only adds host functions.
+#[test]
+fn a_plugin_built_for_contract_0_2_0_still_runs() -> Result<()> {
+    let cache = tempfile::tempdir()?;
+    let engine = chain_engine(cache.path(), 1)?;
+    let config = chain_config("test-contract_0_2_0", "older", "")?;
+    let mut chain = TransformChain::new("older", &engine, &[config])?;
+    let values: Vec<JsonObject> = records(6)
+        .iter()
+        .map(|v| JsonObject::parse(v.to_string().into_bytes()))
+        .collect::<Result<_, _>>()?;
+    let result = chain.run(&chain_inputs(&values, 10))?;
+    assert!(result.errors.is_empty(), "{:?}", result.errors);
+    // It keeps the records at even offsets (10, 12, 14) unchanged.
+    let kept: Vec<usize> = result.outputs.iter().map(|o| o.origin).collect();
+    assert_eq!(kept, vec![0, 2, 4]);
+    assert!(
+        result
+            .outputs
+            .iter()
+            .all(|o| matches!(o.value, floe::transform::Produced::Unchanged)),
+        "{:?}",
+        result.outputs.iter().map(|o| &o.value).collect::<Vec<_>>()
     );
     Ok(())
 }

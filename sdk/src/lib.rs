@@ -170,6 +170,7 @@
 //!   `allow_random = true`;
 //! - stdout and stderr go to the agent's log with the plugin's name (bounded per
 //!   batch), as does [`log`];
+//! - [`hash::sha256`] hashes in the agent, in native code (contract 0.2.1);
 //! - each call has a wall-clock deadline (`timeout`, default 5 s), a memory cap
 //!   (`memory`, default 64 MiB), caps on what it may output (`max_outputs`,
 //!   `max_output_bytes`) and, when the config asks for it, fuel (`fuel`, roughly
@@ -184,9 +185,11 @@
 //!
 //! # Versions
 //!
-//! This crate's major.minor version is the version of the plugin contract it builds
-//! (`wit/transform.wit`, `floe-plugin:transform@0.2.0`). The agent refuses plugins built
-//! for another contract and says how to rebuild them.
+//! This crate's version is the version of the plugin contract it builds
+//! (`wit/transform.wit`, `floe-plugin:transform@0.2.1`). A patch version of the contract
+//! only adds host functions (0.2.1 added `sha256`, see [`hash`]), so the agent loads
+//! plugins built for an earlier patch version too; it refuses plugins built for
+//! another major.minor contract and says how to rebuild them.
 
 // Lets generated code name this crate by its public path, inside and outside it.
 extern crate self as floe_sdk;
@@ -209,6 +212,7 @@ mod answer;
 mod error;
 mod record;
 
+pub mod hash;
 pub mod json;
 pub mod log;
 pub mod path;
@@ -223,7 +227,7 @@ pub use error::Error;
 pub use record::{Metadata, Record};
 
 /// The version of the plugin contract (`wit/transform.wit`) this SDK builds.
-pub const CONTRACT_VERSION: &str = "0.2.0";
+pub const CONTRACT_VERSION: &str = "0.2.1";
 
 /// A transform plugin. The [`filter`], [`map`] and [`flat_map`] attributes implement
 /// it for you; implement it yourself for anything else, and [`export!`] it:

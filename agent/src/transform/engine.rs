@@ -12,8 +12,14 @@ use wasmtime::{
 
 use super::{TransformConfig, TransformError};
 
-/// The interface every plugin exports, with the contract version this agent runs.
-pub(crate) const PLUGIN_EXPORT: &str = "floe-plugin:transform/plugin@0.2.0";
+/// The interface every plugin exports, with the contract version this agent runs
+/// first and then the earlier patch versions it still loads, newest first. A patch
+/// version only adds host functions, so a plugin built for an earlier one runs as it
+/// did (wasmtime's linker gives its `host@0.2.0` import our `host@0.2.1`).
+pub(crate) const PLUGIN_EXPORTS: [&str; 2] = [
+    "floe-plugin:transform/plugin@0.2.1",
+    "floe-plugin:transform/plugin@0.2.0",
+];
 /// The package whose interfaces name the contract version.
 const CONTRACT_PACKAGE: &str = "floe-plugin:transform/";
 
@@ -218,8 +224,8 @@ impl TransformEngine {
     }
 }
 
-/// Checks that a component was built for the contract this agent runs: it must
-/// export [`PLUGIN_EXPORT`]. A plugin built for another version says which one, and
+/// Checks that a component was built for a contract this agent runs: it must export
+/// one of [`PLUGIN_EXPORTS`]. A plugin built for another version says which one, and
 /// how to rebuild it.
 fn check_contract(engine: &Engine, component: &Component) -> Result<(), String> {
     let ty = component.component_type();
@@ -228,7 +234,7 @@ fn check_contract(engine: &Engine, component: &Component) -> Result<(), String> 
         .map(|(n, _)| n.to_string())
         .chain(ty.imports(engine).map(|(n, _)| n.to_string()))
         .collect();
-    if names.iter().any(|n| n == PLUGIN_EXPORT) {
+    if names.iter().any(|n| PLUGIN_EXPORTS.contains(&n.as_str())) {
         return Ok(());
     }
     let ours = floe_sdk::CONTRACT_VERSION;
@@ -246,7 +252,8 @@ fn check_contract(engine: &Engine, component: &Component) -> Result<(), String> 
             sdk = sdk_requirement(),
         ),
         None => format!(
-            "not a Floe plugin: it does not export {PLUGIN_EXPORT} (build it with floe-sdk {})",
+            "not a Floe plugin: it does not export {} (build it with floe-sdk {})",
+            PLUGIN_EXPORTS[0],
             sdk_requirement()
         ),
     })

@@ -11,7 +11,8 @@
 //!   and isolates the record behind a fault by splitting the batch.
 //! - `probe`: `floe check`'s plugin step; `tools`: `floe plugin new` and `floe plugin test`.
 //!
-//! The contract with plugins is `wit/transform.wit` (`floe-plugin:transform@0.2.0`):
+//! The contract with plugins is `wit/transform.wit` (`floe-plugin:transform@0.2.1`;
+//! plugins built for 0.2.0 load too):
 //! one buffer of records per batch into the plugin, one buffer of answers out; each
 //! record is answered unchanged, dropped, patched (fields set or removed), replaced by
 //! new objects (flat-map), each optionally routed to a named stream, or an error for
@@ -281,6 +282,13 @@ mod tests {
                 "package floe-plugin:transform@{};",
                 floe_sdk::CONTRACT_VERSION
             ))
+        );
+        assert_eq!(
+            engine::PLUGIN_EXPORTS[0],
+            format!(
+                "floe-plugin:transform/plugin@{}",
+                floe_sdk::CONTRACT_VERSION
+            )
         );
     }
 }

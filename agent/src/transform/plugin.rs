@@ -8,7 +8,7 @@ use std::time::Duration;
 use wasmtime::component::{Component, Func, InstancePre};
 use wasmtime::{ResourceLimiter, Store, Trap};
 
-use super::engine::{PLUGIN_EXPORT, TransformEngine};
+use super::engine::{PLUGIN_EXPORTS, TransformEngine};
 use super::sandbox::{self, HostState, Stop};
 use super::{TransformConfig, TransformError};
 
@@ -168,14 +168,15 @@ impl PluginInstance {
                 return Err(self.fatal(&store, e));
             }
         };
-        let export = instance
-            .get_export_index(&mut store, None, PLUGIN_EXPORT)
-            .ok_or_else(|| contract(PLUGIN_EXPORT))?;
+        let (interface, export) = PLUGIN_EXPORTS
+            .iter()
+            .find_map(|name| Some((*name, instance.get_export_index(&mut store, None, name)?)))
+            .ok_or_else(|| contract(PLUGIN_EXPORTS[0]))?;
         let func = |store: &mut Store<HostState>, name: &str| {
             instance
                 .get_export_index(&mut *store, Some(&export), name)
                 .and_then(|i| instance.get_func(&mut *store, i))
-                .ok_or_else(|| contract(&format!("{PLUGIN_EXPORT}#{name}")))
+                .ok_or_else(|| contract(&format!("{interface}#{name}")))
         };
         let init = func(&mut store, "init")?;
         let process = func(&mut store, "process")?;

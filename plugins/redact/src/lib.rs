@@ -38,7 +38,6 @@
 use floe_sdk::path::FieldPath;
 use floe_sdk::{Answer, Emit, Error, Patch, Record, Value, map};
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
 
 /// Masks, hashes and drops the configured fields.
 #[map(Redact)]
@@ -130,12 +129,11 @@ pub fn hash_text(salt: &str, text: &str) -> String {
 /// [`hash_text`] as a JSON string (the hex in quotes: it needs no escaping), built
 /// without allocating: what a patch sets.
 fn quoted_hash(salt: &str, text: &str) -> [u8; 66] {
-    let mut hasher = Sha256::new();
-    hasher.update(salt.as_bytes());
-    hasher.update(text.as_bytes());
+    // The agent hashes (`floe_sdk::hash`): in WebAssembly SHA-256 costs several times more.
+    let digest = floe_sdk::hash::sha256_parts(&[salt.as_bytes(), text.as_bytes()]);
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut out = [b'"'; 66];
-    for (i, b) in hasher.finalize().iter().enumerate() {
+    for (i, b) in digest.iter().enumerate() {
         out[1 + 2 * i] = HEX[(b >> 4) as usize];
         out[2 + 2 * i] = HEX[(b & 0xf) as usize];
     }
