@@ -129,7 +129,7 @@ pub fn hash_text(salt: &str, text: &str) -> String {
 /// [`hash_text`] as a JSON string (the hex in quotes: it needs no escaping), built
 /// without allocating: what a patch sets.
 fn quoted_hash(salt: &str, text: &str) -> [u8; 66] {
-    // The agent hashes (`floe_sdk::hash`): in WebAssembly SHA-256 costs several times more.
+    // The agent hashes (`floe_sdk::hash`): compiled in, SHA-256 doubled our instructions.
     let digest = floe_sdk::hash::sha256_parts(&[salt.as_bytes(), text.as_bytes()]);
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut out = [b'"'; 66];
