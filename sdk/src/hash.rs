@@ -8,6 +8,9 @@
 //! ```
 //! let digest = floe_sdk::hash::sha256(b"abc");
 //! assert_eq!(floe_sdk::hash::hex(&digest)[..8], *"ba7816bf");
+//! let mut quoted = [b'"'; 66];
+//! floe_sdk::hash::hex_into(&digest, (&mut quoted[1..65]).try_into().unwrap());
+//! assert_eq!(&quoted[..9], b"\"ba7816bf");
 //! assert_eq!(floe_sdk::hash::sha256_parts(&[b"a", b"bc"]), digest);
 //! ```
 
@@ -38,15 +41,20 @@ pub fn sha256_parts(parts: &[&[u8]]) -> [u8; 32] {
 
 /// `digest` as lowercase hexadecimal.
 pub fn hex(digest: &[u8; 32]) -> String {
-    let mut out = String::with_capacity(64);
-    for b in digest {
-        out.push(HEX[(b >> 4) as usize] as char);
-        out.push(HEX[(b & 0xf) as usize] as char);
-    }
-    out
+    let mut out = [0u8; 64];
+    hex_into(digest, &mut out);
+    out.iter().map(|&b| char::from(b)).collect()
 }
 
-const HEX: &[u8; 16] = b"0123456789abcdef";
+/// Writes `digest` as lowercase hexadecimal ASCII into `out`, without allocating (for
+/// code that hashes every record).
+pub fn hex_into(digest: &[u8; 32], out: &mut [u8; 64]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for (pair, b) in out.chunks_exact_mut(2).zip(digest) {
+        pair[0] = HEX[usize::from(b >> 4)];
+        pair[1] = HEX[usize::from(b & 0xf)];
+    }
+}
 
 #[cfg(target_arch = "wasm32")]
 fn digest(data: &[u8]) -> [u8; 32] {

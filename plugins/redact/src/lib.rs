@@ -131,12 +131,9 @@ pub fn hash_text(salt: &str, text: &str) -> String {
 fn quoted_hash(salt: &str, text: &str) -> [u8; 66] {
     // The agent hashes (`floe_sdk::hash`): compiled in, SHA-256 doubled our instructions.
     let digest = floe_sdk::hash::sha256_parts(&[salt.as_bytes(), text.as_bytes()]);
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut out = [b'"'; 66];
-    for (i, b) in digest.iter().enumerate() {
-        out[1 + 2 * i] = HEX[(b >> 4) as usize];
-        out[2 + 2 * i] = HEX[(b & 0xf) as usize];
-    }
+    let hex = (&mut out[1..65]).try_into().expect("64 bytes");
+    floe_sdk::hash::hex_into(&digest, hex);
     out
 }
 
