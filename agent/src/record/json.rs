@@ -1062,6 +1062,7 @@ fn scan_string(bytes: &[u8], start: usize) -> Result<(usize, bool), JsonError> {
     let mut i = start + 1;
     let mut escaped = false;
     loop {
+        i = skip_plain(bytes, i);
         let Some(&b) = bytes.get(i) else {
             return Err(syntax("unterminated string", start));
         };
@@ -1095,6 +1096,29 @@ fn scan_string(bytes: &[u8], start: usize) -> Result<(usize, bool), JsonError> {
             _ => i += 1,
         }
     }
+}
+
+/// The index of the first byte at or after `i` that a string scan must look at (a
+/// quote, a backslash or a control character), or `bytes.len()`. Eight bytes at a time:
+/// most of a record's text is plain string content.
+fn skip_plain(bytes: &[u8], mut i: usize) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let has_zero = |w: u64| w.wrapping_sub(ONES) & !w & HIGHS;
+    while let Some(chunk) = bytes.get(i..i + 8) {
+        let w = u64::from_le_bytes(chunk.try_into().expect("eight bytes"));
+        // Bytes below 0x20 (those with no high bit set whose value minus 0x20 borrows),
+        // quotes and backslashes.
+        let control = w.wrapping_sub(0x2020_2020_2020_2020) & !w & HIGHS;
+        let special = has_zero(w ^ (ONES * u64::from(b'"')))
+            | has_zero(w ^ (ONES * u64::from(b'\\')))
+            | control;
+        if special != 0 {
+            return i + (special.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    i
 }
 
 fn hex4(bytes: &[u8], at: usize) -> Option<u32> {

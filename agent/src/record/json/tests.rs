@@ -562,3 +562,28 @@ fn recycled_buffers_are_written_again_from_scratch() {
     let kept = writer::spare_bytes();
     assert!(kept > 1 << 20 && kept <= 2 << 20, "{kept} bytes kept");
 }
+
+/// Strings are scanned eight bytes at a time: a quote, a backslash, a control
+/// character or a non-ASCII byte at every position of strings around the chunk size
+/// must be seen exactly where the byte-by-byte scan saw it (serde_json is the judge).
+#[test]
+fn string_scan_finds_every_special_byte_at_every_position() {
+    for len in 0..=20 {
+        for at in 0..len {
+            for special in [
+                "\\\"", "\\\\", "\\u00e9", "\u{1}", "\t", "\u{7f}", "é", "\"",
+            ] {
+                let mut s: String = "a".repeat(len);
+                s.replace_range(at..at + 1, special);
+                let text = format!("{{\"k\": \"{s}\", \"n\": 1}}");
+                let ours = parse(&text).map(|o| to_serde(&o));
+                let theirs = serde_json::from_str::<serde_json::Value>(&text);
+                match (&ours, &theirs) {
+                    (Ok(a), Ok(b)) => assert_eq!(a, b, "{text:?}"),
+                    (Err(_), Err(_)) => {}
+                    _ => panic!("{text:?}: ours {ours:?}, serde_json {theirs:?}"),
+                }
+            }
+        }
+    }
+}

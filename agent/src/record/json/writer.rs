@@ -296,14 +296,15 @@ impl JsonWriter {
         let byte_shift = self.bytes.len() as i64 - span.start as i64;
         let tape_shift = self.tape.len() as i64 - tokens.start as i64;
         self.bytes.extend_from_slice(&view.text.as_bytes()[span]);
-        for t in &view.tape[tokens] {
+        // One reservation for the run (an exact-size iterator), not a check per token.
+        self.tape.extend(view.tape[tokens].iter().map(|t| {
             let mut t = *t;
             t.pos = (t.pos as i64 + byte_shift) as u32;
             if matches!(t.kind, Kind::Object | Kind::Array) {
                 t.len = (t.len as i64 + tape_shift) as u32;
             }
-            self.tape.push(t);
-        }
+            t
+        }));
     }
 
     /// The finished object. Panics if the writer does not hold exactly one closed object.
