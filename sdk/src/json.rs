@@ -443,8 +443,13 @@ fn ws(b: &[u8], mut i: usize) -> usize {
     i
 }
 
-/// Whether any byte of `word` is `byte` (non-zero if so).
-fn has_byte(word: u64, byte: u8) -> u64 {
+/// Whether any byte of `word` is `byte` (non-zero if so). The lowest flagged byte is
+/// always a real match (a false flag only ever sits above a real one), so
+/// `trailing_zeros() / 8` of the result is the first match's index in a little-endian
+/// word. Shared with the agent's tokenizer; not part of the plugin API.
+#[doc(hidden)]
+#[inline]
+pub fn has_byte(word: u64, byte: u8) -> u64 {
     const ONES: u64 = 0x0101_0101_0101_0101;
     let x = word ^ (ONES * u64::from(byte));
     x.wrapping_sub(ONES) & !x & (ONES << 7)

@@ -1099,20 +1099,16 @@ fn scan_string(bytes: &[u8], start: usize) -> Result<(usize, bool), JsonError> {
 }
 
 /// The index of the first byte at or after `i` that a string scan must look at (a
-/// quote, a backslash or a control character), or `bytes.len()`. Eight bytes at a time:
-/// most of a record's text is plain string content.
+/// quote, a backslash or a control character), or where fewer than eight bytes are
+/// left. Eight bytes at a time: most of a record's text is plain string content.
 fn skip_plain(bytes: &[u8], mut i: usize) -> usize {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGHS: u64 = 0x8080_8080_8080_8080;
-    let has_zero = |w: u64| w.wrapping_sub(ONES) & !w & HIGHS;
+    use floe_sdk::json::has_byte;
     while let Some(chunk) = bytes.get(i..i + 8) {
         let w = u64::from_le_bytes(chunk.try_into().expect("eight bytes"));
-        // Bytes below 0x20 (those with no high bit set whose value minus 0x20 borrows),
-        // quotes and backslashes.
-        let control = w.wrapping_sub(0x2020_2020_2020_2020) & !w & HIGHS;
-        let special = has_zero(w ^ (ONES * u64::from(b'"')))
-            | has_zero(w ^ (ONES * u64::from(b'\\')))
-            | control;
+        // Bytes below 0x20: subtracting 0x20 sets their high bit, and `!w` keeps only
+        // bytes that had none (like `has_byte`, exact for the lowest flagged byte).
+        let control = w.wrapping_sub(0x2020_2020_2020_2020) & !w & 0x8080_8080_8080_8080;
+        let special = has_byte(w, b'"') | has_byte(w, b'\\') | control;
         if special != 0 {
             return i + (special.trailing_zeros() / 8) as usize;
         }

@@ -150,11 +150,13 @@ impl TransformEngine {
         // of from the pool, for measuring under valgrind (callgrind counts instructions
         // exactly, whatever the other core does): the pool reserves its address space at
         // once (129 GiB for the plugin bench), which valgrind refuses.
-        if std::env::var_os("FLOE_WASM_ON_DEMAND").is_some_and(|v| v == "1") {
-            config.allocation_strategy(InstanceAllocationStrategy::OnDemand);
-        } else {
-            config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-        }
+        config.allocation_strategy(
+            if std::env::var_os("FLOE_WASM_ON_DEMAND").is_some_and(|v| v == "1") {
+                InstanceAllocationStrategy::OnDemand
+            } else {
+                InstanceAllocationStrategy::Pooling(pool)
+            },
+        );
         std::fs::create_dir_all(&plugins.cache_dir).map_err(|e| {
             TransformError::Engine(format!(
                 "cannot create plugin cache {}: {e}",
