@@ -505,7 +505,7 @@ async fn a_plugin_built_for_the_old_contract_is_refused_with_how_to_rebuild() ->
     assert!(!status.success());
     let out = plain(&out);
     assert!(
-        out.contains("built for the plugin contract floe-plugin:transform@0.1.0, but this agent runs @0.2.1; rebuild it with floe-sdk 0.2"),
+        out.contains("built for the plugin contract floe-plugin:transform@0.1.0, but this agent runs @0.2.2; rebuild it with floe-sdk 0.2"),
         "{out}"
     );
     assert_eq!(ws.committed_rows(NS, "legacy").await.unwrap_or(0), 0);

@@ -69,7 +69,8 @@ pub fn process_batch<T: Transform>(plugin: &mut T, batch: &[u8]) -> Vec<u8> {
             r.offset,
             r.timestamp_ms,
             r.key,
-        );
+        )
+        .with_index(r.fields);
         CURRENT.with(|c| c.set(Some(index)));
         let answer = plugin.process(&record);
         write_answer(&mut out, answer);

@@ -49,11 +49,28 @@ pub fn hex(digest: &[u8; 32]) -> String {
 /// Writes `digest` as lowercase hexadecimal ASCII into `out`, without allocating (for
 /// code that hashes every record).
 pub fn hex_into(digest: &[u8; 32], out: &mut [u8; 64]) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    for (pair, b) in out.chunks_exact_mut(2).zip(digest) {
-        pair[0] = HEX[usize::from(b >> 4)];
-        pair[1] = HEX[usize::from(b & 0xf)];
+    // Four bytes to eight digits at a time in one 64-bit word: a table lookup per
+    // digit cost 28 WebAssembly instructions per byte.
+    for (eight, four) in out.chunks_exact_mut(8).zip(digest.chunks_exact(4)) {
+        let four = u32::from_le_bytes(four.try_into().expect("four bytes"));
+        eight.copy_from_slice(&hex_word(four).to_le_bytes());
     }
+}
+
+/// The eight hexadecimal digits of the bytes of `word` (little-endian: its first byte
+/// first), as ASCII in a little-endian word.
+fn hex_word(word: u32) -> u64 {
+    const LOW: u64 = 0x0f0f_0f0f_0f0f_0f0f;
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    // Byte i of the word to bits 16i..16i+8, then its high nibble to byte 2i and its
+    // low nibble to byte 2i + 1.
+    let w = u64::from(word);
+    let w = (w | (w << 16)) & 0x0000_ffff_0000_ffff;
+    let w = (w | (w << 8)) & 0x00ff_00ff_00ff_00ff;
+    let nibbles = ((w >> 4) | (w << 8)) & LOW;
+    // '0' + n, and 39 more for the letters (n + 6 carries into bit 4 when n > 9).
+    let letters = ((nibbles + 6 * ONES) >> 4) & ONES;
+    nibbles + 0x30 * ONES + letters * 39
 }
 
 #[cfg(target_arch = "wasm32")]
@@ -93,6 +110,18 @@ mod tests {
             hex(&sha256(b"")),
             "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
         );
+    }
+
+    #[test]
+    fn hex_digits_match_a_table_for_every_byte() {
+        for b in 0..=255u8 {
+            let digest: [u8; 32] =
+                std::array::from_fn(|i| b.wrapping_add((i as u8).wrapping_mul(37)));
+            let mut out = [0u8; 64];
+            hex_into(&digest, &mut out);
+            let expected: String = digest.iter().map(|d| format!("{d:02x}")).collect();
+            assert_eq!(std::str::from_utf8(&out).unwrap(), expected);
+        }
     }
 
     #[test]

@@ -109,8 +109,10 @@
 //!
 //! # Reading records cheaply
 //!
-//! A [`Record`] borrows the batch the agent sent: [`Record::get`] scans the JSON text
-//! only up to the field it looks for, and a [`json::Json`] value is parsed only when
+//! A [`Record`] borrows the batch the agent sent: [`Record::get`] and
+//! [`Record::fields`] find top-level fields through the field index the agent sends
+//! with each record (no scanning of the text; below the top level, only the object on
+//! the path is scanned, up to the field), and a [`json::Json`] value is parsed only when
 //! you read it (`as_str`, `as_i64`, `to_value`, `parse`). Answers are cheap too:
 //! [`Answer::UNCHANGED`] (or `true` from a filter) and a [`Patch`] let the agent keep
 //! its own parsed copy of the record instead of parsing your output again. Emitting a
@@ -170,7 +172,7 @@
 //!   `allow_random = true`;
 //! - stdout and stderr go to the agent's log with the plugin's name (bounded per
 //!   batch), as does [`log`];
-//! - [`hash::sha256`] hashes in the agent, in native code (contract 0.2.1);
+//! - [`hash::sha256`] hashes in the agent, in native code (since contract 0.2.1);
 //! - each call has a wall-clock deadline (`timeout`, default 5 s), a memory cap
 //!   (`memory`, default 64 MiB), caps on what it may output (`max_outputs`,
 //!   `max_output_bytes`) and, when the config asks for it, fuel (`fuel`, roughly
@@ -186,10 +188,11 @@
 //! # Versions
 //!
 //! This crate's version is the version of the plugin contract it builds
-//! (`wit/transform.wit`, `floe-plugin:transform@0.2.1`). A patch version of the contract
-//! only adds host functions (0.2.1 added `sha256`, see [`hash`]), so the agent loads
-//! plugins built for an earlier patch version too; it refuses plugins built for
-//! another major.minor contract and says how to rebuild them.
+//! (`wit/transform.wit`, `floe-plugin:transform@0.2.2`). A patch version of the contract
+//! only adds what plugins of that version get (0.2.1 added `sha256`, see [`hash`];
+//! 0.2.2 the field index sent with each record), so the agent loads plugins built for
+//! an earlier patch version too and sends them what they were built for; it refuses
+//! plugins built for another major.minor contract and says how to rebuild them.
 
 // Lets generated code name this crate by its public path, inside and outside it.
 extern crate self as floe_sdk;
@@ -227,7 +230,7 @@ pub use error::Error;
 pub use record::{Metadata, Record};
 
 /// The version of the plugin contract (`wit/transform.wit`) this SDK builds.
-pub const CONTRACT_VERSION: &str = "0.2.1";
+pub const CONTRACT_VERSION: &str = "0.2.2";
 
 /// A transform plugin. The [`filter`], [`map`] and [`flat_map`] attributes implement
 /// it for you; implement it yourself for anything else, and [`export!`] it:

@@ -21,6 +21,10 @@ use crate::json::{FieldRef, Fields, Json};
 #[derive(Debug, Clone, Copy)]
 pub struct Record<'a> {
     value: Json<'a>,
+    /// The value's text as sent, and its field index (empty: none, so fields are
+    /// found by scanning the text).
+    text: &'a [u8],
+    index: &'a [u8],
     topic: &'a str,
     partition: i32,
     offset: i64,
@@ -40,12 +44,21 @@ impl<'a> Record<'a> {
     ) -> Record<'a> {
         Record {
             value: Json::new(value),
+            text: value,
+            index: &[],
             topic,
             partition,
             offset,
             timestamp_ms,
             key,
         }
+    }
+
+    /// The same record with the field index the host sent (offsets into the value's
+    /// text as sent): its top-level fields are then read without scanning.
+    pub(crate) fn with_index(mut self, index: Option<&'a [u8]>) -> Record<'a> {
+        self.index = index.unwrap_or_default();
+        self
     }
 
     /// A record with this JSON text and empty metadata (topic `""`, offset 0).
@@ -59,15 +72,31 @@ impl<'a> Record<'a> {
     }
 
     /// The value at a path of keys (see [`FieldRef`]): `"paid"`, `"user.name"`, or a
-    /// parsed [`FieldPath`](crate::path::FieldPath). Only the text up to that field is
-    /// scanned.
+    /// parsed [`FieldPath`](crate::path::FieldPath). The top-level field is found
+    /// through the agent's field index without scanning the text (by scanning up to it
+    /// for a record built here); below it, only the text of the objects on the path is
+    /// scanned, up to the field.
     pub fn get(&self, path: impl FieldRef) -> Option<Json<'a>> {
-        self.value.get(path)
+        if self.index.is_empty() {
+            return self.value.get(path);
+        }
+        let mut keys = path.keys();
+        let Some(first) = keys.next() else {
+            return Some(self.value);
+        };
+        let (_, mut current) = self.fields().find(|(key, _)| key.is(first))?;
+        for key in keys {
+            current = current.field(key)?;
+        }
+        Some(current)
     }
 
     /// The top-level fields in order.
     pub fn fields(&self) -> Fields<'a> {
-        self.value.fields()
+        if self.index.is_empty() {
+            return self.value.fields();
+        }
+        Fields::indexed(self.text, self.index)
     }
 
     /// The value's JSON text, as it arrived.

@@ -160,7 +160,9 @@ impl<T: Transform> Harness<T> {
 
     fn call(&mut self, json: &[u8], metadata: &Metadata) -> Result<Answered, Error> {
         object_of(json)?;
-        let mut input = InputWriter::new(&mut self.buf, 1, &[metadata.topic.as_str()]);
+        // With the field index, as the agent sends it.
+        let fields = crate::json::field_spans(json);
+        let mut input = InputWriter::indexed(&mut self.buf, 1, &[metadata.topic.as_str()]);
         input.push(
             json,
             metadata.key.as_deref(),
@@ -168,6 +170,7 @@ impl<T: Transform> Harness<T> {
             metadata.partition,
             metadata.offset,
             metadata.timestamp_ms,
+            Some(&fields),
         );
         let output = crate::__export::process_batch(&mut self.plugin, &self.buf);
         let mut answers = AnswerReader::new(&output).expect("the SDK writes valid answers");

@@ -174,13 +174,35 @@ impl<'a> Cursor<'a> {
 #[derive(Debug)]
 pub struct InputWriter<'b> {
     buf: &'b mut Vec<u8>,
+    /// Whether records carry the field index (contract 0.2.2 and later).
+    indexed: bool,
 }
 
 /// Bytes of a record's fixed header in the input buffer.
 pub const RECORD_HEADER: usize = 32;
 
+/// Bytes of one entry of a record's field index.
+pub const FIELD_ENTRY: usize = 16;
+
+/// Bit of an index entry's key start that says the key holds a backslash escape.
+pub const ESCAPED_KEY: u32 = 1 << 31;
+
+/// Where one top-level member of a record's value lies in the value's text: what the
+/// field index (contract 0.2.2) lists for each member, so that a plugin reads a field
+/// without scanning the text before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FieldSpan {
+    /// Byte range of the key, quotes included.
+    pub key: (u32, u32),
+    /// Whether the key holds a backslash escape.
+    pub escaped: bool,
+    /// Byte range of the value.
+    pub value: (u32, u32),
+}
+
 impl<'b> InputWriter<'b> {
-    /// Starts a batch of `records` records whose topics are `topics` (clears `buf`).
+    /// Starts a batch of `records` records whose topics are `topics` (clears `buf`),
+    /// in the layout of contract 0.2.1 and earlier: no field index.
     pub fn new(buf: &'b mut Vec<u8>, records: usize, topics: &[&str]) -> InputWriter<'b> {
         buf.clear();
         put_u32(buf, len32(records));
@@ -188,10 +210,24 @@ impl<'b> InputWriter<'b> {
         for t in topics {
             put_bytes(buf, t.as_bytes());
         }
-        InputWriter { buf }
+        InputWriter {
+            buf,
+            indexed: false,
+        }
     }
 
-    /// Appends one record; `topic` is an index into the topic table.
+    /// Starts a batch like [`InputWriter::new`], in the layout of this contract: each
+    /// record followed by its field index.
+    pub fn indexed(buf: &'b mut Vec<u8>, records: usize, topics: &[&str]) -> InputWriter<'b> {
+        let mut writer = InputWriter::new(buf, records, topics);
+        writer.indexed = true;
+        writer
+    }
+
+    /// Appends one record; `topic` is an index into the topic table. `fields` are the
+    /// value's top-level members in order (read only by an indexed writer; `None`
+    /// sends no index, and the plugin scans the text).
+    #[allow(clippy::too_many_arguments)]
     pub fn push(
         &mut self,
         value: &[u8],
@@ -200,9 +236,15 @@ impl<'b> InputWriter<'b> {
         partition: i32,
         offset: i64,
         timestamp_ms: Option<i64>,
+        fields: Option<&[FieldSpan]>,
     ) {
         let buf = &mut *self.buf;
-        buf.reserve(RECORD_HEADER + value.len() + key.map_or(0, <[u8]>::len));
+        let index = match (fields, self.indexed) {
+            (Some(f), true) => 4 + f.len() * FIELD_ENTRY,
+            (None, true) => 4,
+            (_, false) => 0,
+        };
+        buf.reserve(RECORD_HEADER + value.len() + key.map_or(0, <[u8]>::len) + index);
         put_u32(buf, len32(value.len()));
         put_u32(buf, key.map_or(NONE, |k| len32(k.len())));
         put_u32(buf, topic);
@@ -212,6 +254,25 @@ impl<'b> InputWriter<'b> {
         buf.extend_from_slice(value);
         if let Some(k) = key {
             buf.extend_from_slice(k);
+        }
+        if !self.indexed {
+            return;
+        }
+        let Some(fields) = fields else {
+            put_u32(buf, NONE);
+            return;
+        };
+        put_u32(buf, len32(fields.len()));
+        for f in fields {
+            let start = f.key.0 | if f.escaped { ESCAPED_KEY } else { 0 };
+            let mut entry = [0u8; FIELD_ENTRY];
+            for (at, v) in [start, f.key.1, f.value.0, f.value.1]
+                .into_iter()
+                .enumerate()
+            {
+                entry[at * 4..at * 4 + 4].copy_from_slice(&v.to_le_bytes());
+            }
+            buf.extend_from_slice(&entry);
         }
     }
 }
@@ -231,9 +292,11 @@ pub struct InputRecord<'a> {
     pub offset: i64,
     /// The timestamp in milliseconds since the epoch.
     pub timestamp_ms: Option<i64>,
+    /// The value's field index (entries of [`FIELD_ENTRY`] bytes), if the host sent one.
+    pub fields: Option<&'a [u8]>,
 }
 
-/// Reads an input buffer.
+/// Reads an input buffer (the layout of this contract: with field indexes).
 #[derive(Debug, Clone)]
 pub struct InputReader<'a> {
     cursor: Cursor<'a>,
@@ -292,6 +355,10 @@ impl<'a> InputReader<'a> {
             NONE => None,
             n => Some(c.bytes(n as usize)?),
         };
+        let fields = match c.u32()? {
+            NONE => None,
+            n => Some(c.bytes((n as usize).saturating_mul(FIELD_ENTRY))?),
+        };
         let topic = *self
             .topics
             .get(topic)
@@ -303,6 +370,7 @@ impl<'a> InputReader<'a> {
             partition,
             offset,
             timestamp_ms: (timestamp != NO_TIMESTAMP).then_some(timestamp),
+            fields,
         })
     }
 }
@@ -657,12 +725,21 @@ mod tests {
     #[test]
     fn inputs_round_trip() {
         let mut buf = Vec::new();
-        let mut w = InputWriter::new(&mut buf, 2, &["a", "bb"]);
-        w.push(br#"{"x":1}"#, Some(b"k"), 1, 3, 42, Some(7));
-        w.push(b"{}", None, 0, -1, 0, None);
+        let fields = [FieldSpan {
+            key: (1, 4),
+            escaped: true,
+            value: (5, 6),
+        }];
+        let mut w = InputWriter::indexed(&mut buf, 2, &["a", "bb"]);
+        w.push(br#"{"x":1}"#, Some(b"k"), 1, 3, 42, Some(7), Some(&fields));
+        w.push(b"{}", None, 0, -1, 0, None, None);
         let mut r = InputReader::new(&buf).unwrap();
         assert_eq!(r.len(), 2);
         let first = r.next_record().unwrap().unwrap();
+        let mut entry = Vec::new();
+        for v in [1 | ESCAPED_KEY, 4, 5, 6] {
+            entry.extend_from_slice(&v.to_le_bytes());
+        }
         assert_eq!(
             first,
             InputRecord {
@@ -672,14 +749,22 @@ mod tests {
                 partition: 3,
                 offset: 42,
                 timestamp_ms: Some(7),
+                fields: Some(&entry),
             }
         );
         let second = r.next_record().unwrap().unwrap();
         assert_eq!(
-            (second.topic, second.key, second.timestamp_ms),
-            ("a", None, None)
+            (second.topic, second.key, second.timestamp_ms, second.fields),
+            ("a", None, None, None)
         );
         assert!(r.next_record().is_none());
+        assert!(r.cursor.at_end());
+
+        // The layout of contract 0.2.1 and earlier: no index, whatever is given.
+        let mut old = Vec::new();
+        let mut w = InputWriter::new(&mut old, 1, &["a"]);
+        w.push(b"{}", None, 0, 0, 0, None, Some(&fields));
+        assert_eq!(old.len(), 4 + 4 + 4 + 1 + RECORD_HEADER + 2);
     }
 
     #[test]

@@ -139,6 +139,8 @@ struct Stage {
     limits: Limits,
     /// The input buffer, reused across calls.
     buf: Vec<u8>,
+    /// A record's field index, reused from record to record.
+    fields: Vec<wire::FieldSpan>,
     /// Records in a row that faulted alone.
     alone_in_a_row: u32,
 }
@@ -238,6 +240,7 @@ impl TransformChain {
                                 on_error: config.on_error,
                                 limits: config.limits,
                                 buf: Vec::new(),
+                                fields: Vec::new(),
                                 alone_in_a_row: 0,
                             })
                         })
@@ -640,19 +643,31 @@ impl Stage {
             }
         }
         let mut buf = std::mem::take(&mut self.buf);
-        let mut writer = InputWriter::new(&mut buf, items.len(), &topics);
+        let indexed = self.instance.indexed();
+        let mut writer = match indexed {
+            true => InputWriter::indexed(&mut buf, items.len(), &topics),
+            false => InputWriter::new(&mut buf, items.len(), &topics),
+        };
+        let mut fields = std::mem::take(&mut self.fields);
         for item in items {
             let input = &inputs[item.origin];
             let topic = topics.iter().position(|t| *t == input.topic).unwrap_or(0) as u32;
+            let value = value_of(inputs, item);
+            fields.clear();
+            if indexed {
+                value.field_spans(&mut fields);
+            }
             writer.push(
-                value_of(inputs, item).bytes(),
+                value.bytes(),
                 input.key,
                 topic,
                 input.partition,
                 input.offset,
                 input.timestamp_ms,
+                Some(&fields),
             );
         }
+        self.fields = fields;
         let first = &inputs[items[0].origin];
         let mut seed = std::collections::hash_map::DefaultHasher::new();
         (&self.name, first.topic, first.partition, first.offset).hash(&mut seed);

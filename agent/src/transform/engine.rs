@@ -14,9 +14,11 @@ use super::{TransformConfig, TransformError};
 
 /// The interface every plugin exports, with the contract version this agent runs
 /// first and then the earlier patch versions it still loads, newest first. A patch
-/// version only adds host functions, so a plugin built for an earlier one runs as it
-/// did (wasmtime's linker gives its `host@0.2.0` import our `host@0.2.1`).
-pub(crate) const PLUGIN_EXPORTS: [&str; 2] = [
+/// version only adds what a plugin of that version asks for, so a plugin built for an
+/// earlier one runs as it did: wasmtime's linker gives its `host@0.2.0` import our
+/// `host@0.2.2`, and it gets its records without the field index of 0.2.2.
+pub(crate) const PLUGIN_EXPORTS: [&str; 3] = [
+    "floe-plugin:transform/plugin@0.2.2",
     "floe-plugin:transform/plugin@0.2.1",
     "floe-plugin:transform/plugin@0.2.0",
 ];

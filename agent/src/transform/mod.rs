@@ -11,9 +11,9 @@
 //!   and isolates the record behind a fault by splitting the batch.
 //! - `probe`: `floe check`'s plugin step; `tools`: `floe plugin new` and `floe plugin test`.
 //!
-//! The contract with plugins is `wit/transform.wit` (`floe-plugin:transform@0.2.1`;
-//! plugins built for 0.2.0 load too):
-//! one buffer of records per batch into the plugin, one buffer of answers out; each
+//! The contract with plugins is `wit/transform.wit` (`floe-plugin:transform@0.2.2`;
+//! plugins built for 0.2.1 and 0.2.0 load too, and get their records without the field
+//! index): one buffer of records per batch into the plugin, one buffer of answers out; each
 //! record is answered unchanged, dropped, patched (fields set or removed), replaced by
 //! new objects (flat-map), each optionally routed to a named stream, or an error for
 //! that record alone. A record error follows the plugin's `on_error` policy. A trap, a

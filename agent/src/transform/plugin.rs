@@ -108,6 +108,8 @@ pub(crate) struct PluginInstance {
     live: Option<Live>,
     /// Fuel the calls used, when the engine counts it.
     fuel_used: u64,
+    /// Built for contract 0.2.2 or later: its records carry their field index.
+    indexed: bool,
 }
 
 impl PluginInstance {
@@ -126,6 +128,10 @@ impl PluginInstance {
         let linker = sandbox::linker(&engine.engine)
             .map_err(|e| TransformError::Engine(format!("{e:#}")))?;
         let pre = linker.instantiate_pre(&component).map_err(load_err)?;
+        let indexed = component
+            .component_type()
+            .exports(&engine.engine)
+            .any(|(name, _)| name == PLUGIN_EXPORTS[0]);
         let mut instance = PluginInstance {
             name,
             config: config.clone(),
@@ -133,6 +139,7 @@ impl PluginInstance {
             pre,
             live: None,
             fuel_used: 0,
+            indexed,
         };
         instance.live = Some(instance.instantiate()?);
         Ok(instance)
@@ -141,6 +148,12 @@ impl PluginInstance {
     /// The plugin's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Whether the plugin reads the input layout of this contract (each record with
+    /// its field index) rather than that of 0.2.1 and earlier.
+    pub fn indexed(&self) -> bool {
+        self.indexed
     }
 
     fn instantiate(&self) -> Result<Live, TransformError> {

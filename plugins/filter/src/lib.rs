@@ -53,6 +53,7 @@
 
 use std::cmp::Ordering;
 
+use floe_sdk::json::Kind;
 use floe_sdk::path::FieldPath;
 use floe_sdk::serde_json::Number;
 use floe_sdk::{Record, Value, filter};
@@ -202,11 +203,17 @@ impl Condition {
             Test::Missing => found.is_none_or(|v| v.is_null()),
             _ => match found {
                 None => false,
-                // A string (what filters test most) is compared as it is: no value built.
-                Some(v) => match v.as_str() {
-                    Some(s) => self.test_str(&s),
-                    None => v.to_value().is_ok_and(|v| self.test_value(&v)),
-                },
+                // A string (what filters test most) is compared as it is: no value
+                // built, and for equality not even unescaped.
+                Some(v) if v.kind() == Kind::String => {
+                    let is = |want: &Value| want.as_str().is_some_and(|w| v.is_str(w));
+                    match &self.test {
+                        Test::Eq(want) => is(want),
+                        Test::In(list) => list.iter().any(is),
+                        _ => v.as_str().is_some_and(|s| self.test_str(&s)),
+                    }
+                }
+                Some(v) => v.to_value().is_ok_and(|v| self.test_value(&v)),
             },
         }
     }

@@ -35,6 +35,7 @@
 //! record); only when a `mask` or `hash` path lies inside another one does the plugin
 //! rebuild the record itself, to apply them one after the other.
 
+use floe_sdk::json::Json;
 use floe_sdk::path::FieldPath;
 use floe_sdk::{Answer, Emit, Error, Patch, Record, Value, map};
 use serde::Deserialize;
@@ -45,14 +46,30 @@ fn redact(record: &Record, config: &Config) -> Result<Answer, Error> {
     if config.nested {
         return config.rebuild(record);
     }
+    // Every path's value, found in one pass over the record (on the stack for the
+    // usual few paths: allocating costs a WebAssembly guest).
+    let paths = config.mask.len() + config.hash.len() + config.drop.len();
+    let mut few = [None; 8];
+    let mut many = Vec::new();
+    let found: &mut [Option<Json>] = match few.get_mut(..paths) {
+        Some(f) => f,
+        None => {
+            many.resize(paths, None);
+            &mut many
+        }
+    };
+    config.find(record, found);
+    let (mask, rest) = found.split_at(config.mask.len());
+    let (hash, drop) = rest.split_at(config.hash.len());
+
     let mut patch = Patch::new();
-    for path in &config.mask {
-        if let Some(v) = record.get(path).filter(|v| !v.is_null()) {
+    for (path, v) in config.mask.iter().zip(mask) {
+        if let Some(v) = v.filter(|v| !v.is_null()) {
             patch = patch.set(path, mask_value(&v.to_value()?));
         }
     }
-    for path in &config.hash {
-        if let Some(v) = record.get(path).filter(|v| !v.is_null()) {
+    for (path, v) in config.hash.iter().zip(hash) {
+        if let Some(v) = v.filter(|v| !v.is_null()) {
             // A string is hashed from its text as it is, without building a value.
             let hashed = match v.as_str() {
                 Some(text) => quoted_hash(&config.salt, &text),
@@ -61,8 +78,8 @@ fn redact(record: &Record, config: &Config) -> Result<Answer, Error> {
             patch = patch.set_json(path, &hashed);
         }
     }
-    for path in &config.drop {
-        if record.get(path).is_some() {
+    for (path, v) in config.drop.iter().zip(drop) {
+        if v.is_some() {
             patch = patch.remove(path);
         }
     }
@@ -199,6 +216,21 @@ impl TryFrom<RawConfig> for Config {
 }
 
 impl Config {
+    /// The values at the `mask`, `hash` and `drop` paths, in that order, into `found`
+    /// (one per path): one pass over the record's top-level fields, each path's rest
+    /// looked up under the field it starts with.
+    fn find<'r>(&self, record: &Record<'r>, found: &mut [Option<Json<'r>>]) {
+        let paths = self.mask.iter().chain(&self.hash).chain(&self.drop);
+        for (key, value) in record.fields() {
+            for (path, slot) in paths.clone().zip(found.iter_mut()) {
+                let (first, rest) = path.segments().split_first().expect("paths are not empty");
+                if slot.is_none() && key.is(first) {
+                    *slot = value.get(rest);
+                }
+            }
+        }
+    }
+
     /// Masks, hashes and drops one after the other on the whole record.
     fn rebuild(&self, record: &Record) -> Result<Answer, Error> {
         let mut value = record.to_map()?;

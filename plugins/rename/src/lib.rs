@@ -232,10 +232,15 @@ impl Config {
             }
         };
         for group in groups {
-            let Some(object) = object_of(group, root) else {
-                continue;
+            // The record's own fields come from the agent's field index, unscanned.
+            let fields = match group.parent.is_empty() {
+                true => record.fields(),
+                false => match object_of(group, root) {
+                    Some(object) => object.fields(),
+                    None => continue,
+                },
             };
-            for (key, value) in object.fields() {
+            for (key, value) in fields {
                 for &i in &group.moves {
                     let m = &self.renames[i];
                     if key.is(&m.from_key) {

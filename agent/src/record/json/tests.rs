@@ -258,6 +258,26 @@ proptest! {
         let _ = JsonObject::parse(bytes);
     }
 
+    /// The field index the agent sends a plugin, read off the tape, is what the SDK
+    /// finds by scanning the text: compact, pretty (with surrounding whitespace) and
+    /// rewritten by a patch.
+    #[test]
+    fn field_spans_from_the_tape_match_a_scan(v in arb_object()) {
+        let compact = v.to_string();
+        let pretty = format!(" \n {} \t", serde_json::to_string_pretty(&v).unwrap());
+        let o = JsonObject::from_map(v.as_object().unwrap());
+        let patched = o
+            .apply(&[PatchOp::Set { path: vec!["zz".into()], value: br#""x\"y""#.to_vec() }])
+            .unwrap();
+        for text in [compact.as_bytes(), pretty.as_bytes(), patched.as_bytes()] {
+            let parsed = JsonObject::parse(text.to_vec()).unwrap();
+            let mut spans = Vec::new();
+            parsed.view().field_spans(&mut spans);
+            prop_assert_eq!(&spans, &floe_sdk::json::field_spans(text));
+            prop_assert_eq!(spans.len(), v.as_object().unwrap().len() + usize::from(text == patched.as_bytes()));
+        }
+    }
+
     /// Whatever the writer writes, the tokenizer reads back identically.
     #[test]
     fn writer_and_tokenizer_agree(v in arb_object()) {
