@@ -413,6 +413,15 @@ impl<'a> JsonView<'a> {
         }
     }
 
+    /// The object key at `i`, if the token there is one.
+    fn key_at(&self, i: usize) -> Option<Str<'a>> {
+        let t = self.tape[i];
+        (t.kind == Kind::Key).then(|| Str {
+            quoted: self.text(t.pos as usize, t.len as usize),
+            escaped: t.flag,
+        })
+    }
+
     fn value_at(&self, i: usize) -> Value<'a> {
         let t = self.tape[i];
         match t.kind {
@@ -1118,7 +1127,7 @@ fn scan_string(bytes: &[u8], start: usize) -> Result<(usize, bool), JsonError> {
 /// The index of the first byte at or after `i` that a string scan must look at (a
 /// quote, a backslash or a control character), or where fewer than eight bytes are
 /// left. Eight bytes at a time: most of a record's text is plain string content.
-fn skip_plain(bytes: &[u8], mut i: usize) -> usize {
+pub(super) fn skip_plain(bytes: &[u8], mut i: usize) -> usize {
     use floe_sdk::json::has_byte;
     while let Some(chunk) = bytes.get(i..i + 8) {
         let w = u64::from_le_bytes(chunk.try_into().expect("eight bytes"));

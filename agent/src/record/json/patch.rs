@@ -209,10 +209,11 @@ fn write_edits(w: &mut JsonWriter, obj: Obj<'_>, edits: &[Edit<'_, '_>]) -> Resu
     let mut next = obj.at + 1;
     while next < end {
         let at = next;
-        let Value::String(key) = view.value_at(at) else {
+        let Some(key) = view.key_at(at) else {
             break;
         };
-        let value = view.value_at(at + 1);
+        // The value is only looked at for the fields an edit names.
+        let value = || view.value_at(at + 1);
         next = view.skip(at + 1);
         let matches = |done: u64, i: usize| !is_done(done, i) && key.eq_str(edits[i].0[0]);
         let Some(first) = (0..edits.len()).find(|&i| matches(done, i)) else {
@@ -239,7 +240,7 @@ fn write_edits(w: &mut JsonWriter, obj: Obj<'_>, edits: &[Edit<'_, '_>]) -> Resu
                 Action::Remove => {}
                 Action::Rename(to) => {
                     w.key(to);
-                    w.value(value);
+                    w.value(value());
                 }
             }
             continue;
@@ -248,7 +249,7 @@ fn write_edits(w: &mut JsonWriter, obj: Obj<'_>, edits: &[Edit<'_, '_>]) -> Resu
         for &i in &mine {
             done |= 1 << i;
         }
-        match value {
+        match value() {
             Value::Object(inner) => {
                 let below: Vec<Edit<'_, '_>> = mine
                     .iter()

@@ -607,3 +607,22 @@ fn string_scan_finds_every_special_byte_at_every_position() {
         }
     }
 }
+
+/// Names and strings the writer writes are escaped as serde_json escapes them, whether
+/// the byte to escape falls in the part checked eight bytes at a time or after it.
+#[test]
+fn written_strings_escape_every_special_byte_at_every_position() {
+    for len in 0..=20 {
+        for at in 0..len {
+            for special in ["\"", "\\", "\n", "\u{1}", "\u{1f}", "\u{7f}", "é"] {
+                let mut s: String = "a".repeat(len);
+                s.replace_range(at..at + 1, special);
+                let mut out = Vec::new();
+                let escaped = writer::write_string(&mut out, &s);
+                let expected = serde_json::to_string(&s).unwrap();
+                assert_eq!(String::from_utf8(out).unwrap(), expected, "{s:?}");
+                assert_eq!(escaped, expected.len() != s.len() + 2, "{s:?}");
+            }
+        }
+    }
+}

@@ -329,9 +329,22 @@ impl JsonWriter {
 
 /// Writes `s` as a JSON string; returns whether an escape was written.
 pub(super) fn write_string(out: &mut Vec<u8>, s: &str) -> bool {
+    let bytes = s.as_bytes();
+    // Text with nothing to escape (the usual name) is copied whole, found plain eight
+    // bytes at a time (a match per byte cost a renamed key 280 instructions).
+    let plain = super::skip_plain(bytes, 0);
+    if bytes[plain..]
+        .iter()
+        .all(|&b| b >= 0x20 && b != b'"' && b != b'\\')
+    {
+        out.reserve(bytes.len() + 2);
+        out.push(b'"');
+        out.extend_from_slice(bytes);
+        out.push(b'"');
+        return false;
+    }
     out.push(b'"');
     let mut escaped = false;
-    let bytes = s.as_bytes();
     let mut from = 0;
     for (i, &b) in bytes.iter().enumerate() {
         let esc: &[u8] = match b {
