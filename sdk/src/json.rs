@@ -1238,7 +1238,7 @@ mod tests {
         let mut buf = Vec::new();
         let spans = field_spans(text);
         let mut w = wire::InputWriter::indexed(&mut buf, 1, &["t"]);
-        w.push(text, None, 0, 0, 0, None, Some(&spans));
+        w.push(text, None, 0, 0, 0, None, Some(spans));
         buf
     }
 

@@ -170,7 +170,7 @@ impl<T: Transform> Harness<T> {
             metadata.partition,
             metadata.offset,
             metadata.timestamp_ms,
-            Some(&fields),
+            Some(fields),
         );
         let output = crate::__export::process_batch(&mut self.plugin, &self.buf);
         let mut answers = AnswerReader::new(&output).expect("the SDK writes valid answers");

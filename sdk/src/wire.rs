@@ -225,10 +225,10 @@ impl<'b> InputWriter<'b> {
     }
 
     /// Appends one record; `topic` is an index into the topic table. `fields` are the
-    /// value's top-level members in order (read only by an indexed writer; `None`
-    /// sends no index, and the plugin scans the text).
+    /// value's top-level members in order, read only by an indexed writer (`None` sends
+    /// no index, and the plugin scans the text).
     #[allow(clippy::too_many_arguments)]
-    pub fn push(
+    pub fn push<I: IntoIterator<Item = FieldSpan>>(
         &mut self,
         value: &[u8],
         key: Option<&[u8]>,
@@ -236,21 +236,24 @@ impl<'b> InputWriter<'b> {
         partition: i32,
         offset: i64,
         timestamp_ms: Option<i64>,
-        fields: Option<&[FieldSpan]>,
+        fields: Option<I>,
     ) {
         let buf = &mut *self.buf;
-        let index = match (fields, self.indexed) {
-            (Some(f), true) => 4 + f.len() * FIELD_ENTRY,
-            (None, true) => 4,
-            (_, false) => 0,
+        // Room for a record of a dozen fields: written without growing as a rule.
+        let index = if self.indexed {
+            4 + 12 * FIELD_ENTRY
+        } else {
+            0
         };
         buf.reserve(RECORD_HEADER + value.len() + key.map_or(0, <[u8]>::len) + index);
-        put_u32(buf, len32(value.len()));
-        put_u32(buf, key.map_or(NONE, |k| len32(k.len())));
-        put_u32(buf, topic);
-        buf.extend_from_slice(&partition.to_le_bytes());
-        buf.extend_from_slice(&offset.to_le_bytes());
-        buf.extend_from_slice(&timestamp_ms.unwrap_or(NO_TIMESTAMP).to_le_bytes());
+        let mut header = [0u8; RECORD_HEADER];
+        header[0..4].copy_from_slice(&len32(value.len()).to_le_bytes());
+        header[4..8].copy_from_slice(&key.map_or(NONE, |k| len32(k.len())).to_le_bytes());
+        header[8..12].copy_from_slice(&topic.to_le_bytes());
+        header[12..16].copy_from_slice(&partition.to_le_bytes());
+        header[16..24].copy_from_slice(&offset.to_le_bytes());
+        header[24..32].copy_from_slice(&timestamp_ms.unwrap_or(NO_TIMESTAMP).to_le_bytes());
+        buf.extend_from_slice(&header);
         buf.extend_from_slice(value);
         if let Some(k) = key {
             buf.extend_from_slice(k);
@@ -262,18 +265,21 @@ impl<'b> InputWriter<'b> {
             put_u32(buf, NONE);
             return;
         };
-        put_u32(buf, len32(fields.len()));
+        // The count goes first and is known last: written over a placeholder.
+        let count_at = buf.len();
+        put_u32(buf, 0);
+        let mut count = 0u32;
         for f in fields {
             let start = f.key.0 | if f.escaped { ESCAPED_KEY } else { 0 };
             let mut entry = [0u8; FIELD_ENTRY];
-            for (at, v) in [start, f.key.1, f.value.0, f.value.1]
-                .into_iter()
-                .enumerate()
-            {
-                entry[at * 4..at * 4 + 4].copy_from_slice(&v.to_le_bytes());
-            }
+            entry[0..4].copy_from_slice(&start.to_le_bytes());
+            entry[4..8].copy_from_slice(&f.key.1.to_le_bytes());
+            entry[8..12].copy_from_slice(&f.value.0.to_le_bytes());
+            entry[12..16].copy_from_slice(&f.value.1.to_le_bytes());
             buf.extend_from_slice(&entry);
+            count += 1;
         }
+        buf[count_at..count_at + 4].copy_from_slice(&count.to_le_bytes());
     }
 }
 
@@ -736,8 +742,8 @@ mod tests {
             value: (5, 6),
         }];
         let mut w = InputWriter::indexed(&mut buf, 2, &["a", "bb"]);
-        w.push(br#"{"x":1}"#, Some(b"k"), 1, 3, 42, Some(7), Some(&fields));
-        w.push(b"{}", None, 0, -1, 0, None, None);
+        w.push(br#"{"x":1}"#, Some(b"k"), 1, 3, 42, Some(7), Some(fields));
+        w.push(b"{}", None, 0, -1, 0, None, None::<[FieldSpan; 0]>);
         let mut r = InputReader::new(&buf).unwrap();
         assert_eq!(r.len(), 2);
         let first = r.next_record().unwrap().unwrap();
@@ -768,7 +774,7 @@ mod tests {
         // The layout of contract 0.2.1 and earlier: no index, whatever is given.
         let mut old = Vec::new();
         let mut w = InputWriter::new(&mut old, 1, &["a"]);
-        w.push(b"{}", None, 0, 0, 0, None, Some(&fields));
+        w.push(b"{}", None, 0, 0, 0, None, Some(fields));
         assert_eq!(old.len(), 4 + 4 + 4 + 1 + RECORD_HEADER + 2);
     }
 

@@ -389,20 +389,24 @@ impl<'a> JsonView<'a> {
     }
 
     /// Where each top-level member lies in the text (what a plugin's field index
-    /// lists), appended to `out`: read off the tape, a few instructions per member.
-    pub fn field_spans(&self, out: &mut Vec<floe_sdk::wire::FieldSpan>) {
-        let end = self.tape.first().map_or(0, |t| t.len as usize);
+    /// lists): read off the tape, a few instructions per member.
+    pub fn field_spans(&self) -> impl Iterator<Item = floe_sdk::wire::FieldSpan> + 'a {
+        let view = *self;
+        let end = view.tape.first().map_or(0, |t| t.len as usize);
         let mut at = 1;
-        while at + 1 < end {
-            let key = self.tape[at];
-            let value = self.span(at + 1);
-            out.push(floe_sdk::wire::FieldSpan {
+        std::iter::from_fn(move || {
+            if at + 1 >= end {
+                return None;
+            }
+            let key = view.tape[at];
+            let value = view.span(at + 1);
+            at = view.skip(at + 1);
+            Some(floe_sdk::wire::FieldSpan {
                 key: (key.pos, key.pos + key.len),
                 escaped: key.flag,
                 value: (value.start as u32, value.end as u32),
-            });
-            at = self.skip(at + 1);
-        }
+            })
+        })
     }
 
     /// An owned copy.

@@ -139,8 +139,6 @@ struct Stage {
     limits: Limits,
     /// The input buffer, reused across calls.
     buf: Vec<u8>,
-    /// A record's field index, reused from record to record.
-    fields: Vec<wire::FieldSpan>,
     /// Records in a row that faulted alone.
     alone_in_a_row: u32,
 }
@@ -240,7 +238,6 @@ impl TransformChain {
                                 on_error: config.on_error,
                                 limits: config.limits,
                                 buf: Vec::new(),
-                                fields: Vec::new(),
                                 alone_in_a_row: 0,
                             })
                         })
@@ -643,20 +640,16 @@ impl Stage {
             }
         }
         let mut buf = std::mem::take(&mut self.buf);
-        let indexed = self.instance.indexed();
-        let mut writer = match indexed {
+        // Plugins of contract 0.2.2 get each record's field index (read off the tape as
+        // it is written); earlier ones the layout they were built for.
+        let mut writer = match self.instance.indexed() {
             true => InputWriter::indexed(&mut buf, items.len(), &topics),
             false => InputWriter::new(&mut buf, items.len(), &topics),
         };
-        let mut fields = std::mem::take(&mut self.fields);
         for item in items {
             let input = &inputs[item.origin];
             let topic = topics.iter().position(|t| *t == input.topic).unwrap_or(0) as u32;
             let value = value_of(inputs, item);
-            fields.clear();
-            if indexed {
-                value.field_spans(&mut fields);
-            }
             writer.push(
                 value.bytes(),
                 input.key,
@@ -664,10 +657,9 @@ impl Stage {
                 input.partition,
                 input.offset,
                 input.timestamp_ms,
-                Some(&fields),
+                Some(value.field_spans()),
             );
         }
-        self.fields = fields;
         let first = &inputs[items[0].origin];
         let mut seed = std::collections::hash_map::DefaultHasher::new();
         (&self.name, first.topic, first.partition, first.offset).hash(&mut seed);

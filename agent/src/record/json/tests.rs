@@ -271,8 +271,7 @@ proptest! {
             .unwrap();
         for text in [compact.as_bytes(), pretty.as_bytes(), patched.as_bytes()] {
             let parsed = JsonObject::parse(text.to_vec()).unwrap();
-            let mut spans = Vec::new();
-            parsed.view().field_spans(&mut spans);
+            let spans: Vec<_> = parsed.view().field_spans().collect();
             prop_assert_eq!(&spans, &floe_sdk::json::field_spans(text));
             prop_assert_eq!(spans.len(), v.as_object().unwrap().len() + usize::from(text == patched.as_bytes()));
         }
