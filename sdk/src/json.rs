@@ -4,7 +4,10 @@
 //! until it is read, and reading a field only scans the text up to that field (and
 //! skips nested values without looking inside them). Strings are unescaped only when
 //! they contain an escape. [`Json::to_value`] and [`Json::parse`] turn a value into a
-//! `serde_json` value or a type of your own when you need the whole thing.
+//! `serde_json` value or a type of your own when you need the whole thing. A record's
+//! own top-level fields ([`Record::get`](crate::Record::get),
+//! [`Record::fields`](crate::Record::fields)) are found without any scan: through the
+//! field index the agent sends with each record.
 //!
 //! ```
 //! use floe_sdk::json::{Json, Kind};
