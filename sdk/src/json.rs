@@ -220,11 +220,42 @@ impl<'a> Json<'a> {
         }
         // An escape always takes more bytes than the character it stands for, so text
         // as long as `s` is `s` only byte for byte.
-        match (t.len() - 2).cmp(&s.len()) {
+        let inner = &t[1..t.len() - 1];
+        match inner.len().cmp(&s.len()) {
             std::cmp::Ordering::Less => false,
-            std::cmp::Ordering::Equal => &t[1..t.len() - 1] == s.as_bytes(),
-            std::cmp::Ordering::Greater => key_eq(t, s),
+            std::cmp::Ordering::Equal => bytes_eq(inner, s.as_bytes()),
+            // Longer: only escapes can make it `s`. Up to the first backslash the text
+            // must be `s` byte for byte (usually the first byte already differs).
+            std::cmp::Ordering::Greater => {
+                let same = inner
+                    .iter()
+                    .zip(s.as_bytes())
+                    .take_while(|(a, b)| a == b && **a != b'\\')
+                    .count();
+                inner.get(same) == Some(&b'\\') && key_eq(t, s)
+            }
         }
+    }
+
+    /// The text between a string's quotes when it holds no escape, so that it is the
+    /// string itself (UTF-8 if the record is, not checked here); `None` for a string
+    /// with escapes and for other values. For code that only needs the bytes, such as
+    /// a hash: cheaper than [`Json::as_str`].
+    ///
+    /// ```
+    /// use floe_sdk::json::Json;
+    ///
+    /// assert_eq!(Json::new(br#""ann""#).plain_str(), Some(&b"ann"[..]));
+    /// assert_eq!(Json::new(br#""a\nb""#).plain_str(), None);
+    /// assert_eq!(Json::new(b"12").plain_str(), None);
+    /// ```
+    pub fn plain_str(&self) -> Option<&'a [u8]> {
+        let t = self.text;
+        if t.len() < 2 || t[0] != b'"' {
+            return None;
+        }
+        let inner = &t[1..t.len() - 1];
+        (!has_backslash(inner)).then_some(inner)
     }
 
     /// The number as an `i64`, if it is an integer in range (`1.0` and `1e3` are not).
@@ -677,7 +708,36 @@ fn name_is(raw: &[u8], escaped: bool, key: &str) -> bool {
         return key_eq(raw, key);
     }
     // Unescaped: the text between the quotes is the name.
-    raw.len() == key.len() + 2 && &raw[1..raw.len() - 1] == key.as_bytes()
+    raw.len() == key.len() + 2 && bytes_eq(&raw[1..raw.len() - 1], key.as_bytes())
+}
+
+/// `a == b`, eight bytes at a time: names and short strings are compared in a few
+/// instructions (a call to `memcmp` cost a WebAssembly guest over a hundred).
+#[inline]
+fn bytes_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let (mut a, mut b) = (a, b);
+    while let (Some((x, a_rest)), Some((y, b_rest))) =
+        (a.split_first_chunk::<8>(), b.split_first_chunk::<8>())
+    {
+        if x != y {
+            return false;
+        }
+        (a, b) = (a_rest, b_rest);
+    }
+    a.iter().zip(b).all(|(x, y)| x == y)
+}
+
+/// Whether `b` holds a backslash, eight bytes at a time.
+#[inline]
+fn has_backslash(b: &[u8]) -> bool {
+    let mut words = b.chunks_exact(8);
+    words
+        .by_ref()
+        .any(|w| has_byte(u64::from_le_bytes(w.try_into().expect("8")), b'\\') != 0)
+        || words.remainder().contains(&b'\\')
 }
 
 /// Whether the JSON string `raw` (quotes included) is `key`.
@@ -689,9 +749,9 @@ fn key_eq(raw: &[u8], key: &str) -> bool {
     // An escape always takes more bytes than the character it stands for: a text as
     // long as the key has none, and a shorter one cannot be the key.
     if inner.len() <= key.len() {
-        return inner == key.as_bytes();
+        return bytes_eq(inner, key.as_bytes());
     }
-    inner.contains(&b'\\') && unescape(raw).is_some_and(|s| s == key)
+    has_backslash(inner) && unescape(raw).is_some_and(|s| s == key)
 }
 
 /// The string a JSON string literal (quotes included) stands for.
@@ -700,7 +760,7 @@ fn unescape(raw: &[u8]) -> Option<Cow<'_, str>> {
         return None;
     }
     let inner = &raw[1..raw.len() - 1];
-    if !inner.contains(&b'\\') {
+    if !has_backslash(inner) {
         return std::str::from_utf8(inner).ok().map(Cow::Borrowed);
     }
     serde_json::from_slice::<String>(raw).ok().map(Cow::Owned)
@@ -1254,6 +1314,48 @@ mod tests {
             .unwrap();
         assert!(r.fields.is_some());
         crate::Record::new(r.value, r.topic, 0, 0, None, None).with_index(r.fields)
+    }
+
+    #[test]
+    fn strings_compare_equal_exactly_when_their_text_means_the_same() {
+        // Lengths around the eight-byte steps, escapes at every position, written by
+        // serde_json and with each character spelled as a `\u` escape in turn.
+        for len in 0..=18 {
+            for at in 0..len.max(1) {
+                for special in ["a", "\"", "\\", "\n", "é", "\u{1F600}", "/"] {
+                    let mut s: String =
+                        (0..len).map(|i| char::from(b'a' + (i % 7) as u8)).collect();
+                    if len > 0 {
+                        s.replace_range(at..at + 1, special);
+                    }
+                    let mut texts = vec![serde_json::to_string(&s).unwrap()];
+                    for (i, c) in s.char_indices() {
+                        if (c as u32) < 0x10000 {
+                            let before = serde_json::to_string(&s[..i]).unwrap();
+                            let after = serde_json::to_string(&s[i + c.len_utf8()..]).unwrap();
+                            texts.push(format!(
+                                "{}\\u{:04x}{}",
+                                before.strip_suffix('"').unwrap(),
+                                c as u32,
+                                after.strip_prefix('"').unwrap()
+                            ));
+                        }
+                    }
+                    for text in &texts {
+                        let v = j(text);
+                        assert_eq!(v.as_str().as_deref(), Some(s.as_str()), "{text}");
+                        assert!(v.is_str(&s), "{text} is {s:?}");
+                        assert!(!v.is_str(&format!("{s}x")), "{text}");
+                        assert!(!v.is_str(&format!("x{s}")), "{text}");
+                        if let Some(shorter) = s.char_indices().last().map(|(i, _)| &s[..i]) {
+                            assert!(!v.is_str(shorter), "{text} is not {shorter:?}");
+                        }
+                        let plain = !text.contains('\\');
+                        assert_eq!(v.plain_str(), plain.then_some(s.as_bytes()), "{text}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -70,10 +70,14 @@ fn redact(record: &Record, config: &Config) -> Result<Answer, Error> {
     }
     for (path, v) in config.hash.iter().zip(hash) {
         if let Some(v) = v.filter(|v| !v.is_null()) {
-            // A string is hashed from its text as it is, without building a value.
-            let hashed = match v.as_str() {
-                Some(text) => quoted_hash(&config.salt, &text),
-                None => quoted_hash(&config.salt, &v.to_value()?.to_string()),
+            // A string is hashed from its text as it is, without building a value
+            // (without even unescaping or checking it when it holds no escape).
+            let hashed = if let Some(bytes) = v.plain_str() {
+                quoted_hash(&config.salt, bytes)
+            } else if let Some(text) = v.as_str() {
+                quoted_hash(&config.salt, text.as_bytes())
+            } else {
+                quoted_hash(&config.salt, v.to_value()?.to_string().as_bytes())
             };
             patch = patch.set_json(path, &hashed);
         }
@@ -139,15 +143,15 @@ pub fn hash_value(salt: &str, value: &Value) -> String {
 
 /// Lowercase hex SHA-256 of `salt` followed by `text`.
 pub fn hash_text(salt: &str, text: &str) -> String {
-    let quoted = quoted_hash(salt, text);
+    let quoted = quoted_hash(salt, text.as_bytes());
     String::from_utf8(quoted[1..65].to_vec()).expect("hex digits are ASCII")
 }
 
 /// [`hash_text`] as a JSON string (the hex in quotes: it needs no escaping), built
 /// without allocating: what a patch sets.
-fn quoted_hash(salt: &str, text: &str) -> [u8; 66] {
+fn quoted_hash(salt: &str, text: &[u8]) -> [u8; 66] {
     // The agent hashes (`floe_sdk::hash`): compiled in, SHA-256 doubled our instructions.
-    let digest = floe_sdk::hash::sha256_parts(&[salt.as_bytes(), text.as_bytes()]);
+    let digest = floe_sdk::hash::sha256_parts(&[salt.as_bytes(), text]);
     let mut out = [b'"'; 66];
     let hex = (&mut out[1..65]).try_into().expect("64 bytes");
     floe_sdk::hash::hex_into(&digest, hex);
