@@ -1365,18 +1365,20 @@ mod tests {
         let record = read_indexed(&good);
         assert_eq!(record.get("bb").unwrap().bytes(), br#""x""#);
         assert_eq!(record.fields().count(), 2);
-        // The index is the buffer's last 32 bytes: break the second entry's value end,
-        // then the first entry's key range.
-        let at = good.len() - 16 + 12;
-        let mut bad = good.clone();
-        bad[at..at + 4].copy_from_slice(&1000u32.to_le_bytes());
+        // The index is the buffer's last 32 bytes: `good` with one of its words changed.
+        let broken = |at: usize, word: u32| {
+            let mut bad = good.clone();
+            bad[at..at + 4].copy_from_slice(&word.to_le_bytes());
+            bad
+        };
+        // The second entry's value end out of the text.
+        let bad = broken(good.len() - 16 + 12, 1000);
         let record = read_indexed(&bad);
         assert_eq!(record.fields().count(), 1);
         assert!(record.get("bb").is_none());
         assert_eq!(record.get("a").unwrap().bytes(), b"1");
-        let at = good.len() - 32 + 4;
-        let mut bad = good.clone();
-        bad[at..at + 4].copy_from_slice(&0u32.to_le_bytes());
+        // The first entry's key ending before it starts.
+        let bad = broken(good.len() - 32 + 4, 0);
         let record = read_indexed(&bad);
         assert_eq!(record.fields().count(), 0);
         assert!(record.get("a").is_none());

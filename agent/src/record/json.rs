@@ -420,10 +420,15 @@ impl<'a> JsonView<'a> {
     /// The object key at `i`, if the token there is one.
     fn key_at(&self, i: usize) -> Option<Str<'a>> {
         let t = self.tape[i];
-        (t.kind == Kind::Key).then(|| Str {
+        (t.kind == Kind::Key).then(|| self.str_of(t))
+    }
+
+    /// The string (or key) token `t`.
+    fn str_of(&self, t: Tok) -> Str<'a> {
+        Str {
             quoted: self.text(t.pos as usize, t.len as usize),
             escaped: t.flag,
-        })
+        }
     }
 
     fn value_at(&self, i: usize) -> Value<'a> {
@@ -431,10 +436,7 @@ impl<'a> JsonView<'a> {
         match t.kind {
             Kind::Object => Value::Object(Obj { view: *self, at: i }),
             Kind::Array => Value::Array(Arr { view: *self, at: i }),
-            Kind::String | Kind::Key => Value::String(Str {
-                quoted: self.text(t.pos as usize, t.len as usize),
-                escaped: t.flag,
-            }),
+            Kind::String | Kind::Key => Value::String(self.str_of(t)),
             Kind::Number => Value::Number(Num {
                 text: self.text(t.pos as usize, t.len as usize),
                 fraction: t.flag,
