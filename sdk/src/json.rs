@@ -712,9 +712,11 @@ fn name_is(raw: &[u8], escaped: bool, key: &str) -> bool {
 }
 
 /// `a == b`, eight bytes at a time: names and short strings are compared in a few
-/// instructions (a call to `memcmp` cost a WebAssembly guest over a hundred).
+/// instructions (a call to `memcmp` cost a WebAssembly guest over a hundred, and the
+/// agent's patches a call per field). Shared with the agent; not part of the plugin API.
+#[doc(hidden)]
 #[inline]
-fn bytes_eq(a: &[u8], b: &[u8]) -> bool {
+pub fn bytes_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }

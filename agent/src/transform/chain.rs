@@ -632,12 +632,24 @@ impl Stage {
 
     /// One call over `items`: encode, run, decode.
     fn call(&mut self, inputs: &[ChainInput<'_>], items: &[Item]) -> Result<Vec<Out>, CallError> {
+        // Each record's index into the call's topic table, found once (a batch's
+        // records are nearly always of one topic: the last one found is tried first).
         let mut topics: Vec<&str> = Vec::new();
+        let mut topic_of: Vec<u32> = Vec::with_capacity(items.len());
+        let mut last = 0usize;
         for item in items {
             let topic = inputs[item.origin].topic;
-            if !topics.contains(&topic) {
-                topics.push(topic);
+            let same = |t: &&str| floe_sdk::json::bytes_eq(t.as_bytes(), topic.as_bytes());
+            if !topics.get(last).is_some_and(same) {
+                last = match topics.iter().position(same) {
+                    Some(i) => i,
+                    None => {
+                        topics.push(topic);
+                        topics.len() - 1
+                    }
+                };
             }
+            topic_of.push(last as u32);
         }
         let mut buf = std::mem::take(&mut self.buf);
         // Plugins of contract 0.2.2 get each record's field index (read off the tape as
@@ -646,9 +658,8 @@ impl Stage {
             true => InputWriter::indexed(&mut buf, items.len(), &topics),
             false => InputWriter::new(&mut buf, items.len(), &topics),
         };
-        for item in items {
+        for (item, &topic) in items.iter().zip(&topic_of) {
             let input = &inputs[item.origin];
-            let topic = topics.iter().position(|t| *t == input.topic).unwrap_or(0) as u32;
             let value = value_of(inputs, item);
             writer.push(
                 value.bytes(),
@@ -809,8 +820,11 @@ fn patch(value: JsonView<'_>, ops: wire::Ops<'_>) -> Result<JsonObject, String> 
             action,
         });
     }
-    let ops: SmallVec<[PatchRef<'_>; INLINE_OPS]> =
-        read.iter().map(|op| op.as_patch(&names)).collect();
+    // Pushed in place: a collected SmallVec is built aside and then copied whole.
+    let mut ops: SmallVec<[PatchRef<'_>; INLINE_OPS]> = SmallVec::new();
+    for op in &read {
+        ops.push(op.as_patch(&names));
+    }
     value
         .apply_borrowed(&ops)
         .map_err(|e| format!("its patch cannot be applied: {e}"))

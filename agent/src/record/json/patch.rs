@@ -62,18 +62,16 @@ fn apply_with(
         });
     }
     let values = &*tokens;
-    let edits: SmallVec<[Edit<'_, '_>; INLINE_OPS]> = ops
-        .iter()
-        .zip(&starts)
-        .map(|(op, start)| {
-            let action = match (op, start) {
-                (PatchRef::Rename { to, .. }, _) => Action::Rename(to),
-                (_, Some((text, at))) => Action::Set(JsonView { text, tape: values }.value_at(*at)),
-                (_, None) => Action::Remove,
-            };
-            (op.path(), action)
-        })
-        .collect();
+    // Pushed in place: a collected SmallVec is built aside and then copied whole.
+    let mut edits: SmallVec<[Edit<'_, '_>; INLINE_OPS]> = SmallVec::new();
+    for (op, start) in ops.iter().zip(&starts) {
+        let action = match (op, start) {
+            (PatchRef::Rename { to, .. }, _) => Action::Rename(to),
+            (_, Some((text, at))) => Action::Set(JsonView { text, tape: values }.value_at(*at)),
+            (_, None) => Action::Remove,
+        };
+        edits.push((op.path(), action));
+    }
     let room = |base: JsonView<'_>| {
         JsonWriter::with_room(
             base.text.len() + extra_bytes,

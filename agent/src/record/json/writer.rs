@@ -22,20 +22,64 @@ thread_local! {
 
 /// Spare buffers of one thread and the bytes they hold.
 struct Spare {
-    buffers: Vec<(Vec<u8>, Vec<Tok>)>,
+    buffers: Vec<(String, Vec<Tok>)>,
     bytes: usize,
 }
 
-/// The most spare buffers a thread keeps (a few parts of a batch of records).
-const SPARE_MAX: usize = 1024;
+/// The most spare buffers a thread keeps: a whole batch of records (the records of a
+/// batch come back from the pipeline only after the batch's last part has run, so a
+/// thread keeping a few parts' worth allocated afresh for most of each batch).
+const SPARE_MAX: usize = 8192;
 
 /// The most bytes of spare buffers a thread keeps: what a thread holds between batches
 /// stays small whatever the records' size.
-const SPARE_TOTAL_BYTES_MAX: usize = 2 << 20;
+pub(super) const SPARE_TOTAL_BYTES_MAX: usize = 4 << 20;
 
 /// Bytes held by a text and a tape.
-fn held(text: &Vec<u8>, tape: &Vec<Tok>) -> usize {
+fn held(text: &String, tape: &Vec<Tok>) -> usize {
     text.capacity() + tape.capacity() * std::mem::size_of::<Tok>()
+}
+
+/// `buf` emptied, with room for `n` items: a recycled buffer too small for them is
+/// replaced by a new one a power of two in size (growing it would copy it, and an
+/// exact fit would be too small again for the next, slightly longer record).
+fn room<B: Buffer>(mut buf: B, n: usize) -> B {
+    buf.clear_buffer();
+    if buf.room() < n {
+        buf = B::with_room(n.next_power_of_two());
+    }
+    buf
+}
+
+/// What [`room`] needs of a text or a tape.
+trait Buffer {
+    fn clear_buffer(&mut self);
+    fn room(&self) -> usize;
+    fn with_room(n: usize) -> Self;
+}
+
+impl Buffer for String {
+    fn clear_buffer(&mut self) {
+        self.clear();
+    }
+    fn room(&self) -> usize {
+        self.capacity()
+    }
+    fn with_room(n: usize) -> Self {
+        String::with_capacity(n)
+    }
+}
+
+impl Buffer for Vec<Tok> {
+    fn clear_buffer(&mut self) {
+        self.clear();
+    }
+    fn room(&self) -> usize {
+        self.capacity()
+    }
+    fn with_room(n: usize) -> Self {
+        Vec::with_capacity(n)
+    }
 }
 
 /// Bytes of spare buffers this thread holds.
@@ -46,9 +90,9 @@ pub(super) fn spare_bytes() -> usize {
 
 impl JsonObject {
     /// Drops the object, keeping its buffers for the next [`JsonWriter`] on this thread
-    /// (up to a bound: past a thousand buffers or 2 MiB, they are freed).
+    /// (up to a bound: past 8,192 buffers or 4 MiB, they are freed).
     pub fn recycle(self) {
-        let (text, tape) = (self.text.into_bytes(), self.tape);
+        let (text, tape) = (self.text, self.tape);
         let bytes = held(&text, &tape);
         SPARE.with_borrow_mut(|spare| {
             if spare.buffers.len() < SPARE_MAX && spare.bytes + bytes <= SPARE_TOTAL_BYTES_MAX {
@@ -64,7 +108,9 @@ impl JsonObject {
 /// object (keys unique, every `begin` closed); misuse panics in debug builds only.
 #[derive(Debug, Default)]
 pub struct JsonWriter {
-    bytes: Vec<u8>,
+    /// Built from `&str` pieces and ASCII only: a `String` from the start, so the
+    /// finished object needs no UTF-8 check (it cost every patched record one).
+    bytes: String,
     tape: Vec<Tok>,
     /// Open containers: tape index and whether a member was written (on the stack for
     /// the usual few levels).
@@ -87,20 +133,16 @@ impl JsonWriter {
 
     /// An empty writer with room for `bytes` bytes of text and `tokens` tokens.
     pub(super) fn with_room(bytes: usize, tokens: usize) -> JsonWriter {
-        let (mut text, mut tape) = SPARE
+        let (text, tape) = SPARE
             .with_borrow_mut(|spare| {
                 let (text, tape) = spare.buffers.pop()?;
                 spare.bytes -= held(&text, &tape);
                 Some((text, tape))
             })
             .unwrap_or_default();
-        text.clear();
-        text.reserve(bytes);
-        tape.clear();
-        tape.reserve(tokens);
         JsonWriter {
-            bytes: text,
-            tape,
+            bytes: room(text, bytes),
+            tape: room(tape, tokens),
             ..JsonWriter::default()
         }
     }
@@ -112,7 +154,7 @@ impl JsonWriter {
         }
         if let Some((_, written)) = self.stack.last_mut() {
             if *written {
-                self.bytes.push(b',');
+                self.bytes.push(',');
             }
             *written = true;
         }
@@ -127,7 +169,7 @@ impl JsonWriter {
         });
     }
 
-    fn open(&mut self, kind: Kind, bracket: u8) {
+    fn open(&mut self, kind: Kind, bracket: char) {
         self.separate();
         self.stack.push((self.tape.len(), false));
         self.tape.push(Tok {
@@ -139,7 +181,7 @@ impl JsonWriter {
         self.bytes.push(bracket);
     }
 
-    fn close(&mut self, bracket: u8) {
+    fn close(&mut self, bracket: char) {
         let (open, _) = self.stack.pop().expect("a container is open");
         debug_assert!(!self.after_key, "a key without a value");
         let end = self.tape.len();
@@ -155,22 +197,22 @@ impl JsonWriter {
 
     /// `{`.
     pub fn begin_object(&mut self) {
-        self.open(Kind::Object, b'{');
+        self.open(Kind::Object, '{');
     }
 
     /// `}`.
     pub fn end_object(&mut self) {
-        self.close(b'}');
+        self.close('}');
     }
 
     /// `[`.
     pub fn begin_array(&mut self) {
-        self.open(Kind::Array, b'[');
+        self.open(Kind::Array, '[');
     }
 
     /// `]`.
     pub fn end_array(&mut self) {
-        self.close(b']');
+        self.close(']');
     }
 
     /// An object key (its value must follow).
@@ -179,7 +221,7 @@ impl JsonWriter {
         let start = self.bytes.len();
         let escaped = write_string(&mut self.bytes, key);
         self.push(Kind::Key, escaped, start);
-        self.bytes.push(b':');
+        self.bytes.push(':');
         self.after_key = true;
     }
 
@@ -187,30 +229,30 @@ impl JsonWriter {
     pub(super) fn key_quoted(&mut self, quoted: &str, escaped: bool) {
         self.separate();
         let start = self.bytes.len();
-        self.bytes.extend_from_slice(quoted.as_bytes());
+        self.bytes.push_str(quoted);
         self.push(Kind::Key, escaped, start);
-        self.bytes.push(b':');
+        self.bytes.push(':');
         self.after_key = true;
     }
 
     /// `null`.
     pub fn null(&mut self) {
-        self.literal(Kind::Null, b"null");
+        self.literal(Kind::Null, "null");
     }
 
     /// `true` or `false`.
     pub fn bool(&mut self, b: bool) {
         if b {
-            self.literal(Kind::True, b"true");
+            self.literal(Kind::True, "true");
         } else {
-            self.literal(Kind::False, b"false");
+            self.literal(Kind::False, "false");
         }
     }
 
-    fn literal(&mut self, kind: Kind, text: &[u8]) {
+    fn literal(&mut self, kind: Kind, text: &str) {
         self.separate();
         let start = self.bytes.len();
-        self.bytes.extend_from_slice(text);
+        self.bytes.push_str(text);
         self.push(kind, false, start);
     }
 
@@ -218,8 +260,7 @@ impl JsonWriter {
     pub fn i64(&mut self, v: i64) {
         self.separate();
         let start = self.bytes.len();
-        self.bytes
-            .extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
+        self.bytes.push_str(itoa::Buffer::new().format(v));
         self.push(Kind::Number, false, start);
     }
 
@@ -239,8 +280,7 @@ impl JsonWriter {
         }
         self.separate();
         let start = self.bytes.len();
-        self.bytes
-            .extend_from_slice(ryu::Buffer::new().format_finite(v).as_bytes());
+        self.bytes.push_str(ryu::Buffer::new().format_finite(v));
         self.push(Kind::Number, true, start);
     }
 
@@ -260,13 +300,13 @@ impl JsonWriter {
             Value::Number(n) => {
                 self.separate();
                 let start = self.bytes.len();
-                self.bytes.extend_from_slice(n.text().as_bytes());
+                self.bytes.push_str(n.text());
                 self.push(Kind::Number, n.has_fraction(), start);
             }
             Value::String(s) => {
                 self.separate();
                 let start = self.bytes.len();
-                self.bytes.extend_from_slice(s.quoted().as_bytes());
+                self.bytes.push_str(s.quoted());
                 self.push(Kind::String, s.escaped, start);
             }
             Value::Object(Obj { view, at }) | Value::Array(Arr { view, at }) => {
@@ -295,7 +335,7 @@ impl JsonWriter {
     fn copy(&mut self, view: JsonView<'_>, span: Range<usize>, tokens: Range<usize>) {
         let byte_shift = self.bytes.len() as i64 - span.start as i64;
         let tape_shift = self.tape.len() as i64 - tokens.start as i64;
-        self.bytes.extend_from_slice(&view.text.as_bytes()[span]);
+        self.bytes.push_str(&view.text[span]);
         // One reservation for the run (an exact-size iterator), not a check per token.
         self.tape.extend(view.tape[tokens].iter().map(|t| {
             let mut t = *t;
@@ -314,21 +354,19 @@ impl JsonWriter {
             "JsonWriter::finish: not one complete object"
         );
         JsonObject {
-            // Only `&str` pieces and ASCII were written: the check cannot fail, and it
-            // runs once per object instead of once per token read.
-            text: String::from_utf8(self.bytes).expect("a JsonWriter writes UTF-8"),
+            text: self.bytes,
             tape: self.tape,
         }
     }
 
     /// The text written so far (for writers of non-object values, e.g. keys).
     pub fn into_text(self) -> Vec<u8> {
-        self.bytes
+        self.bytes.into_bytes()
     }
 }
 
 /// Writes `s` as a JSON string; returns whether an escape was written.
-pub(super) fn write_string(out: &mut Vec<u8>, s: &str) -> bool {
+pub(super) fn write_string(out: &mut String, s: &str) -> bool {
     let bytes = s.as_bytes();
     // Text with nothing to escape (the usual name) is copied whole, found plain eight
     // bytes at a time (a match per byte cost a renamed key 280 instructions).
@@ -338,39 +376,40 @@ pub(super) fn write_string(out: &mut Vec<u8>, s: &str) -> bool {
         .all(|&b| b >= 0x20 && b != b'"' && b != b'\\')
     {
         out.reserve(bytes.len() + 2);
-        out.push(b'"');
-        out.extend_from_slice(bytes);
-        out.push(b'"');
+        out.push('"');
+        out.push_str(s);
+        out.push('"');
         return false;
     }
-    out.push(b'"');
+    out.push('"');
     let mut escaped = false;
     let mut from = 0;
     for (i, &b) in bytes.iter().enumerate() {
-        let esc: &[u8] = match b {
-            b'"' => b"\\\"",
-            b'\\' => b"\\\\",
-            b'\n' => b"\\n",
-            b'\r' => b"\\r",
-            b'\t' => b"\\t",
-            0x08 => b"\\b",
-            0x0c => b"\\f",
-            0x00..=0x1f => b"",
+        let esc: &str = match b {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0x08 => "\\b",
+            0x0c => "\\f",
+            0x00..=0x1f => "",
             _ => continue,
         };
-        out.extend_from_slice(&bytes[from..i]);
+        // `i` is at an ASCII byte: a character boundary.
+        out.push_str(&s[from..i]);
         if esc.is_empty() {
             const HEX: &[u8; 16] = b"0123456789abcdef";
-            out.extend_from_slice(b"\\u00");
-            out.push(HEX[(b >> 4) as usize]);
-            out.push(HEX[(b & 15) as usize]);
+            out.push_str("\\u00");
+            out.push(char::from(HEX[(b >> 4) as usize]));
+            out.push(char::from(HEX[(b & 15) as usize]));
         } else {
-            out.extend_from_slice(esc);
+            out.push_str(esc);
         }
         escaped = true;
         from = i + 1;
     }
-    out.extend_from_slice(&bytes[from..]);
-    out.push(b'"');
+    out.push_str(&s[from..]);
+    out.push('"');
     escaped
 }
