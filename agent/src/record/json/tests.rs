@@ -568,7 +568,7 @@ fn recycled_buffers_are_written_again_from_scratch() {
         JsonObject::parse(patched.as_bytes().to_vec()).unwrap()
     );
 
-    // A thread keeps at most 4 MiB of spare buffers: a large object's are freed.
+    // A thread keeps at most 2 MiB of spare buffers: a large object's are freed.
     let cap = writer::SPARE_TOTAL_BYTES_MAX;
     let huge = parse(&format!(r#"{{"pad": "{}"}}"#, "y".repeat(cap + (1 << 20)))).unwrap();
     huge.recycle();

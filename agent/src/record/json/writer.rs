@@ -33,7 +33,7 @@ const SPARE_MAX: usize = 8192;
 
 /// The most bytes of spare buffers a thread keeps: what a thread holds between batches
 /// stays small whatever the records' size.
-pub(super) const SPARE_TOTAL_BYTES_MAX: usize = 4 << 20;
+pub(super) const SPARE_TOTAL_BYTES_MAX: usize = 2 << 20;
 
 /// Bytes held by a text and a tape.
 fn held(text: &String, tape: &Vec<Tok>) -> usize {
@@ -90,7 +90,7 @@ pub(super) fn spare_bytes() -> usize {
 
 impl JsonObject {
     /// Drops the object, keeping its buffers for the next [`JsonWriter`] on this thread
-    /// (up to a bound: past 8,192 buffers or 4 MiB, they are freed).
+    /// (up to a bound: past 8,192 buffers or 2 MiB, they are freed).
     pub fn recycle(self) {
         let (text, tape) = (self.text, self.tape);
         let bytes = held(&text, &tape);
