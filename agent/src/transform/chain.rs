@@ -632,25 +632,7 @@ impl Stage {
 
     /// One call over `items`: encode, run, decode.
     fn call(&mut self, inputs: &[ChainInput<'_>], items: &[Item]) -> Result<Vec<Out>, CallError> {
-        // Each record's index into the call's topic table, found once (a batch's
-        // records are nearly always of one topic: the last one found is tried first).
-        let mut topics: Vec<&str> = Vec::new();
-        let mut topic_of: Vec<u32> = Vec::with_capacity(items.len());
-        let mut last = 0usize;
-        for item in items {
-            let topic = inputs[item.origin].topic;
-            let same = |t: &&str| floe_sdk::json::bytes_eq(t.as_bytes(), topic.as_bytes());
-            if !topics.get(last).is_some_and(same) {
-                last = match topics.iter().position(same) {
-                    Some(i) => i,
-                    None => {
-                        topics.push(topic);
-                        topics.len() - 1
-                    }
-                };
-            }
-            topic_of.push(last as u32);
-        }
+        let (topics, topic_of) = topic_table(items.iter().map(|i| inputs[i.origin].topic));
         let mut buf = std::mem::take(&mut self.buf);
         // Plugins of contract 0.2.2 get each record's field index (read off the tape as
         // it is written); earlier ones the layout they were built for.
@@ -691,6 +673,31 @@ impl Stage {
             started.elapsed(),
         );
     }
+}
+
+/// The call's topic table (each topic once, in order of first use) and each record's
+/// index into it. A batch's records are nearly always of one topic: the last one
+/// found is tried first, and names are compared without `memcmp`.
+fn topic_table<'a>(
+    topics_of_records: impl ExactSizeIterator<Item = &'a str>,
+) -> (Vec<&'a str>, Vec<u32>) {
+    let mut topics: Vec<&str> = Vec::new();
+    let mut index = Vec::with_capacity(topics_of_records.len());
+    let mut last = 0usize;
+    for topic in topics_of_records {
+        let same = |t: &&str| floe_sdk::json::bytes_eq(t.as_bytes(), topic.as_bytes());
+        if !topics.get(last).is_some_and(same) {
+            last = match topics.iter().position(same) {
+                Some(i) => i,
+                None => {
+                    topics.push(topic);
+                    topics.len() - 1
+                }
+            };
+        }
+        index.push(last as u32);
+    }
+    (topics, index)
 }
 
 /// The parts to retry after a fault in `range`: around the record a panic named, or
@@ -864,6 +871,17 @@ fn str_of<'a>(bytes: &'a [u8], what: &str) -> Result<&'a str, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Records of several topics in one call: each topic is listed once, in order of
+    /// first use, and every record points at its own, also after a switch back.
+    #[test]
+    fn every_record_points_at_its_topic() {
+        let (table, index) = topic_table(["a", "a", "bb", "a", "c", "bb", "bb"].into_iter());
+        assert_eq!(table, ["a", "bb", "c"]);
+        assert_eq!(index, [0, 0, 1, 0, 2, 1, 1]);
+        let (table, index) = topic_table(std::iter::empty());
+        assert!(table.is_empty() && index.is_empty());
+    }
 
     #[test]
     fn a_chain_can_move_to_the_pipeline_thread() {
