@@ -669,11 +669,22 @@ impl<'a> AnswerReader<'a> {
 
     /// The next answer, checked to be well formed; `None` after the last one.
     pub fn next_answer(&mut self) -> Option<Result<Answer<'a>, WireError>> {
+        self.next_answer_with(|_| {})
+    }
+
+    /// [`AnswerReader::next_answer`], handing each operation of a patch to `each_op`
+    /// as it is checked: a reader that needs every operation once reads them once
+    /// (iterating the answer's `ops` reads them again). When the answer turns out
+    /// malformed, the operations handed over so far belong to no answer.
+    pub fn next_answer_with(
+        &mut self,
+        each_op: impl FnMut(Op<'a>),
+    ) -> Option<Result<Answer<'a>, WireError>> {
         if self.left == 0 {
             return None;
         }
         self.left -= 1;
-        let answer = self.read();
+        let answer = self.read(each_op);
         if answer.is_err() {
             self.left = 0;
         }
@@ -685,7 +696,7 @@ impl<'a> AnswerReader<'a> {
         self.cursor.at_end()
     }
 
-    fn read(&mut self) -> Result<Answer<'a>, WireError> {
+    fn read(&mut self, mut each_op: impl FnMut(Op<'a>)) -> Result<Answer<'a>, WireError> {
         let c = &mut self.cursor;
         match c.u8()? {
             tag::UNCHANGED => Ok(Answer::Unchanged {
@@ -697,7 +708,7 @@ impl<'a> AnswerReader<'a> {
                 let n = c.count(5)?;
                 let start = c.clone();
                 for _ in 0..n {
-                    read_op(c)?;
+                    each_op(read_op(c)?);
                 }
                 Ok(Answer::Patch {
                     route,
@@ -816,6 +827,19 @@ mod tests {
         ));
         assert!(r.next_answer().is_none());
         assert!(r.at_end());
+
+        // Read again, the operations handed over as they are checked: the same ones
+        // the answer's `ops` give, and only for the patch.
+        let mut r = AnswerReader::new(&buf).unwrap();
+        let mut handed = Vec::new();
+        let mut iterated = Vec::new();
+        while let Some(answer) = r.next_answer_with(|op| handed.push(format!("{op:?}"))) {
+            if let Answer::Patch { ops, .. } = answer.unwrap() {
+                iterated.extend(ops.map(|op| format!("{op:?}")));
+            }
+        }
+        assert_eq!(handed.len(), 2);
+        assert_eq!(handed, iterated);
     }
 
     #[test]

@@ -743,9 +743,14 @@ fn decode(
     };
     let mut outs = Vec::with_capacity(items.len());
     let mut produced = 0usize;
+    // A patch's operations are taken as the reader checks them (read once, not twice),
+    // into buffers reused from answer to answer.
+    let mut ops = PatchOps::default();
+    let mut names = KnownNames::default();
     for item in items {
+        ops.clear();
         let answer = reader
-            .next_answer()
+            .next_answer_with(|op| ops.push(op, &mut names))
             .expect("as many answers as announced")
             .map_err(|e| FaultKind::Contract(format!("unreadable answers: {e}")))?;
         let route = |r: Option<&[u8]>| r.map(|r| text(r, "a route")).transpose();
@@ -758,9 +763,9 @@ fn decode(
                 }
             }
             wire::Answer::Dropped => Out::Drop,
-            wire::Answer::Patch { route: r, ops } => {
+            wire::Answer::Patch { route: r, .. } => {
                 produced += 1;
-                match route(r).and_then(|r| patch(value_of(inputs, item), ops).map(|v| (v, r))) {
+                match route(r).and_then(|r| patch(value_of(inputs, item), &ops).map(|v| (v, r))) {
                     Ok((v, r)) => Out::Patched(v, r),
                     Err(e) => Out::Error(e),
                 }
@@ -803,38 +808,88 @@ fn decode(
 /// answer: a few different fields), else one operation after the other. Names and
 /// values are read in place from the answer: a patch costs the new record and a few
 /// vectors, not a copy of every name.
-fn patch(value: JsonView<'_>, ops: wire::Ops<'_>) -> Result<JsonObject, String> {
-    // On the stack for the usual few ops: this runs for every patched record.
-    let mut names: SmallVec<[&str; 2 * INLINE_OPS]> = SmallVec::new();
-    let mut read: SmallVec<[ReadOp<'_>; INLINE_OPS]> = SmallVec::new();
-    for op in ops {
+fn patch(value: JsonView<'_>, ops: &PatchOps<'_>) -> Result<JsonObject, String> {
+    if let Some(e) = &ops.error {
+        return Err(e.clone());
+    }
+    // Pushed in place: a collected SmallVec is built aside and then copied whole.
+    let mut refs: SmallVec<[PatchRef<'_>; INLINE_OPS]> = SmallVec::new();
+    for op in &ops.ops {
+        refs.push(op.as_patch(&ops.names));
+    }
+    value
+        .apply_borrowed(&refs)
+        .map_err(|e| format!("its patch cannot be applied: {e}"))
+}
+
+/// The operations of one patch answer, as the reader hands them over: on the stack
+/// for the usual few (this runs for every patched record).
+#[derive(Default)]
+struct PatchOps<'a> {
+    names: SmallVec<[&'a str; 2 * INLINE_OPS]>,
+    ops: SmallVec<[ReadOp<'a>; INLINE_OPS]>,
+    /// The first operation that cannot be applied (a name that is not UTF-8, an
+    /// empty path): the record's error; the operations after it are not kept.
+    error: Option<String>,
+}
+
+impl<'a> PatchOps<'a> {
+    fn clear(&mut self) {
+        self.names.clear();
+        self.ops.clear();
+        self.error = None;
+    }
+
+    fn push(&mut self, op: wire::Op<'a>, known: &mut KnownNames<'a>) {
+        if self.error.is_none()
+            && let Err(e) = self.try_push(op, known)
+        {
+            self.error = Some(e);
+        }
+    }
+
+    fn try_push(&mut self, op: wire::Op<'a>, known: &mut KnownNames<'a>) -> Result<(), String> {
         let (path, action) = match op {
             wire::Op::Set { path, value } => (path, ReadAction::Set(value)),
             wire::Op::Remove { path } => (path, ReadAction::Remove),
-            wire::Op::Rename { path, to } => {
-                (path, ReadAction::Rename(str_of(to, "a new field name")?))
-            }
+            wire::Op::Rename { path, to } => (
+                path,
+                ReadAction::Rename(known.str_of(to, "a new field name")?),
+            ),
         };
         if path.is_empty() {
             return Err("its patch names an empty path".to_string());
         }
-        let start = names.len();
+        let start = self.names.len();
         for name in path {
-            names.push(str_of(name, "a patch path")?);
+            self.names.push(known.str_of(name, "a patch path")?);
         }
-        read.push(ReadOp {
-            names: start..names.len(),
+        self.ops.push(ReadOp {
+            names: start..self.names.len(),
             action,
         });
+        Ok(())
     }
-    // Pushed in place: a collected SmallVec is built aside and then copied whole.
-    let mut ops: SmallVec<[PatchRef<'_>; INLINE_OPS]> = SmallVec::new();
-    for op in &read {
-        ops.push(op.as_patch(&names));
+}
+
+/// Names the patches of one call used, each checked to be UTF-8 once: a plugin's
+/// patches name the same few fields record after record, and comparing bytes costs
+/// a fraction of a check.
+#[derive(Default)]
+struct KnownNames<'a>(SmallVec<[&'a str; 16]>);
+
+impl<'a> KnownNames<'a> {
+    fn str_of(&mut self, bytes: &'a [u8], what: &str) -> Result<&'a str, String> {
+        let same = |s: &&&'a str| floe_sdk::json::bytes_eq(s.as_bytes(), bytes);
+        if let Some(&s) = self.0.iter().find(same) {
+            return Ok(s);
+        }
+        let s = str_of(bytes, what)?;
+        if !self.0.spilled() && self.0.len() < self.0.inline_size() {
+            self.0.push(s);
+        }
+        Ok(s)
     }
-    value
-        .apply_borrowed(&ops)
-        .map_err(|e| format!("its patch cannot be applied: {e}"))
 }
 
 /// One operation of a plugin's patch: its names (a range of the patch's names) and
@@ -896,10 +951,13 @@ mod tests {
         w.patch(None, count, ops);
         let answers = w.finish();
         let mut r = AnswerReader::new(&answers).unwrap();
-        let Some(Ok(wire::Answer::Patch { ops, .. })) = r.next_answer() else {
+        let (mut read, mut names) = (PatchOps::default(), KnownNames::default());
+        let Some(Ok(wire::Answer::Patch { .. })) =
+            r.next_answer_with(|op| read.push(op, &mut names))
+        else {
             panic!("a patch")
         };
-        patch(o.view(), ops)
+        patch(o.view(), &read)
     }
 
     #[test]
@@ -930,6 +988,58 @@ mod tests {
             patch_of(&o, 2, &two).unwrap().to_serde(),
             serde_json::json!({"meta": {"a": {"b": 1, "c": 2}}, "k": {"x": null}, "s": 1})
         );
+    }
+
+    /// Patches read in one pass: names repeated from patch to patch (checked once,
+    /// then matched by their bytes) apply to each record, and a name that is not
+    /// UTF-8 or an empty path is that record's error, not the call's.
+    #[test]
+    fn patch_names_are_checked_once_and_bad_ones_fail_their_record() {
+        let a = JsonObject::parse(br#"{"a": 1, "b": 2}"#.to_vec()).unwrap();
+        let inputs: Vec<ChainInput<'_>> = (0..5)
+            .map(|i| ChainInput {
+                value: a.view(),
+                topic: "t",
+                partition: 0,
+                offset: i,
+                timestamp_ms: None,
+                key: None,
+            })
+            .collect();
+        let items: Vec<Item> = (0..5)
+            .map(|origin| Item {
+                origin,
+                value: None,
+                route: None,
+            })
+            .collect();
+        let mut renames = Vec::new();
+        wire::put_rename(&mut renames, ["a"].into_iter(), "x");
+        wire::put_set(&mut renames, ["y"].into_iter(), b"3");
+        let mut others = Vec::new();
+        wire::put_rename(&mut others, ["b"].into_iter(), "x");
+        wire::put_remove(&mut others, ["a"].into_iter());
+        let mut not_utf8 = Vec::new();
+        wire::put_remove(&mut not_utf8, ["a"].into_iter());
+        not_utf8.extend_from_slice(&[wire::op::REMOVE, 1, 0, 0, 0, 1, 0, 0, 0, 0xff]);
+        let mut empty = Vec::new();
+        empty.extend_from_slice(&[wire::op::REMOVE, 0, 0, 0, 0]);
+        let mut w = wire::AnswerWriter::new(5, 0);
+        w.patch(None, 2, &renames);
+        w.patch(None, 2, &others);
+        w.patch(None, 2, &not_utf8);
+        w.patch(None, 2, &renames);
+        w.patch(None, 1, &empty);
+        let outs = decode(&w.finish(), &inputs, &items, 100).unwrap();
+        let patched = |i: usize| match &outs[i] {
+            Out::Patched(v, None) => v.to_serde(),
+            _ => panic!("answer {i} is not a patched record"),
+        };
+        assert_eq!(patched(0), serde_json::json!({"x": 1, "b": 2, "y": 3}));
+        assert_eq!(patched(1), serde_json::json!({"x": 2}));
+        assert!(matches!(&outs[2], Out::Error(e) if e.contains("a patch path is not UTF-8")));
+        assert_eq!(patched(3), serde_json::json!({"x": 1, "b": 2, "y": 3}));
+        assert!(matches!(&outs[4], Out::Error(e) if e.contains("empty path")));
     }
 
     #[test]
