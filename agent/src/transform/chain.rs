@@ -945,6 +945,29 @@ mod tests {
         send::<ChainResult>();
     }
 
+    /// Five inputs, all `value` at offsets 0-4 of topic `t`, and their items before
+    /// any plugin.
+    fn five_records(value: &JsonObject) -> (Vec<ChainInput<'_>>, Vec<Item>) {
+        let inputs = (0..5)
+            .map(|i| ChainInput {
+                value: value.view(),
+                topic: "t",
+                partition: 0,
+                offset: i,
+                timestamp_ms: None,
+                key: None,
+            })
+            .collect();
+        let items = (0..5)
+            .map(|origin| Item {
+                origin,
+                value: None,
+                route: None,
+            })
+            .collect();
+        (inputs, items)
+    }
+
     /// `o` patched by `count` encoded `ops`, read back from an answer buffer.
     fn patch_of(o: &JsonObject, count: u32, ops: &[u8]) -> Result<JsonObject, String> {
         let mut w = wire::AnswerWriter::new(1, 0);
@@ -996,23 +1019,7 @@ mod tests {
     #[test]
     fn patch_names_are_checked_once_and_bad_ones_fail_their_record() {
         let a = JsonObject::parse(br#"{"a": 1, "b": 2}"#.to_vec()).unwrap();
-        let inputs: Vec<ChainInput<'_>> = (0..5)
-            .map(|i| ChainInput {
-                value: a.view(),
-                topic: "t",
-                partition: 0,
-                offset: i,
-                timestamp_ms: None,
-                key: None,
-            })
-            .collect();
-        let items: Vec<Item> = (0..5)
-            .map(|origin| Item {
-                origin,
-                value: None,
-                route: None,
-            })
-            .collect();
+        let (inputs, items) = five_records(&a);
         let mut renames = Vec::new();
         wire::put_rename(&mut renames, ["a"].into_iter(), "x");
         wire::put_set(&mut renames, ["y"].into_iter(), b"3");
@@ -1059,23 +1066,7 @@ mod tests {
     #[test]
     fn answers_are_applied_to_the_records() {
         let a = JsonObject::parse(br#"{"a": 1, "b": 2}"#.to_vec()).unwrap();
-        let inputs: Vec<ChainInput<'_>> = (0..5)
-            .map(|i| ChainInput {
-                value: a.view(),
-                topic: "t",
-                partition: 0,
-                offset: i,
-                timestamp_ms: None,
-                key: None,
-            })
-            .collect();
-        let items: Vec<Item> = (0..5)
-            .map(|origin| Item {
-                origin,
-                value: None,
-                route: None,
-            })
-            .collect();
+        let (inputs, items) = five_records(&a);
         let mut ops = Vec::new();
         wire::put_set(&mut ops, ["c"].into_iter(), b"[3]");
         wire::put_remove(&mut ops, ["a"].into_iter());

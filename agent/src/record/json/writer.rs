@@ -22,7 +22,7 @@ thread_local! {
 
 /// Spare buffers of one thread and the bytes they hold.
 struct Spare {
-    buffers: Vec<(String, Vec<Tok>)>,
+    buffers: Vec<(Vec<u8>, Vec<Tok>)>,
     bytes: usize,
 }
 
@@ -36,50 +36,19 @@ const SPARE_MAX: usize = 8192;
 pub(super) const SPARE_TOTAL_BYTES_MAX: usize = 2 << 20;
 
 /// Bytes held by a text and a tape.
-fn held(text: &String, tape: &Vec<Tok>) -> usize {
+fn held(text: &Vec<u8>, tape: &Vec<Tok>) -> usize {
     text.capacity() + tape.capacity() * std::mem::size_of::<Tok>()
 }
 
 /// `buf` emptied, with room for `n` items: a recycled buffer too small for them is
 /// replaced by a new one a power of two in size (growing it would copy it, and an
 /// exact fit would be too small again for the next, slightly longer record).
-fn room<B: Buffer>(mut buf: B, n: usize) -> B {
-    buf.clear_buffer();
-    if buf.room() < n {
-        buf = B::with_room(n.next_power_of_two());
+fn room<T>(mut buf: Vec<T>, n: usize) -> Vec<T> {
+    buf.clear();
+    if buf.capacity() < n {
+        buf = Vec::with_capacity(n.next_power_of_two());
     }
     buf
-}
-
-/// What [`room`] needs of a text or a tape.
-trait Buffer {
-    fn clear_buffer(&mut self);
-    fn room(&self) -> usize;
-    fn with_room(n: usize) -> Self;
-}
-
-impl Buffer for String {
-    fn clear_buffer(&mut self) {
-        self.clear();
-    }
-    fn room(&self) -> usize {
-        self.capacity()
-    }
-    fn with_room(n: usize) -> Self {
-        String::with_capacity(n)
-    }
-}
-
-impl Buffer for Vec<Tok> {
-    fn clear_buffer(&mut self) {
-        self.clear();
-    }
-    fn room(&self) -> usize {
-        self.capacity()
-    }
-    fn with_room(n: usize) -> Self {
-        Vec::with_capacity(n)
-    }
 }
 
 /// Bytes of spare buffers this thread holds.
@@ -92,7 +61,7 @@ impl JsonObject {
     /// Drops the object, keeping its buffers for the next [`JsonWriter`] on this thread
     /// (up to a bound: past 8,192 buffers or 2 MiB, they are freed).
     pub fn recycle(self) {
-        let (text, tape) = (self.text, self.tape);
+        let (text, tape) = (self.text.into_bytes(), self.tape);
         let bytes = held(&text, &tape);
         SPARE.with_borrow_mut(|spare| {
             if spare.buffers.len() < SPARE_MAX && spare.bytes + bytes <= SPARE_TOTAL_BYTES_MAX {
@@ -141,7 +110,8 @@ impl JsonWriter {
             })
             .unwrap_or_default();
         JsonWriter {
-            bytes: room(text, bytes),
+            // Emptied: the check of its (no) text costs nothing.
+            bytes: String::from_utf8(room(text, bytes)).expect("an empty buffer"),
             tape: room(tape, tokens),
             ..JsonWriter::default()
         }
