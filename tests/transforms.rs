@@ -68,6 +68,14 @@ fn ids(rows: &[Value]) -> BTreeSet<i64> {
 async fn filter_redact_route_chain_writes_one_table_per_stream() -> Result<()> {
     const N: i64 = 600;
     let (_broker, ws, config) = setup("events", (0..N).map(event)).await?;
+    // Two plugin threads whatever the machine's default (one less than its cores): a
+    // batch of N records is two parts, run on both.
+    let text = std::fs::read_to_string(&config)?.replace(
+        "name = \"events\"\n",
+        "name = \"events\"\ntransform_threads = 2\n",
+    );
+    assert!(text.contains("transform_threads"), "{text}");
+    std::fs::write(&config, text)?;
     append_config(
         &config,
         &format!(

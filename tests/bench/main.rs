@@ -71,6 +71,10 @@ struct Args {
     /// `flush_bytes` of the `floe run` scenarios (c) and (d).
     #[arg(long, default_value = "32MiB")]
     flush_bytes: String,
+    /// `transform_threads` of the `floe run` scenarios (c) and (d); unset, the agent's
+    /// default (one less than the cores, at least 1).
+    #[arg(long)]
+    transform_threads: Option<usize>,
     /// Also run 1, 2 and 3 agents (separate processes, one consumer group) on one table.
     #[arg(long)]
     agents: bool,
@@ -409,6 +413,12 @@ const RUNS: [Run; 4] = [
     },
 ];
 
+/// Pipeline settings of the `floe run` scenarios, from the command line.
+struct Tuning {
+    flush_bytes: String,
+    transform_threads: Option<usize>,
+}
+
 async fn floe_run(
     name: &str,
     broker: &Broker,
@@ -416,9 +426,14 @@ async fn floe_run(
     n: usize,
     bytes: u64,
     run: &Run,
-    flush_bytes: &str,
+    tuning: &Tuning,
 ) -> Result<Figures> {
     let ws = Workspace::new()?;
+    let flush_bytes = &tuning.flush_bytes;
+    let threads = tuning
+        .transform_threads
+        .map(|n| format!("transform_threads = {n}\n"))
+        .unwrap_or_default();
     let metrics = format!("127.0.0.1:{}", free_port());
     let d = ws.dir.path().display();
     let mut config = format!(
@@ -432,7 +447,7 @@ path = "{d}/catalog.db"
 warehouse = "{d}/warehouse"
 [[pipelines]]
 name = "bench"
-[pipelines.source]
+{threads}[pipelines.source]
 bootstrap_servers = "{bootstrap}"
 group_id = "bench-{name}"
 topics = ["{topic}"]
@@ -918,6 +933,18 @@ async fn bench(args: Args) -> Result<()> {
     drop(upsert_values);
     drop(values);
     let rounds: Vec<usize> = (1..=args.rounds.max(1)).collect();
+    let tuning = Tuning {
+        flush_bytes: args.flush_bytes.clone(),
+        transform_threads: args.transform_threads,
+    };
+    println!(
+        "floe run: flush_bytes {}, transform_threads {}",
+        tuning.flush_bytes,
+        tuning.transform_threads.map_or_else(
+            || format!("default ({})", floe::config::default_transform_threads()),
+            |n| n.to_string()
+        )
+    );
     for &round in &rounds {
         for (i, run) in RUNS.iter().enumerate() {
             let mut figures = floe_run(
@@ -927,7 +954,7 @@ async fn bench(args: Args) -> Result<()> {
                 n,
                 bytes,
                 run,
-                &args.flush_bytes,
+                &tuning,
             )
             .await?;
             figures.round = Some(round);

@@ -76,7 +76,7 @@ pub struct PipelineConfig {
     pub max_consecutive_faults: u32,
     /// Threads the plugins run on, each with its own instances, taking parts of a
     /// batch in turn while the pipeline buffers what earlier parts produced
-    /// (default: the machine's cores, at most 4).
+    /// (default: [`default_transform_threads`], one less than the cores, 1 to 4).
     pub transform_threads: usize,
     /// Where records go and how often they are committed.
     pub sink: SinkConfig,
@@ -393,12 +393,23 @@ fn pipeline(
     })
 }
 
-/// The default `transform_threads`: the cores this process may use, at most 4.
+/// The default `transform_threads`: one less than the cores this process may use, at
+/// least 1 and at most 4 (see [`transform_threads_for`]).
 pub fn default_transform_threads() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-        .min(4)
+    transform_threads_for(
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
+    )
+}
+
+/// The default `transform_threads` on `cores` cores: one core is left to the rest of the
+/// pipeline (the intake thread, which decodes, buffers the plugins' outputs and overlaps
+/// them; the consumer; Parquet encoding) and to a broker next to it. On two cores a
+/// second plugin thread only competed with them: `scripts/bench.sh` runs were slower
+/// and far noisier with it (docs/benchmarks.md, eleventh session).
+pub fn transform_threads_for(cores: usize) -> usize {
+    cores.saturating_sub(1).clamp(1, 4)
 }
 
 /// Replaces `${VAR}` in every string value; `$${` stays a literal `${`.

@@ -184,3 +184,24 @@ table = "events"
         "KEY-SECRET-6"
     );
 }
+
+#[test]
+fn plugin_threads_leave_a_core_to_the_rest_of_the_pipeline() {
+    // cores -> default transform_threads
+    for (cores, threads) in [(0, 1), (1, 1), (2, 1), (3, 2), (4, 3), (5, 4), (64, 4)] {
+        assert_eq!(transform_threads_for(cores), threads, "{cores} cores");
+    }
+    let config = Config::parse(GOOD, &env).unwrap();
+    assert_eq!(
+        config.pipelines[0].transform_threads,
+        default_transform_threads()
+    );
+    let set = GOOD.replace(
+        "name = \"events\"",
+        "name = \"events\"\ntransform_threads = 2",
+    );
+    assert_eq!(
+        Config::parse(&set, &env).unwrap().pipelines[0].transform_threads,
+        2
+    );
+}
