@@ -645,7 +645,7 @@ impl Moto {
             endpoint: format!("http://127.0.0.1:{port}"),
         };
         wait_listening(&format!("127.0.0.1:{port}"), Duration::from_secs(30))?;
-        let (status, body) = crate::rest::http(
+        let (status, body) = crate::rest::http_retrying(
             "PUT",
             &format!("127.0.0.1:{port}"),
             &format!("/{}", Moto::BUCKET),
