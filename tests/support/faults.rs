@@ -645,13 +645,7 @@ impl Moto {
             endpoint: format!("http://127.0.0.1:{port}"),
         };
         wait_listening(&format!("127.0.0.1:{port}"), Duration::from_secs(30))?;
-        let (status, body) = crate::rest::http_retrying(
-            "PUT",
-            &format!("127.0.0.1:{port}"),
-            &format!("/{}", Moto::BUCKET),
-            "",
-        )?;
-        anyhow::ensure!(status == 200, "create bucket: {status} {body}");
+        crate::rest::create_bucket(&format!("127.0.0.1:{port}"), Moto::BUCKET)?;
         Ok(moto)
     }
 }

@@ -102,21 +102,26 @@ pub fn http(method: &str, addr: &str, path: &str, body: &str) -> Result<(u16, St
     Ok((status, body))
 }
 
-/// [`http`], asked again for up to 10 s while the connection fails (refused or reset),
-/// for a service that has just started; an HTTP answer, whatever its status, is returned.
-pub fn http_retrying(method: &str, addr: &str, path: &str, body: &str) -> Result<(u16, String)> {
+/// Creates bucket `bucket` in the moto at `addr`, which has just started listening: the
+/// request is made again for up to 10 s while the connection is refused or reset (moto
+/// reset one made right as it started, once in CI); any HTTP answer but 200 fails.
+pub fn create_bucket(addr: &str, bucket: &str) -> Result<()> {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        match http(method, addr, path, body) {
+    let (status, body) = loop {
+        match http("PUT", addr, &format!("/{bucket}"), "") {
             Err(e)
                 if e.downcast_ref::<std::io::Error>().is_some()
                     && std::time::Instant::now() < deadline =>
             {
                 std::thread::sleep(Duration::from_millis(100));
             }
-            answer => return answer,
+            answer => break answer?,
         }
+    };
+    if status != 200 {
+        bail!("creating bucket {bucket} in moto: {status} {body}");
     }
+    Ok(())
 }
 
 /// moto, rustberg and the OAuth2 token fixture, wired together.
@@ -166,12 +171,7 @@ impl RestStack {
         let mut moto = Service::spawn("moto", cmd, dir.path())?;
         moto.wait_listening(moto_port, Duration::from_secs(30))?;
         let s3_addr = format!("127.0.0.1:{moto_port}");
-        // moto can reset a connection made right as it starts listening (seen once in
-        // CI): the bucket is set-up, not what a test checks, so it is asked again.
-        let (status, body) = http_retrying("PUT", &s3_addr, &format!("/{BUCKET}"), "")?;
-        if status != 200 {
-            bail!("creating bucket {BUCKET} in moto: {status} {body}");
-        }
+        create_bucket(&s3_addr, BUCKET)?;
         let s3_endpoint = format!("http://{s3_addr}");
 
         let rb_port = free_port();
