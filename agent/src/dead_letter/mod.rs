@@ -185,6 +185,10 @@ struct LineKey {
     topic: String,
     partition: i32,
     offset: i64,
+    #[serde(default)]
+    stage: String,
+    #[serde(default)]
+    reason: String,
 }
 
 /// The sidecar `<path>.idx`: where re-deliverable lines start in the current file.
@@ -194,8 +198,31 @@ struct Sidecar {
     inode: u64,
     /// Lines before this byte are below every resume point.
     start: u64,
-    /// Re-deliverable records kept in rotated files: `[topic, partition, offset]`.
-    carried: Vec<(String, i32, i64)>,
+    /// Re-deliverable records kept in rotated files: `[topic, partition, offset,
+    /// rejection digest]`.
+    carried: Vec<Carried>,
+}
+
+/// A re-deliverable record in a rotated file. Sidecars written before rejections were
+/// told apart hold `[topic, partition, offset]`: their digest reads as 0.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, Deserialize)]
+#[serde(untagged)]
+enum Carried {
+    Rejection(String, i32, i64, u64),
+    Record(String, i32, i64),
+}
+
+impl Carried {
+    fn key(&self) -> Key {
+        match self {
+            Carried::Rejection(topic, partition, offset, digest) => {
+                (((Arc::from(topic.as_str()), *partition), *offset), *digest)
+            }
+            Carried::Record(topic, partition, offset) => {
+                (((Arc::from(topic.as_str()), *partition), *offset), 0)
+            }
+        }
+    }
 }
 
 /// Where an indexed record's line is.
@@ -207,7 +234,19 @@ enum Place {
     Carried,
 }
 
-type Key = (TopicPartition, i64);
+/// A rejection: the record (partition, offset) and a digest of its stage and reason, so
+/// a record rejected twice for different reasons (two outputs of one message) keeps
+/// both lines, and a record read again is not written twice.
+type Key = ((TopicPartition, i64), u64);
+
+/// The digest of a rejection's stage and reason (stable across restarts).
+fn rejection_digest(stage: &str, reason: &str) -> u64 {
+    let mut bytes = Vec::with_capacity(stage.len() + reason.len() + 1);
+    bytes.extend_from_slice(stage.as_bytes());
+    bytes.push(0);
+    bytes.extend_from_slice(reason.as_bytes());
+    twox_hash::XxHash3_128::oneshot(&bytes) as u64
+}
 
 /// Appends dead letters to the pipeline's file.
 pub struct DeadLetterWriter {
@@ -271,11 +310,8 @@ impl DeadLetterWriter {
         let inode = meta.ino();
         let sidecar = read_sidecar(&with_suffix(&path, ".idx"));
         let mut written = HashMap::new();
-        for (topic, partition, offset) in &sidecar.carried {
-            written.insert(
-                ((Arc::from(topic.as_str()), *partition), *offset),
-                Place::Carried,
-            );
+        for carried in &sidecar.carried {
+            written.insert(carried.key(), Place::Carried);
         }
         let start = if sidecar.inode == inode && sidecar.start <= len {
             sidecar.start
@@ -305,7 +341,10 @@ impl DeadLetterWriter {
         stage: &str,
         reason: &str,
     ) -> Result<bool, DeadLetterError> {
-        let key = ((record.topic.clone(), record.partition), record.offset);
+        let key = (
+            ((record.topic.clone(), record.partition), record.offset),
+            rejection_digest(stage, reason),
+        );
         if self.written.contains_key(&key) {
             return Ok(false);
         }
@@ -351,7 +390,7 @@ impl DeadLetterWriter {
     /// next write or sync reports a file that cannot be written.
     pub fn forget_below(&mut self, resume: &PartitionMap<i64>) {
         self.written
-            .retain(|(tp, offset), _| resume.get(tp).is_none_or(|&r| *offset >= r));
+            .retain(|((tp, offset), _), _| resume.get(tp).is_none_or(|&r| *offset >= r));
         let result = if self.synced_len >= self.config.max_file_size {
             self.rotate()
         } else {
@@ -367,10 +406,12 @@ impl DeadLetterWriter {
     fn current_sidecar(&self) -> Sidecar {
         let mut start = self.synced_len;
         let mut carried = Vec::new();
-        for ((tp, offset), place) in &self.written {
+        for (((tp, offset), digest), place) in &self.written {
             match place {
                 Place::At(p) => start = start.min(*p),
-                Place::Carried => carried.push((tp.0.to_string(), tp.1, *offset)),
+                Place::Carried => {
+                    carried.push(Carried::Rejection(tp.0.to_string(), tp.1, *offset, *digest))
+                }
             }
         }
         carried.sort();
@@ -518,7 +559,10 @@ fn index_from(
             && k.pipeline == pipeline
         {
             written.insert(
-                ((Arc::from(k.topic.as_str()), k.partition), k.offset),
+                (
+                    ((Arc::from(k.topic.as_str()), k.partition), k.offset),
+                    rejection_digest(&k.stage, &k.reason),
+                ),
                 Place::At(pos),
             );
         }

@@ -259,3 +259,65 @@ fn rotation_settings_are_checked() {
         (DEFAULT_MAX_FILE_SIZE, DEFAULT_MAX_FILES)
     );
 }
+
+/// A message whose plugin outputs are rejected for two reasons keeps both lines, and a
+/// re-read (after a restart, or across a rotation) writes neither again.
+#[test]
+fn two_rejections_of_one_message_are_both_kept_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = DeadLetterConfig {
+        max_file_size: 4096,
+        ..DeadLetterConfig::at(dir.path().join("p.ndjson"))
+    };
+    let mut w = DeadLetterWriter::open("p", &config).unwrap();
+    let m = rec(7, b"{\"a\":[1,2]}");
+    assert!(
+        w.write(&m, "transform", "plugin split: output 1 bad")
+            .unwrap()
+    );
+    assert!(
+        w.write(&m, "schema", "field `a`: column is long, value is string")
+            .unwrap(),
+        "a second reason for the same message is a second line"
+    );
+    assert!(
+        !w.write(&m, "transform", "plugin split: output 1 bad")
+            .unwrap()
+    );
+    w.sync().unwrap();
+    drop(w);
+    let mut w = DeadLetterWriter::open("p", &config).unwrap();
+    assert!(
+        !w.write(&m, "transform", "plugin split: output 1 bad")
+            .unwrap()
+    );
+    assert!(
+        !w.write(&m, "schema", "field `a`: column is long, value is string")
+            .unwrap()
+    );
+    // Push the file past its size so it rotates: both stay known through the sidecar.
+    for i in 0..40 {
+        w.write(&rec(100 + i, &[b'x'; 200]), "decode", "filler")
+            .unwrap();
+    }
+    w.sync().unwrap();
+    w.forget_below(&resume(0));
+    drop(w);
+    let mut w = DeadLetterWriter::open("p", &config).unwrap();
+    assert!(
+        !w.write(&m, "transform", "plugin split: output 1 bad")
+            .unwrap()
+    );
+    assert!(
+        !w.write(&m, "schema", "field `a`: column is long, value is string")
+            .unwrap()
+    );
+    let mut all = DeadLetterWriter::read_all(&config.rotated(1)).unwrap();
+    all.extend(DeadLetterWriter::read_all(&config.path).unwrap());
+    let sevens: Vec<&str> = all
+        .iter()
+        .filter(|l| l.offset == 7)
+        .map(|l| l.stage.as_str())
+        .collect();
+    assert_eq!(sevens, ["transform", "schema"]);
+}
