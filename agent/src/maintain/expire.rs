@@ -159,8 +159,12 @@ pub async fn expire(
     )
     .await
     .map_err(Box::new)?;
-    let Some(new) = committed else {
-        return Ok(format!("nothing to expire ({before} snapshots kept)"));
+    // Nothing left to expire on a later attempt can mean that an earlier attempt landed
+    // and its answer was lost: what was removed is read off the table either way, so
+    // the files only removed snapshots referenced are deleted in both cases.
+    let new = match committed {
+        Some(new) => new,
+        None => catalog.catalog.load_table(old.identifier()).await?,
     };
     let removed: Vec<SnapshotRef> = old
         .metadata()
@@ -168,6 +172,9 @@ pub async fn expire(
         .filter(|s| new.metadata().snapshot_by_id(s.snapshot_id()).is_none())
         .cloned()
         .collect();
+    if removed.is_empty() {
+        return Ok(format!("nothing to expire ({before} snapshots kept)"));
+    }
     let deleted = delete_unreachable(&old, &new, &removed).await?;
     Ok(format!(
         "removed {} of {before} snapshots; deleted {} files no kept snapshot references ({} manifest lists, {} manifests, {} data and delete files)",
@@ -378,7 +385,114 @@ fn version_of(path: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use async_trait::async_trait;
+    use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
+    use iceberg::{NamespaceIdent, TableCreation, TableIdent, TableRequirement};
+
     use super::*;
+    use crate::catalog::{CatalogConfig, open_catalog};
+    use crate::commit::{CommitBackend, CommitError, StagedSnapshot};
+
+    /// Applies the first commit but answers it as lost (a 5xx after the catalog wrote it).
+    #[derive(Debug)]
+    struct FirstAnswerLost {
+        inner: Arc<dyn CommitBackend>,
+        calls: AtomicU32,
+    }
+
+    #[async_trait]
+    impl CommitBackend for FirstAnswerLost {
+        async fn commit(
+            &self,
+            base: &Table,
+            requirements: Vec<TableRequirement>,
+            updates: Vec<TableUpdate>,
+        ) -> Result<Table, CommitError> {
+            let table = self.inner.commit(base, requirements, updates).await?;
+            if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                return Err(CommitError::Unknown("HTTP 504 after the commit".into()));
+            }
+            Ok(table)
+        }
+    }
+
+    #[tokio::test]
+    async fn an_expiry_whose_answer_was_lost_still_deletes_the_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut handle = open_catalog(
+            "local",
+            &CatalogConfig::Embedded {
+                path: dir.path().join("catalog.db"),
+                warehouse: dir.path().join("warehouse"),
+            },
+        )
+        .await
+        .unwrap();
+        let ns = NamespaceIdent::new("ns".into());
+        handle
+            .catalog
+            .create_namespace(&ns, HashMap::new())
+            .await
+            .unwrap();
+        let schema = Schema::builder()
+            .with_fields(vec![Arc::new(NestedField::optional(
+                1,
+                "id",
+                Type::Primitive(PrimitiveType::Long),
+            ))])
+            .build()
+            .unwrap();
+        let creation = TableCreation::builder()
+            .name("t".into())
+            .schema(schema)
+            .build();
+        handle.catalog.create_table(&ns, creation).await.unwrap();
+        let ident = TableIdent::from_strs(["ns", "t"]).unwrap();
+        let mut lists = Vec::new();
+        for _ in 0..4 {
+            let base = handle.catalog.load_table(&ident).await.unwrap();
+            let mut staged = StagedSnapshot::write(&base, None, Vec::new(), Vec::new())
+                .await
+                .unwrap();
+            let (requirements, updates) =
+                staged.updates(&base, &HashMap::new(), None).await.unwrap();
+            let t = handle
+                .committer
+                .commit(&base, requirements, updates)
+                .await
+                .unwrap();
+            lists.push(
+                t.metadata()
+                    .current_snapshot()
+                    .unwrap()
+                    .manifest_list()
+                    .to_string(),
+            );
+        }
+        handle.committer = Arc::new(FirstAnswerLost {
+            inner: handle.committer.clone(),
+            calls: AtomicU32::new(0),
+        });
+        let config = MaintenanceConfig {
+            keep_snapshots: 1,
+            max_snapshot_age: std::time::Duration::ZERO,
+            ..MaintenanceConfig::default()
+        };
+        let table = handle.catalog.load_table(&ident).await.unwrap();
+        let report = expire(&handle, table, &config, false).await.unwrap();
+        assert!(report.starts_with("removed 3 of 4"), "{report}");
+        for (i, list) in lists.iter().enumerate() {
+            let path = list.trim_start_matches("file://");
+            assert_eq!(
+                std::path::Path::new(path).exists(),
+                i == 3,
+                "manifest list of snapshot {i}: {report}"
+            );
+        }
+    }
 
     #[test]
     fn metadata_versions_come_from_file_names() {
