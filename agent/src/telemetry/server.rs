@@ -3,6 +3,8 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -10,9 +12,10 @@ use hyper::body::Incoming;
 use hyper::header::{CONTENT_TYPE, HeaderValue};
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 
 /// Path of the Prometheus scrape endpoint.
 pub const METRICS_PATH: &str = "/metrics";
@@ -28,25 +31,61 @@ pub(crate) struct State {
     pub(crate) ready_commit_intervals: u32,
 }
 
-/// Serves connections accepted on `listener`, forever.
-async fn serve(listener: TcpListener, state: State) {
+/// Bounds on what clients of the listener can hold: it may be bound to every interface,
+/// and a client that opens connections and sends nothing must not take the process's
+/// file descriptors (which Kafka, Parquet and the catalog need).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    /// Connections served at once; more are closed as soon as they are accepted.
+    pub(crate) max_connections: usize,
+    /// Time a client has to send a request's headers.
+    pub(crate) header_timeout: Duration,
+    /// Time a connection is kept at most (a keep-alive scraper simply reconnects).
+    pub(crate) lifetime: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: 64,
+            header_timeout: Duration::from_secs(10),
+            lifetime: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Serves connections accepted on `listener`, forever, within `limits`.
+async fn serve(listener: TcpListener, state: State, limits: Limits) {
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
             Err(e) => {
                 tracing::warn!(error = %e, "metrics listener: accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
         };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tracing::debug!(
+                max = limits.max_connections,
+                "metrics listener: too many connections, closing a new one"
+            );
+            drop(stream);
+            continue;
+        };
         let state = state.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             let service = service_fn(move |req| respond(state.clone(), req));
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                tracing::debug!(error = %e, "metrics listener: connection error");
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_timeout)
+                .serve_connection(TokioIo::new(stream), service);
+            match tokio::time::timeout(limits.lifetime, connection).await {
+                Ok(Err(e)) => tracing::debug!(error = %e, "metrics listener: connection error"),
+                Ok(Ok(())) => {}
+                Err(_) => tracing::debug!("metrics listener: connection closed after its lifetime"),
             }
         });
     }
@@ -56,6 +95,15 @@ async fn serve(listener: TcpListener, state: State) {
 /// scrapes and probes are answered even while the pipelines keep every worker of the
 /// agent's runtime busy. Returns the bound address.
 pub(crate) fn spawn(addr: SocketAddr, state: State) -> std::io::Result<SocketAddr> {
+    spawn_with(addr, state, Limits::default())
+}
+
+/// [`spawn`] with explicit limits.
+pub(crate) fn spawn_with(
+    addr: SocketAddr,
+    state: State,
+    limits: Limits,
+) -> std::io::Result<SocketAddr> {
     let listener = std::net::TcpListener::bind(addr)?;
     listener.set_nonblocking(true)?;
     let local = listener.local_addr()?;
@@ -67,7 +115,7 @@ pub(crate) fn spawn(addr: SocketAddr, state: State) -> std::io::Result<SocketAdd
         .spawn(move || {
             runtime.block_on(async move {
                 match TcpListener::from_std(listener) {
-                    Ok(listener) => serve(listener, state).await,
+                    Ok(listener) => serve(listener, state, limits).await,
                     Err(e) => {
                         tracing::error!(error = %e, "metrics listener: cannot register the socket")
                     }
@@ -179,5 +227,55 @@ mod tests {
         let ready = get(addr, "/readyz");
         assert!(ready.0 == 200 || ready.0 == 503, "{ready:?}");
         assert!(ready.1.starts_with("ready\n") || ready.1.starts_with("not ready\n"));
+    }
+
+    /// Idle connections cannot exhaust the process: past the cap new ones are closed at
+    /// once, idle ones are closed after the header timeout, and the endpoints answer
+    /// again afterwards.
+    #[test]
+    fn idle_connections_are_capped_and_timed_out() {
+        let recorder = crate::telemetry::builder().build_recorder();
+        let limits = Limits {
+            max_connections: 8,
+            header_timeout: Duration::from_secs(2),
+            lifetime: Duration::from_secs(30),
+        };
+        let addr = spawn_with(
+            "127.0.0.1:0".parse().expect("addr"),
+            State {
+                handle: recorder.handle(),
+                ready_commit_intervals: 3,
+            },
+            limits,
+        )
+        .expect("bind");
+        // Closed (or answered and closed) by the server within `d`; a read timeout is not.
+        let closed_within = |s: &mut std::net::TcpStream, d: Duration| {
+            s.set_read_timeout(Some(d)).unwrap();
+            let mut buf = [0u8; 64];
+            match s.read(&mut buf) {
+                Ok(_answered_or_closed) => true,
+                Err(e) => !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ),
+            }
+        };
+        let mut idle: Vec<std::net::TcpStream> = (0..8)
+            .map(|_| std::net::TcpStream::connect(addr).unwrap())
+            .collect();
+        std::thread::sleep(Duration::from_millis(300));
+        let mut extra = std::net::TcpStream::connect(addr).unwrap();
+        assert!(
+            closed_within(&mut extra, Duration::from_secs(1)),
+            "a connection past the cap is closed at once"
+        );
+        for s in &mut idle {
+            assert!(
+                closed_within(s, Duration::from_secs(5)),
+                "an idle connection is closed after the header timeout"
+            );
+        }
+        assert_eq!(get(addr, "/healthz").0, 200, "answers again");
     }
 }
