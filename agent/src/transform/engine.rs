@@ -55,6 +55,44 @@ impl Default for PluginsConfig {
     }
 }
 
+/// Creates `dir` readable and writable by this user only (0700), or checks that an
+/// existing one is owned by this user and writable by no one else: what is in it is
+/// loaded as native code into this process, so a directory another local user could
+/// have written to (say, one they created first under `/tmp`) is refused.
+pub fn private_cache_dir(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| format!("cannot create plugin cache {}: {e}", dir.display()))?;
+    let meta = std::fs::symlink_metadata(dir)
+        .map_err(|e| format!("plugin cache {}: {e}", dir.display()))?;
+    if !meta.is_dir() {
+        return Err(format!(
+            "plugin cache {} is not a directory (a symbolic link?): refused, compiled code is loaded from it",
+            dir.display()
+        ));
+    }
+    // The owner of this process's /proc entry is its effective user.
+    let me = std::fs::metadata("/proc/self").map(|m| m.uid()).ok();
+    if me.is_some_and(|uid| uid != meta.uid()) {
+        return Err(format!(
+            "plugin cache {} belongs to another user (uid {}): refused, compiled code is loaded from it; use a directory of your own",
+            dir.display(),
+            meta.uid()
+        ));
+    }
+    if meta.permissions().mode() & 0o022 != 0 {
+        return Err(format!(
+            "plugin cache {} is writable by other users (mode {:o}): refused, compiled code is loaded from it; `chmod go-w` it",
+            dir.display(),
+            meta.permissions().mode() & 0o777
+        ));
+    }
+    Ok(())
+}
+
 impl PluginsConfig {
     /// Finds the `.wasm` file a `uses` value names.
     pub fn resolve(&self, uses: &str) -> Option<PathBuf> {
@@ -159,12 +197,7 @@ impl TransformEngine {
                 InstanceAllocationStrategy::Pooling(pool)
             },
         );
-        std::fs::create_dir_all(&plugins.cache_dir).map_err(|e| {
-            TransformError::Engine(format!(
-                "cannot create plugin cache {}: {e}",
-                plugins.cache_dir.display()
-            ))
-        })?;
+        private_cache_dir(&plugins.cache_dir).map_err(TransformError::Engine)?;
         let mut cache = CacheConfig::new();
         cache.with_directory(
             std::path::absolute(&plugins.cache_dir).unwrap_or_else(|_| plugins.cache_dir.clone()),
@@ -306,4 +339,43 @@ fn into_component(module: &[u8]) -> anyhow::Result<Vec<u8>> {
         )?;
     }
     encoder.encode()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    #[test]
+    fn a_plugin_cache_must_be_private_to_this_user() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("a/b/cache");
+        private_cache_dir(&cache).unwrap();
+        let mode = std::fs::metadata(&cache).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700, "created private");
+        private_cache_dir(&cache).expect("an existing private directory is used");
+
+        // Planted by someone else first: writable by all.
+        let open = dir.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = private_cache_dir(&open).unwrap_err();
+        assert!(e.contains("writable by other users"), "{e}");
+
+        // A symbolic link to a directory elsewhere.
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&cache, &link).unwrap();
+        let e = private_cache_dir(&link).unwrap_err();
+        assert!(e.contains("not a directory"), "{e}");
+
+        // Owned by another user (only root can make one here).
+        let theirs = dir.path().join("theirs");
+        std::fs::create_dir(&theirs).unwrap();
+        std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o700)).unwrap();
+        if std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).is_ok() {
+            let e = private_cache_dir(&theirs).unwrap_err();
+            assert!(e.contains("belongs to another user"), "{e}");
+        }
+    }
 }

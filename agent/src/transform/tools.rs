@@ -181,6 +181,29 @@ pub struct TestSummary {
     pub errors: usize,
 }
 
+/// Where `floe plugin test` caches compiled plugins: this user's cache directory
+/// (`$XDG_CACHE_HOME/floe/plugin-test`, else `~/.cache/floe/plugin-test`), or a
+/// directory named after the user id in the temporary directory (checked to be this
+/// user's own before it is used, like every plugin cache).
+pub fn user_cache_dir() -> PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|d| !d.is_empty())
+                .map(|h| PathBuf::from(h).join(".cache"))
+        });
+    match base {
+        Some(base) => base.join("floe").join("plugin-test"),
+        None => {
+            use std::os::unix::fs::MetadataExt;
+            let uid = std::fs::metadata("/proc/self").map_or(0, |m| m.uid());
+            std::env::temp_dir().join(format!("floe-plugin-test-{uid}"))
+        }
+    }
+}
+
 /// Runs a plugin over an NDJSON file through the same chain `floe run` uses, and
 /// writes what happens to each record to `out`.
 pub fn test_plugin(
@@ -192,7 +215,7 @@ pub fn test_plugin(
 ) -> Result<TestSummary, TransformError> {
     let plugins = PluginsConfig {
         path: vec![PathBuf::from(".")],
-        cache_dir: std::env::temp_dir().join("floe-plugin-test-cache"),
+        cache_dir: user_cache_dir(),
     };
     let engine = TransformEngine::counting_fuel(&plugins, 1, limits.memory, limits.fuel.is_some())?;
     let with: toml::Value = serde_json::from_str(with)
