@@ -17,6 +17,9 @@ use serde::Deserialize;
 
 pub mod probe;
 pub mod rest;
+mod timed;
+
+pub use timed::{CALL_TIMEOUT, Timed};
 
 use crate::commit::{CommitBackend, RestBackend, SqlBackend};
 use rest::{RestCatalog, RestCatalogConfig, RestSession};
@@ -136,7 +139,11 @@ pub async fn open_catalog(
                 .await
                 .map_err(|e| unreachable(iceberg::Error::new(iceberg::ErrorKind::Unexpected, e)))?;
             Ok(CatalogHandle {
-                catalog: Arc::new(catalog),
+                catalog: Arc::new(Timed::new(
+                    Arc::new(catalog),
+                    &format!("catalog {name:?}"),
+                    CALL_TIMEOUT,
+                )),
                 committer,
                 rest: None,
             })
@@ -157,7 +164,11 @@ pub async fn open_catalog(
                     source: Box::new(source),
                 })?;
             Ok(CatalogHandle {
-                catalog: Arc::new(catalog),
+                catalog: Arc::new(Timed::new(
+                    Arc::new(catalog),
+                    &format!("catalog {name:?}"),
+                    CALL_TIMEOUT,
+                )),
                 committer: RestBackend::new(session.clone()),
                 rest: Some(session),
             })
