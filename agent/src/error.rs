@@ -61,6 +61,34 @@ pub fn iceberg_class(e: &iceberg::Error) -> ErrorClass {
     }
 }
 
+/// Whether an iceberg-rust error says a file does not exist: the local file system
+/// reports `NotFound` in its message, object stores through opendal as the `NotFound`
+/// kind of the error's source. iceberg-rust has no error kind for it.
+///
+/// A file of a table that is missing when a commit is prepared means the table view is
+/// stale (another writer's snapshot expiry or compaction removed it): reload and retry.
+pub fn is_missing_file(e: &iceberg::Error) -> bool {
+    fn says_missing(text: &str) -> bool {
+        text.contains("No such file or directory") || text.contains("NotFound")
+    }
+    if says_missing(e.message()) {
+        return true;
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::NotFound
+        {
+            return true;
+        }
+        if says_missing(&s.to_string()) {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
+
 /// Capped exponential backoff with jitter: `attempt` 1 waits about `base`, doubling
 /// up to `cap`; the wait is spread over its upper half so retries do not align.
 pub fn backoff(attempt: u32, base: Duration, cap: Duration) -> Duration {
@@ -83,6 +111,21 @@ mod tests {
         let marked = iceberg::Error::new(iceberg::ErrorKind::Unexpected, "HTTP 403")
             .with_source(NotRetryable("the catalog refused the request"));
         assert_eq!(iceberg_class(&marked), ErrorClass::Fatal);
+    }
+
+    #[test]
+    fn a_missing_file_is_recognised_on_local_disk_and_behind_a_source() {
+        let local = iceberg::Error::new(
+            iceberg::ErrorKind::DataInvalid,
+            "Failed to read file /w/t/metadata/snap-1.avro: No such file or directory (os error 2)",
+        );
+        assert!(is_missing_file(&local));
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "gone");
+        let wrapped =
+            iceberg::Error::new(iceberg::ErrorKind::Unexpected, "io failed").with_source(io);
+        assert!(is_missing_file(&wrapped));
+        let other = iceberg::Error::new(iceberg::ErrorKind::DataInvalid, "bad manifest");
+        assert!(!is_missing_file(&other));
     }
 
     #[test]

@@ -168,8 +168,12 @@ pub async fn run(
                         (name, Err(error))
                     }
                 };
+                telemetry::health::pipeline_stopped(
+                    &name,
+                    result.as_ref().err().map(|e| e.to_string()).as_deref(),
+                );
                 if let Err(e) = result {
-                    tracing::error!(pipeline = %name, error = %e, remaining = tasks.len(), "pipeline stopped");
+                    tracing::error!(pipeline = %name, error = %e, remaining = tasks.len(), "pipeline stopped: its partitions go to the other members of the consumer group");
                     first_error.get_or_insert(e);
                     if on_failure == config::OnPipelineFailure::Stop && !stopping {
                         stopping = true;

@@ -82,6 +82,8 @@ pub struct RowBuffer {
     row_tps: Vec<u32>,
     tps: Vec<TopicPartition>,
     tp_index: PartitionMap<u32>,
+    /// Per entry of `tps`: the lowest offset of its rows (`i64::MAX`: none left).
+    firsts: Vec<i64>,
     keys: Vec<(KeyHash, bool)>,
     bytes: u64,
 }
@@ -98,6 +100,9 @@ pub struct Buffered {
     pub rows: usize,
     /// Bytes counted against `flush_bytes`.
     pub bytes: u64,
+    /// Per partition with rows: the lowest offset among them (the commit checks that the
+    /// table does not hold these records already).
+    pub first_offsets: PartitionMap<i64>,
 }
 
 impl Default for RowBuffer {
@@ -122,6 +127,7 @@ impl RowBuffer {
             row_tps: Vec::new(),
             tps: Vec::new(),
             tp_index: PartitionMap::default(),
+            firsts: Vec::new(),
             keys: Vec::new(),
             bytes: 0,
         }
@@ -170,11 +176,16 @@ impl RowBuffer {
         self.key.append_option(meta.key);
         self.active_rows += 1;
         let index = match self.tp_index.get(tp) {
-            Some(&i) => i,
+            Some(&i) => {
+                let first = &mut self.firsts[i as usize];
+                *first = (*first).min(meta.offset);
+                i
+            }
             None => {
                 let i = self.tps.len() as u32;
                 self.tps.push(tp.clone());
                 self.tp_index.insert(tp.clone(), i);
+                self.firsts.push(meta.offset);
                 i
             }
         };
@@ -223,14 +234,20 @@ impl RowBuffer {
     pub fn take(&mut self) -> Result<Buffered, BatchError> {
         self.seal()?;
         let rows = self.row_tps.len();
+        let first_offsets = self
+            .tps
+            .drain(..)
+            .zip(self.firsts.drain(..))
+            .filter(|(_, first)| *first != i64::MAX)
+            .collect();
         self.row_tps.clear();
-        self.tps.clear();
         self.tp_index.clear();
         Ok(Buffered {
             batches: std::mem::take(&mut self.sealed),
             keys: std::mem::take(&mut self.keys),
             rows,
             bytes: std::mem::replace(&mut self.bytes, 0),
+            first_offsets,
         })
     }
 
@@ -240,6 +257,11 @@ impl RowBuffer {
         let keep_tp: Vec<bool> = self.tps.iter().map(&keep).collect();
         if keep_tp.iter().all(|k| *k) {
             return Ok(());
+        }
+        for (first, kept) in self.firsts.iter_mut().zip(&keep_tp) {
+            if !kept {
+                *first = i64::MAX;
+            }
         }
         self.seal()?;
         let mask: Vec<bool> = self.row_tps.iter().map(|&i| keep_tp[i as usize]).collect();

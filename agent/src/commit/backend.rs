@@ -59,6 +59,7 @@ impl SqlBackend {
             .busy_timeout(std::time::Duration::from_secs(30));
         let pool = SqlitePoolOptions::new()
             .max_connections(1)
+            .acquire_timeout(std::time::Duration::from_secs(30))
             .connect_with(options)
             .await
             .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
@@ -114,11 +115,19 @@ impl CommitBackend for SqlBackend {
         .bind(ident.namespace().join("."))
         .bind(ident.name())
         .bind(&base_location)
-        .execute(&self.pool)
-        .await
-        // SQLite applies a statement or not at all, but an error here (busy, I/O) is
-        // reported as unknown so the caller looks before retrying.
-        .map_err(|e| CommitError::Unknown(e.to_string()))?;
+        .execute(&self.pool);
+        // SQLite applies a statement or not at all, but an error here (busy, I/O) or a
+        // call that does not finish in time is reported as unknown: the caller looks
+        // before retrying. Abandoning the call returns its connection to the pool.
+        let result = match tokio::time::timeout(crate::catalog::CALL_TIMEOUT, result).await {
+            Ok(done) => done.map_err(|e| CommitError::Unknown(e.to_string()))?,
+            Err(_) => {
+                return Err(CommitError::Unknown(format!(
+                    "the catalog update did not finish within {}s",
+                    crate::catalog::CALL_TIMEOUT.as_secs()
+                )));
+            }
+        };
         if result.rows_affected() == 0 {
             return Err(CommitError::Conflict(format!(
                 "{ident} changed since {base_location}"
@@ -145,6 +154,18 @@ impl CommitBackend for SqlBackend {
             .runtime(iceberg::Runtime::try_current().map_err(failed)?)
             .build()
             .map_err(failed)
+    }
+}
+
+/// What a failed commit request means, with the classification every REST call uses
+/// ([`RestError::transient`]): 409 is a conflict; anything transient (no answer, 408,
+/// 429 the session stopped waiting out, any 5xx) may have been applied, so the caller
+/// reloads and looks for its commit before trying again; the rest is final.
+fn classify_commit_error(e: &RestError) -> CommitError {
+    match e.status() {
+        Some(409) => CommitError::Conflict(e.to_string()),
+        _ if e.transient() => CommitError::Unknown(e.to_string()),
+        _ => CommitError::Failed(e.to_string()),
     }
 }
 
@@ -199,16 +220,7 @@ impl CommitBackend for RestBackend {
         {
             Ok(answer) => answer.unwrap_or(serde_json::Value::Null),
             Err(e) => {
-                return Err(match e.status() {
-                    Some(409) => CommitError::Conflict(e.to_string()),
-                    // The spec's "commit state unknown": the catalog may have applied it.
-                    Some(500 | 502 | 503 | 504) => CommitError::Unknown(e.to_string()),
-                    // The request may have reached the catalog before the connection broke.
-                    None if matches!(e, RestError::Http { .. }) => {
-                        CommitError::Unknown(e.to_string())
-                    }
-                    _ => CommitError::Failed(e.to_string()),
-                });
+                return Err(classify_commit_error(&e));
             }
         };
         let answer: CommitAnswer = serde_json::from_value(answer)
@@ -224,5 +236,38 @@ impl CommitBackend for RestBackend {
             )
             .build()
             .map_err(|e| CommitError::Failed(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_transient_rest_failure_of_a_commit_is_looked_up_not_fatal() {
+        let status = |status: u16| RestError::Status {
+            status,
+            operation: "commit to table ns.t".into(),
+            message: String::new(),
+        };
+        for code in [408, 429, 500, 502, 503, 504, 507, 520] {
+            assert!(
+                matches!(
+                    classify_commit_error(&status(code)),
+                    CommitError::Unknown(_)
+                ),
+                "HTTP {code}"
+            );
+        }
+        assert!(matches!(
+            classify_commit_error(&status(409)),
+            CommitError::Conflict(_)
+        ));
+        for code in [400, 401, 403, 404] {
+            assert!(
+                matches!(classify_commit_error(&status(code)), CommitError::Failed(_)),
+                "HTTP {code}"
+            );
+        }
     }
 }

@@ -37,7 +37,7 @@ use iceberg::{Catalog, TableIdent, TableUpdate};
 pub use backend::{CommitBackend, CommitError, DELETE_AFTER_COMMIT, RestBackend, SqlBackend};
 pub use offsets::{
     COMMIT_KEY, GAP_KEY, OFFSETS_KEY, OFFSETS_PROPERTY_PREFIX, OffsetMap, OffsetsError,
-    OffsetsSource, PIPELINE_KEY, StoredOffsets, WRITER_KEY,
+    OffsetsSource, PIPELINE_KEY, RESET_KEY, StoredOffsets, WRITER_KEY,
 };
 pub use rewrite::{
     MAINTENANCE_KEY, Rewrite, RewriteOutcome, RewritePlan, commit_rewrite, commit_updates,
@@ -122,27 +122,42 @@ pub struct CommitOptions<'a> {
     pub offsets: &'a OffsetMap,
     /// A new current schema committed with the files.
     pub new_schema: Option<&'a Schema>,
+    /// The table schema (id, last column id) the files were written against; `None`:
+    /// the base's. A commit that carries a new schema is refused when the table's
+    /// schema is no longer that one ([`CommitFailure::SchemaChanged`]).
+    pub written_on: Option<(i32, i32)>,
     /// The exactly-once check.
     pub fence: &'a Fence,
     /// Return [`CommitFailure::Stale`] instead of rebasing when the table's data changed.
     pub exact_parent: bool,
 }
 
-/// Commits `staged` on top of `base` (see the module docs). Returns the committed table.
+/// A commit that landed.
+#[derive(Debug)]
+pub struct Committed {
+    /// The table as the catalog returned it (after a lost answer, as reloaded: it may
+    /// hold later snapshots of other writers on top of ours).
+    pub table: Table,
+    /// The id of the snapshot this commit added.
+    pub snapshot_id: i64,
+}
+
+/// Commits `staged` on top of `base` (see the module docs).
 pub async fn commit(
     catalog: &dyn Catalog,
     backend: &dyn CommitBackend,
     mut base: Table,
     staged: &mut StagedSnapshot,
     options: CommitOptions<'_>,
-) -> Result<Table, CommitFailure> {
+) -> Result<Committed, CommitFailure> {
     let ident = base.identifier().clone();
     let prepared_on = base.metadata().current_snapshot_id();
-    let prepared_schema = (
+    let prepared_schema = options.written_on.unwrap_or((
         base.metadata().current_schema_id(),
         base.metadata().last_column_id(),
-    );
+    ));
     let commit_id = options.properties.get(COMMIT_KEY).cloned();
+    let snapshot_id = staged.snapshot_id();
     let mut attempt = 0;
     loop {
         attempt += 1;
@@ -160,18 +175,34 @@ pub async fn commit(
         if options.exact_parent && data_changed_since(&base, prepared_on) {
             return Err(CommitFailure::Stale(Box::new(base)));
         }
-        let (requirements, mut updates) = staged
-            .updates(&base, &properties, options.new_schema)
-            .await
-            .map_err(|e| iceberg_failure(&ident, e))?;
+        let prepared = staged.updates(&base, &properties, options.new_schema).await;
+        let (requirements, mut updates) = match prepared {
+            Ok(prepared) => prepared,
+            // The base names files that are gone (another writer expired its snapshots)
+            // or no longer lists files this commit removes: it is stale.
+            Err(e) if snapshot::removes_files_not_live(&e) && options.exact_parent => {
+                return Err(CommitFailure::Stale(Box::new(
+                    reload(catalog, &ident).await?,
+                )));
+            }
+            Err(e) if crate::error::is_missing_file(&e) && attempt < MAX_ATTEMPTS => {
+                tracing::info!(table = %ident, attempt, error = %e, "the table view is stale (a file of it is gone): reloading");
+                base = reload(catalog, &ident).await?;
+                if options.exact_parent && data_changed_since(&base, prepared_on) {
+                    return Err(CommitFailure::Stale(Box::new(base)));
+                }
+                continue;
+            }
+            Err(e) => return Err(iceberg_failure(&ident, e)),
+        };
         // The same offsets in a table property, which snapshot expiry cannot remove.
         updates.push(offsets_property(
             &options.fence.pipeline,
-            staged.snapshot_id(),
+            snapshot_id,
             stored,
         ));
         let error = match backend.commit(&base, requirements, updates).await {
-            Ok(table) => return Ok(table),
+            Ok(table) => return Ok(Committed { table, snapshot_id }),
             Err(e) => e,
         };
         let unknown = matches!(error, CommitError::Unknown(_));
@@ -192,7 +223,10 @@ pub async fn commit(
             && contains_commit(&base, id)
         {
             tracing::info!(table = %ident, commit_id = %id, "commit had landed after all");
-            return Ok(base);
+            return Ok(Committed {
+                table: base,
+                snapshot_id,
+            });
         }
     }
 }
@@ -453,11 +487,13 @@ mod tests {
                 properties: &properties,
                 offsets: &offsets(moves),
                 new_schema: None,
+                written_on: None,
                 fence: &fence(pipeline, expected),
                 exact_parent: false,
             },
         )
         .await
+        .map(|c| c.table)
     }
 
     async fn commit_once(

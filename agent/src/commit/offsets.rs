@@ -43,6 +43,10 @@ pub const OFFSETS_PROPERTY_PREFIX: &str = "floe.offsets.";
 /// Summary key recording records lost to retention before they were read:
 /// `{"topic": {"partition": [stored offset, first offset read]}}`.
 pub const GAP_KEY: &str = "floe.offset-gaps";
+/// Summary key recording partitions whose log restarted below the stored offset (a
+/// recreated topic, an unclean leader election), whose records below it were skipped:
+/// `{"topic": {"partition": [stored offset, first offset read]}}`.
+pub const RESET_KEY: &str = "floe.offset-resets";
 
 /// Next offset to read per topic-partition.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

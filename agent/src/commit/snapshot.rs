@@ -208,13 +208,15 @@ impl StagedSnapshot {
                         self.removed.len() - found,
                         self.removed.len()
                     ),
-                ));
+                )
+                .with_source(NotLive));
             }
         } else if !self.removed.is_empty() {
             return Err(Error::new(
                 ErrorKind::DataInvalid,
                 "a commit on an empty table cannot remove files",
-            ));
+            )
+            .with_source(NotLive));
         }
         manifests.extend(self.manifests.iter().cloned());
         let operation = if self.stats.delete_files > 0 || !self.removed.is_empty() {
@@ -243,6 +245,17 @@ impl StagedSnapshot {
         )
         .await
     }
+}
+
+/// The source of the error [`StagedSnapshot::updates`] returns when files it removes
+/// are not live in the base: the removal was planned on another version of the table.
+#[derive(Debug, thiserror::Error)]
+#[error("files to remove are not live in this version of the table")]
+pub(crate) struct NotLive;
+
+/// Whether `e` is that error.
+pub(crate) fn removes_files_not_live(e: &Error) -> bool {
+    std::error::Error::source(e).is_some_and(|s| s.is::<NotLive>())
 }
 
 /// What [`finish`] needs to add a snapshot to `main`.

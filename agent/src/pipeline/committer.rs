@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 use iceberg::spec::Schema;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use super::PipelineError;
 use super::intake::{Handoff, Seal, SealedTable};
@@ -77,7 +77,17 @@ pub(super) struct Committer {
     known: Arc<KnownOffsets>,
     reports: Sender<Report>,
     epoch: u64,
+    /// Turns true when the pipeline is asked to stop.
+    shutdown: watch::Receiver<bool>,
+    /// When the stop request (or the closing seal) was first seen: past
+    /// [`SHUTDOWN_GRACE`] a failing step is not tried again, so a stop request always
+    /// ends the pipeline.
+    closing_since: Option<Instant>,
 }
+
+/// How long a stopping pipeline keeps retrying a failing commit of its last records
+/// (they are read again at the next start if it gives up).
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
 
 /// Why a seal did not commit.
 enum SealError {
@@ -93,6 +103,7 @@ impl Committer {
         sinks: Vec<TableSink>,
         known: Arc<KnownOffsets>,
         reports: Sender<Report>,
+        shutdown: watch::Receiver<bool>,
     ) -> Committer {
         let tables = sinks
             .into_iter()
@@ -108,7 +119,18 @@ impl Committer {
             known,
             reports,
             epoch: 0,
+            shutdown,
+            closing_since: None,
         }
+    }
+
+    /// Whether a stop was requested long enough ago that failing steps are given up.
+    fn past_shutdown_grace(&mut self) -> bool {
+        if self.closing_since.is_none() && *self.shutdown.borrow() {
+            self.closing_since = Some(Instant::now());
+        }
+        self.closing_since
+            .is_some_and(|t| t.elapsed() >= SHUTDOWN_GRACE)
     }
 
     fn name(&self) -> &str {
@@ -231,6 +253,9 @@ impl Committer {
 
     async fn commit_seal(&mut self, seal: Seal) -> Result<(), SealError> {
         let started = Instant::now();
+        if seal.closing {
+            self.closing_since.get_or_insert(started);
+        }
         let has_rows: Vec<bool> = seal.tables.iter().map(|t| t.buffered.rows > 0).collect();
         if has_rows.iter().any(|r| *r) {
             failpoint::hit(failpoint::BEFORE_WRITE);
@@ -251,7 +276,7 @@ impl Committer {
             )
             .await?;
         }
-        let gaps = gap_summary(&seal.gaps);
+        let extra = offset_anomalies(&seal.gaps, &seal.resets);
         for (i, sealed) in seal.tables.iter().enumerate() {
             let t = &mut self.tables[i];
             let mut target = t.committed.clone();
@@ -260,7 +285,7 @@ impl Committer {
                 // Stored offsets never go back.
                 *c = (*c).max(*o);
             }
-            if target == t.committed && !has_rows[i] {
+            if target == t.committed && !has_rows[i] && extra.is_empty() {
                 continue;
             }
             // A partition the table has no offsets for yet is recorded at once (its
@@ -269,6 +294,7 @@ impl Committer {
             if !has_rows[i] {
                 if !seal.closing
                     && !new_partition
+                    && extra.is_empty()
                     && t.rounds_without_commit + 1 < OFFSETS_ONLY_EVERY
                 {
                     t.rounds_without_commit += 1;
@@ -285,7 +311,7 @@ impl Committer {
                         sealed,
                         covers: &seal.next,
                         target: &target,
-                        gaps: &gaps,
+                        gaps: &extra,
                     },
                 )
                 .await?
@@ -315,15 +341,15 @@ impl Committer {
         Ok(())
     }
 
-    /// Creates the table or prepares the schema change the next commit carries.
-    async fn apply_schema(
+    /// Creates the table if it does not exist yet.
+    async fn ensure_table(
         &mut self,
         i: usize,
         sealed: &SealedTable,
         from: &OffsetMap,
     ) -> Result<(), SinkError> {
         let t = &mut self.tables[i];
-        if t.sink.apply_schema(&sealed.tracker, from).await? {
+        if t.sink.ensure_table(&sealed.tracker, from).await? {
             // A table created just now stores `from`. (A table someone else created
             // meanwhile keeps what we expect of it: the fence checks that.)
             t.committed = t.sink.stored_offsets()?;
@@ -337,11 +363,35 @@ impl Committer {
         sealed: &SealedTable,
         covers: &PartitionMap<i64>,
         target: &OffsetMap,
-        gaps: &Option<String>,
+        gaps: &HashMap<String, String>,
     ) -> Result<crate::sink::CommitOutcome, SinkError> {
         let t = &mut self.tables[i];
+        // Records the table holds already were read again (a partition revoked and
+        // assigned back while a commit of it was in flight read the table's offsets
+        // before that commit landed): committing them would duplicate them.
+        if let Some((tp, first, stored)) =
+            sealed
+                .buffered
+                .first_offsets
+                .iter()
+                .find_map(|(tp, first)| {
+                    t.committed
+                        .0
+                        .get(tp)
+                        .filter(|stored| first < *stored)
+                        .map(|stored| (tp, *first, *stored))
+                })
+        {
+            return Err(SinkError::Fenced(format!(
+                "{}/{}: records from offset {first} were read again, the table holds up to {stored}",
+                tp.0, tp.1
+            )));
+        }
         let files = if sealed.buffered.rows > 0 {
-            let files = t.sink.write(&sealed.buffered).await?;
+            // A fresh view: the schema is derived from the table as it is now, and no
+            // file of an old view (expired by another writer since) is read.
+            t.sink.reload().await?;
+            let files = t.sink.write(&sealed.buffered, &sealed.tracker).await?;
             failpoint::hit(failpoint::AFTER_WRITE);
             files
         } else {
@@ -353,11 +403,7 @@ impl Committer {
             .keys()
             .map(|tp| (tp.clone(), t.committed.0.get(tp).copied()))
             .collect();
-        let mut extra = HashMap::new();
-        if let Some(g) = gaps {
-            extra.insert(crate::commit::GAP_KEY.to_string(), g.clone());
-        }
-        t.sink.commit(files, &expected, target, extra).await
+        t.sink.commit(files, &expected, target, gaps.clone()).await
     }
 
     /// Runs one step of a seal, retrying transient failures with backoff; a fence ends
@@ -376,7 +422,7 @@ impl Committer {
             attempt += 1;
             let result = match &step {
                 Step::Schema { sealed, from } => {
-                    self.apply_schema(table, sealed, from).await.map(|()| None)
+                    self.ensure_table(table, sealed, from).await.map(|()| None)
                 }
                 Step::Commit {
                     sealed,
@@ -391,12 +437,27 @@ impl Committer {
             match result {
                 Ok(v) => return Ok(v),
                 Err(SinkError::Fenced(reason)) => return Err(SealError::Fenced(reason)),
+                Err(e) if e.class() == ErrorClass::Transient && self.past_shutdown_grace() => {
+                    tracing::error!(pipeline = %self.name(), table = %self.tables[table].sink.ident(), error = %e, "stopping: gave up committing the last records (they are read again at the next start)");
+                    return Err(SealError::Fatal(PipelineError::sink(self.name())(e)));
+                }
                 Err(e) if e.class() == ErrorClass::Transient && attempt < MAX_STEP_ATTEMPTS => {
                     let wait =
                         backoff(attempt, Duration::from_millis(250), Duration::from_secs(30));
                     telemetry::transient_retry(self.name(), what);
                     tracing::warn!(pipeline = %self.name(), table = %self.tables[table].sink.ident(), step = what, attempt, error = %e, retry_in_ms = wait.as_millis() as u64, "transient failure: retrying");
-                    tokio::time::sleep(wait).await;
+                    // A stop request cuts the wait short (the grace period is checked next).
+                    let mut shutdown = self.shutdown.clone();
+                    let stop = async move {
+                        let _ = shutdown.wait_for(|stop| *stop).await.map(|_| ());
+                    };
+                    let stopping = tokio::select! {
+                        _ = tokio::time::sleep(wait) => false,
+                        _ = stop => true,
+                    };
+                    if stopping {
+                        tokio::time::sleep(wait.min(Duration::from_secs(1))).await;
+                    }
                     // The table may have moved on while it failed.
                     if let Err(reload) = self.tables[table].sink.reload().await {
                         tracing::warn!(pipeline = %self.name(), error = %reload, "reload after a failure failed too");
@@ -410,7 +471,7 @@ impl Committer {
 
 /// One retryable step of a seal for one table.
 enum Step<'a> {
-    /// Create the table or prepare its schema change.
+    /// Create the table if it does not exist.
     Schema {
         sealed: &'a SealedTable,
         from: &'a OffsetMap,
@@ -420,7 +481,7 @@ enum Step<'a> {
         sealed: &'a SealedTable,
         covers: &'a PartitionMap<i64>,
         target: &'a OffsetMap,
-        gaps: &'a Option<String>,
+        gaps: &'a HashMap<String, String>,
     },
 }
 
@@ -428,20 +489,38 @@ enum Step<'a> {
 /// the 30 s cap).
 const MAX_STEP_ATTEMPTS: u32 = 120;
 
-/// `{"topic": {"partition": [stored, first read]}}` for the snapshot summary.
-fn gap_summary(gaps: &PartitionMap<(i64, i64)>) -> Option<String> {
-    if gaps.is_empty() {
-        return None;
+/// Summary properties recording what reading found, each as
+/// `{"topic": {"partition": [stored offset, first offset read]}}`: records lost to
+/// retention before they were read (`floe.offset-gaps`), and partitions whose log
+/// restarted below the stored offset (`floe.offset-resets`: a recreated topic, an
+/// unclean leader election), whose records below the stored offset were skipped.
+fn offset_anomalies(
+    gaps: &PartitionMap<(i64, i64)>,
+    resets: &PartitionMap<(i64, i64)>,
+) -> HashMap<String, String> {
+    let mut out = HashMap::new();
+    for (key, found) in [
+        (crate::commit::GAP_KEY, gaps),
+        (crate::commit::RESET_KEY, resets),
+    ] {
+        if found.is_empty() {
+            continue;
+        }
+        let mut sorted: std::collections::BTreeMap<
+            &str,
+            std::collections::BTreeMap<String, [i64; 2]>,
+        > = Default::default();
+        for ((topic, partition), (expected, first)) in found {
+            sorted
+                .entry(topic)
+                .or_default()
+                .insert(partition.to_string(), [*expected, *first]);
+        }
+        if let Ok(json) = serde_json::to_string(&sorted) {
+            out.insert(key.to_string(), json);
+        }
     }
-    let mut sorted: std::collections::BTreeMap<&str, std::collections::BTreeMap<String, [i64; 2]>> =
-        Default::default();
-    for ((topic, partition), (expected, found)) in gaps {
-        sorted
-            .entry(topic)
-            .or_default()
-            .insert(partition.to_string(), [*expected, *found]);
-    }
-    serde_json::to_string(&sorted).ok()
+    out
 }
 
 #[cfg(test)]
@@ -477,11 +556,13 @@ table = "t"
     async fn a_closing_seal_from_before_a_rewind_still_ends_the_pipeline() {
         let config = crate::config::Config::parse(CONFIG, &|_| None).unwrap();
         let (reports, heard) = crossbeam_channel::unbounded();
+        let (_stop, shutdown) = watch::channel(false);
         let mut committer = Committer::new(
             Arc::new(config.pipelines[0].clone()),
             Vec::new(),
             Arc::default(),
             reports,
+            shutdown,
         );
         committer.epoch = 1;
         let (seals, inbox) = mpsc::channel(1);
@@ -494,6 +575,7 @@ table = "t"
                 next: Default::default(),
                 from: Default::default(),
                 gaps: Default::default(),
+                resets: Default::default(),
                 _in_flight: permit,
             }))
             .await

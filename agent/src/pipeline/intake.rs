@@ -65,6 +65,8 @@ pub(super) struct Seal {
     pub from: PartitionMap<i64>,
     /// Records lost to retention before they were read, per partition (for the summary).
     pub gaps: PartitionMap<(i64, i64)>,
+    /// Partitions whose log restarted below the stored offset (for the summary).
+    pub resets: PartitionMap<(i64, i64)>,
     /// Held until the committer is done with this seal: one seal in flight at a time, so
     /// at most two buffers (this one and the one filling) are in memory.
     pub _in_flight: OwnedSemaphorePermit,
@@ -118,6 +120,7 @@ pub(super) struct State {
     first_position: PartitionMap<i64>,
     assigned: HashSet<TopicPartition>,
     gaps: PartitionMap<(i64, i64)>,
+    resets: PartitionMap<(i64, i64)>,
     epoch: u64,
     /// A rewind was requested: records are ignored until the committer answers.
     rewinding: bool,
@@ -364,6 +367,7 @@ impl Intake {
                     self.state.from.remove(tp);
                     self.state.last_sealed.remove(tp);
                     self.state.gaps.remove(tp);
+                    self.state.resets.remove(tp);
                     self.state.first_position.remove(tp);
                 }
                 telemetry::health::partitions_assigned(self.name(), self.state.assigned.len());
@@ -375,6 +379,14 @@ impl Intake {
             } => {
                 telemetry::offset_gap(self.name(), (found - expected).max(0) as u64);
                 self.state.gaps.insert(tp, (expected, found));
+            }
+            SourceEvent::Reset {
+                tp,
+                expected,
+                found,
+            } => {
+                telemetry::offset_reset(self.name());
+                self.state.resets.insert(tp, (expected, found));
             }
             SourceEvent::Failed(reason) => {
                 return Err(self.source_err(SourceError::Stopped(reason)));
@@ -792,7 +804,8 @@ impl Intake {
     /// Hands every table's buffer and the offsets it covers to the committer.
     fn seal(&mut self, closing: bool) -> Result<(), PipelineError> {
         let any_rows = self.tables.iter().any(|t| !t.buffer.is_empty());
-        if !closing && !any_rows && self.state.next == self.state.last_sealed {
+        let anomalies = !self.state.gaps.is_empty() || !self.state.resets.is_empty();
+        if !closing && !any_rows && !anomalies && self.state.next == self.state.last_sealed {
             return Ok(());
         }
         // Dead letters up to here are durable before any commit moves offsets past them.
@@ -825,6 +838,7 @@ impl Intake {
             next: self.state.next.clone(),
             from: std::mem::replace(&mut self.state.from, self.state.next.clone()),
             gaps: std::mem::take(&mut self.state.gaps),
+            resets: std::mem::take(&mut self.state.resets),
             _in_flight: in_flight,
         };
         self.state.last_sealed = self.state.next.clone();

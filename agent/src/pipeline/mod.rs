@@ -184,7 +184,8 @@ async fn run_with_source(
     let (report_tx, report_rx) = crossbeam_channel::unbounded();
     let (control_tx, control_rx) = crossbeam_channel::unbounded();
     let committer = tokio::spawn(
-        committer::Committer::new(config.clone(), sinks, known, report_tx).run(seal_rx),
+        committer::Committer::new(config.clone(), sinks, known, report_tx, shutdown.clone())
+            .run(seal_rx),
     );
     let intake = intake::Intake {
         config: config.clone(),

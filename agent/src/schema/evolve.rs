@@ -123,6 +123,86 @@ impl SchemaTracker {
     }
 }
 
+impl SchemaTracker {
+    /// The first column whose buffered values a table of schema `table` cannot hold
+    /// without loss, as `path: ours vs the table's`; `None` when every column fits.
+    ///
+    /// Rows are admitted against the tracker's types. When another writer has given a
+    /// column another type since (or added one the tracker also learned, differently),
+    /// writing would cast the values and turn what does not convert into nulls. A column
+    /// fits when the types are equal or the table's is a widening of ours: int -> long,
+    /// float -> double, a wider decimal, and for a column not committed yet the widenings
+    /// inference itself makes (long -> double, timestamp -> string).
+    pub fn conflict_with(&self, table: &Schema) -> Option<String> {
+        conflict_in_struct(table.as_struct(), &self.root, "", true)
+    }
+}
+
+fn conflict_in_struct(
+    table: &StructType,
+    nodes: &IndexMap<String, Node>,
+    parent: &str,
+    top: bool,
+) -> Option<String> {
+    for (name, node) in nodes {
+        if top && RESERVED_COLUMNS.contains(&name.as_str()) {
+            continue;
+        }
+        let Some(field) = table.field_by_name(name) else {
+            continue;
+        };
+        let path = if parent.is_empty() {
+            name.clone()
+        } else {
+            format!("{parent}.{name}")
+        };
+        if let Some(c) = conflict_in_type(&field.field_type, node, &path) {
+            return Some(c);
+        }
+    }
+    None
+}
+
+fn conflict_in_type(table: &Type, node: &Node, path: &str) -> Option<String> {
+    let ours = match (&node.kind, table) {
+        (None, _) => return None,
+        (Some(Kind::Struct(children)), Type::Struct(st)) => {
+            return conflict_in_struct(st, children, path, false);
+        }
+        (Some(Kind::List(element)), Type::List(l)) => {
+            return conflict_in_type(&l.element_field.field_type, element, &format!("{path}[]"));
+        }
+        _ => node.widen.clone().or_else(|| node_type(node))?,
+    };
+    if fits(&ours, table, node.locked) {
+        return None;
+    }
+    Some(format!(
+        "`{path}`: {} in the buffered rows, {} in the table",
+        super::type_name(&ours),
+        super::type_name(table)
+    ))
+}
+
+/// Whether values buffered as `ours` convert to `table` without loss.
+fn fits(ours: &Type, table: &Type, committed: bool) -> bool {
+    use PrimitiveType as P;
+    if ours == table || widening(ours, table).is_some() {
+        return true;
+    }
+    if committed {
+        return false;
+    }
+    matches!(
+        (ours, table),
+        (Type::Primitive(P::Long), Type::Primitive(P::Double))
+            | (
+                Type::Primitive(P::Timestamp | P::Timestamptz),
+                Type::Primitive(P::String)
+            )
+    )
+}
+
 fn evolve_struct(
     current: &StructType,
     nodes: &IndexMap<String, Node>,

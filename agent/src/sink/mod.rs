@@ -225,20 +225,43 @@ pub enum SinkError {
     /// A snapshot commit failed (after retries where they could help).
     #[error(transparent)]
     Commit(Box<crate::commit::CommitFailure>),
+    /// Other writers kept changing the table under a commit: try again later.
+    #[error("{0}")]
+    Contended(String),
     /// Something that cannot happen did (a bug: please report).
     #[error("internal error: {0}; please report this")]
     Internal(String),
 }
 
+impl SinkError {
+    /// Whether a file of the table was missing (the table view was stale).
+    pub fn is_missing_file(&self) -> bool {
+        use crate::error::is_missing_file;
+        match self {
+            SinkError::Iceberg { source, .. } => is_missing_file(source),
+            SinkError::Upsert(upsert::UpsertError::Iceberg(e)) => is_missing_file(e),
+            SinkError::Commit(failure) => match failure.as_ref() {
+                crate::commit::CommitFailure::Iceberg { source, .. } => is_missing_file(source),
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+}
+
 impl crate::error::Classify for SinkError {
     fn class(&self) -> crate::error::ErrorClass {
         use crate::error::ErrorClass::*;
+        if self.is_missing_file() {
+            // A file of a stale table view (expired by another writer): reloading helps.
+            return Transient;
+        }
         match self {
             SinkError::Iceberg { source, .. } => crate::error::iceberg_class(source),
             SinkError::Commit(failure) => failure.class(),
             SinkError::Upsert(upsert::UpsertError::Iceberg(e)) => crate::error::iceberg_class(e),
             SinkError::Upsert(upsert::UpsertError::Parquet(_)) => Transient,
-            SinkError::Fenced(_) => Transient,
+            SinkError::Fenced(_) | SinkError::Contended(_) => Transient,
             SinkError::MissingTable(_)
             | SinkError::Unwritable(_)
             | SinkError::Offsets(_)

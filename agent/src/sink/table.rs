@@ -13,7 +13,7 @@ use super::upsert::{self, KeyHash, KeyIndex, KeySpec, OP_COLUMN, Plan};
 use super::{Mode, SinkConfig, SinkError, partition, writer};
 use crate::batch::{self, Buffered};
 use crate::catalog::CatalogHandle;
-use crate::commit::{self, CommitFailure, CommitOptions, Fence, StagedSnapshot};
+use crate::commit::{self, CommitFailure, CommitOptions, Committed, Fence, StagedSnapshot};
 use crate::commit::{COMMIT_KEY, OffsetMap, PIPELINE_KEY, WRITER_KEY};
 use crate::record::PartitionMap;
 use crate::schema::SchemaTracker;
@@ -31,8 +31,6 @@ pub struct TableSink {
     pipeline: String,
     writer_id: String,
     upsert: Option<UpsertState>,
-    /// The schema the next commit sets (new columns, widened types), if any.
-    pending_schema: Option<iceberg::spec::Schema>,
 }
 
 /// Upsert mode's key and index (rebuilt from the table when missing).
@@ -47,6 +45,11 @@ pub struct Staged {
     data: Vec<DataFile>,
     /// The partition spec the data files were written in.
     spec_id: i32,
+    /// The schema the files were written with when it is not the table's current one:
+    /// the commit sets it (new columns, widened types) in the same snapshot.
+    new_schema: Option<Schema>,
+    /// The table schema (id, last column id) the files' schema was derived from.
+    written_on: Option<(i32, i32)>,
     /// Upsert mode: keys touched and where the new rows are (index into `data`, position).
     touched: Vec<KeyHash>,
     placed: Vec<(KeyHash, usize, u64)>,
@@ -106,7 +109,6 @@ impl TableSink {
                 spec: KeySpec::from_config(&config.key),
                 index: None,
             }),
-            pending_schema: None,
         };
         sink.reload().await?;
         if sink.table.is_none() && !config.create_table {
@@ -128,19 +130,36 @@ impl TableSink {
         self.upsert.as_ref().map(|u| &u.spec)
     }
 
-    /// Rebuilds the upsert index from the table if it is not there.
+    /// Rebuilds the upsert index from the table if it is not there. A file of the table
+    /// view that is gone (another writer's expiry) means the view is stale: reload and
+    /// read again.
     async fn ensure_index(&mut self) -> Result<(), SinkError> {
-        let (Some(table), Some(u)) = (&self.table, &mut self.upsert) else {
-            return Ok(());
-        };
-        if u.index.is_some() {
-            return Ok(());
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let (Some(table), Some(u)) = (&self.table, &mut self.upsert) else {
+                return Ok(());
+            };
+            if u.index.is_some() {
+                return Ok(());
+            }
+            let started = std::time::Instant::now();
+            match KeyIndex::rebuild(table, &u.spec, self.config.max_keys).await {
+                Ok((index, stats)) => {
+                    tracing::info!(pipeline = %self.pipeline, table = %self.ident, keys = stats.keys, data_files = stats.data_files, delete_files = stats.delete_files, duplicates = stats.duplicates, ms = started.elapsed().as_millis() as u64, "upsert index rebuilt from the table");
+                    u.index = Some(index);
+                    return Ok(());
+                }
+                Err(e) => {
+                    let e = SinkError::from(e);
+                    if !e.is_missing_file() || attempt >= MAX_REBASES {
+                        return Err(e);
+                    }
+                    tracing::info!(pipeline = %self.pipeline, table = %self.ident, error = %e, "the table view is stale (a file of it is gone): reloading");
+                    self.reload().await?;
+                }
+            }
         }
-        let started = std::time::Instant::now();
-        let (index, stats) = KeyIndex::rebuild(table, &u.spec, self.config.max_keys).await?;
-        tracing::info!(pipeline = %self.pipeline, table = %self.ident, keys = stats.keys, data_files = stats.data_files, delete_files = stats.delete_files, duplicates = stats.duplicates, ms = started.elapsed().as_millis() as u64, "upsert index rebuilt from the table");
-        u.index = Some(index);
-        Ok(())
     }
 
     /// Whether the table exists in the catalog.
@@ -153,18 +172,20 @@ impl TableSink {
         &self.ident
     }
 
-    /// Reads the table again from the catalog.
+    /// Reads the table again from the catalog. The upsert index is kept: it knows the
+    /// snapshot it reflects and catches up with the table (or is rebuilt) before it is
+    /// next used.
     pub async fn reload(&mut self) -> Result<(), SinkError> {
         self.table = match self.catalog.catalog.load_table(&self.ident).await {
             Ok(t) => Some(t),
             Err(e) if crate::catalog::is_not_found(&e) => None,
             Err(e) => return Err(self.err("load table", e)),
         };
-        // The table may have changed under us: the upsert index is rebuilt when next needed.
-        if let Some(u) = &mut self.upsert {
+        if self.table.is_none()
+            && let Some(u) = &mut self.upsert
+        {
             u.index = None;
         }
-        self.pending_schema = None;
         Ok(())
     }
 
@@ -191,41 +212,60 @@ impl TableSink {
         }
     }
 
-    /// Creates the table (returns true), or prepares the columns the tracker learned for
-    /// the next commit (returns false).
-    /// A new table starts with a snapshot carrying `initial` offsets (the pipeline's
-    /// position before this commit), so that a crash before its first data commit makes
-    /// the pipeline read that data again.
-    pub async fn apply_schema(
+    /// Creates the table if it does not exist (returns true when it did). A new table
+    /// starts with a snapshot carrying `initial` offsets (the pipeline's position before
+    /// this commit), so that a crash before its first data commit makes the pipeline
+    /// read that data again.
+    pub async fn ensure_table(
         &mut self,
         tracker: &SchemaTracker,
         initial: &OffsetMap,
     ) -> Result<bool, SinkError> {
-        let Some(table) = &self.table else {
-            self.create(tracker).await?;
-            let expected = initial.0.keys().map(|tp| (tp.clone(), None)).collect();
-            self.commit(Staged::empty(), &expected, initial, HashMap::new())
-                .await?;
-            return Ok(true);
-        };
-        // The new schema is committed with the data that needs it, in one snapshot.
+        if self.table.is_some() {
+            return Ok(false);
+        }
+        self.create(tracker).await?;
+        let expected = initial.0.keys().map(|tp| (tp.clone(), None)).collect();
+        self.commit(Staged::empty(), &expected, initial, HashMap::new())
+            .await?;
+        Ok(true)
+    }
+
+    /// The schema rows admitted by `tracker` are written with: the table's current one,
+    /// or the one a commit evolves it to. Rows admitted against columns another writer
+    /// has since given an incompatible type cannot be written without loss: that is
+    /// [`SinkError::Fenced`], and the pipeline reads them again against the table.
+    fn write_schema(
+        &self,
+        table: &Table,
+        tracker: &SchemaTracker,
+    ) -> Result<(Arc<Schema>, Option<Schema>), SinkError> {
         let metadata = table.metadata();
-        self.pending_schema =
-            tracker.evolved_schema(metadata.current_schema(), metadata.last_column_id())?;
-        if let Some(next) = &self.pending_schema {
-            let before = metadata.current_schema();
+        let current = metadata.current_schema();
+        if let Some(conflict) = tracker.conflict_with(current) {
+            return Err(SinkError::Fenced(format!(
+                "the schema of {} changed under buffered rows ({conflict}); re-reading them against the table's schema",
+                self.ident
+            )));
+        }
+        let evolved = tracker.evolved_schema(current, metadata.last_column_id())?;
+        if let Some(next) = &evolved {
             let changed: Vec<String> = next
                 .field_id_to_name_map()
                 .iter()
                 .filter(|(id, _)| {
-                    before.field_by_id(**id).map(|f| &f.field_type)
+                    current.field_by_id(**id).map(|f| &f.field_type)
                         != next.field_by_id(**id).map(|f| &f.field_type)
                 })
                 .map(|(_, name)| name.clone())
                 .collect();
-            tracing::info!(pipeline = %self.pipeline, table = %self.ident, columns = ?changed, "schema changes with the next commit");
+            tracing::info!(pipeline = %self.pipeline, table = %self.ident, columns = ?changed, "schema changes with this commit");
         }
-        Ok(false)
+        let schema = match &evolved {
+            Some(s) => Arc::new(s.clone()),
+            None => current.clone(),
+        };
+        Ok((schema, evolved))
     }
 
     async fn create(&mut self, tracker: &SchemaTracker) -> Result<(), SinkError> {
@@ -321,11 +361,16 @@ impl TableSink {
         Ok(())
     }
 
-    /// Writes buffered rows as Parquet data files in the schema the next commit sets
-    /// (or the table's current one). In upsert mode only the last row per key is written
-    /// (none for a tombstone), and the rows they replace are deleted at commit.
-    /// Encoding runs on a blocking thread, off the async workers.
-    pub async fn write(&mut self, buffered: &Buffered) -> Result<Staged, SinkError> {
+    /// Writes buffered rows as Parquet data files in the schema the commit sets: the
+    /// table's current one plus what `tracker` learned (derived from the table as it is
+    /// now, so a retry after a reload never loses a column). In upsert mode only the last
+    /// row per key is written (none for a tombstone), and the rows they replace are
+    /// deleted at commit. Encoding runs on a blocking thread, off the async workers.
+    pub async fn write(
+        &mut self,
+        buffered: &Buffered,
+        tracker: &SchemaTracker,
+    ) -> Result<Staged, SinkError> {
         let table = self
             .table
             .clone()
@@ -333,10 +378,11 @@ impl TableSink {
         if buffered.rows == 0 {
             return Ok(Staged::default());
         }
-        let schema = match &self.pending_schema {
-            Some(s) => Arc::new(s.clone()),
-            None => table.metadata().current_schema().clone(),
-        };
+        let (schema, new_schema) = self.write_schema(&table, tracker)?;
+        let written_on = Some((
+            table.metadata().current_schema_id(),
+            table.metadata().last_column_id(),
+        ));
         let plan = match &self.upsert {
             None => None,
             Some(_) => {
@@ -385,6 +431,8 @@ impl TableSink {
             return Ok(Staged {
                 data,
                 spec_id,
+                new_schema,
+                written_on,
                 ..Staged::default()
             });
         };
@@ -408,6 +456,8 @@ impl TableSink {
         Ok(Staged {
             data,
             spec_id,
+            new_schema,
+            written_on,
             touched: plan.touched,
             placed,
         })
@@ -417,7 +467,12 @@ impl TableSink {
     /// offsets to `offsets`, if the table still stores `expected` for each partition the
     /// commit covers (the offsets of other partitions are carried forward as found).
     /// `extra` adds summary properties. In upsert mode the position deletes are computed
-    /// here, against the exact parent the snapshot commits on.
+    /// here, against the exact parent the snapshot commits on, with the key index caught
+    /// up to that parent first.
+    ///
+    /// A stale table view (files of it removed by another writer's expiry or compaction)
+    /// or, in upsert mode, a parent whose data changed, is reloaded and the commit
+    /// prepared again, a bounded number of times.
     pub async fn commit(
         &mut self,
         staged: Staged,
@@ -435,86 +490,135 @@ impl TableSink {
             pipeline: self.pipeline.clone(),
             expected: expected.clone(),
         };
-        // Upsert: a commit whose deletes went stale is redone a few times, then given up.
         let mut rebases = 0;
         loop {
             let table = self
                 .table
                 .clone()
                 .ok_or_else(|| SinkError::MissingTable(self.ident.to_string()))?;
-            let deletes = self.deletes(&table, &staged).await?;
-            let delete_files = deletes.files.len();
-            let data = staged
-                .data
-                .iter()
-                .map(|f| (staged.spec_id, f.clone()))
-                .collect();
-            let mut snapshot = StagedSnapshot::write(
-                &table,
-                self.pending_schema.as_ref(),
-                data,
-                deletes.files.clone(),
-            )
-            .await
-            .map_err(|e| self.err("write manifests", e))?;
-            snapshot.remove(deletes.replaced.iter().cloned());
-            let options = CommitOptions {
-                properties: &props,
-                offsets,
-                new_schema: self.pending_schema.as_ref(),
-                fence: &fence,
-                exact_parent: self.upsert.is_some(),
+            let error = match self
+                .commit_on(table, &staged, &fence, &props, offsets)
+                .await
+            {
+                Ok(outcome) => return Ok(outcome),
+                Err(e) => e,
             };
-            let result = commit::commit(
-                self.catalog.catalog.as_ref(),
-                self.catalog.committer.as_ref(),
-                table,
-                &mut snapshot,
-                options,
-            )
-            .await;
-            match result {
-                Ok(table) => {
-                    let snapshot_id = table.metadata().current_snapshot_id().unwrap_or_default();
-                    self.table = Some(table);
-                    self.pending_schema = None;
-                    self.apply_to_index(&staged, &deletes)?;
-                    if let Some(index) = self.upsert.as_mut().and_then(|u| u.index.as_mut()) {
-                        index.set_snapshot(Some(snapshot_id));
-                    }
-                    return Ok(CommitOutcome {
-                        snapshot_id,
-                        files: staged.data.len(),
-                        delete_files,
-                        bytes: staged.data_bytes(),
-                    });
-                }
-                Err(CommitFailure::Stale(table)) if rebases < MAX_REBASES => {
-                    rebases += 1;
-                    // Another writer (another agent on the same table, say) committed:
-                    // learn its rows and deletes, then compute our deletes again.
-                    let caught_up = match self.upsert.as_mut() {
-                        Some(UpsertState {
-                            spec,
-                            index: Some(index),
-                        }) => index.catch_up(&table, spec).await?,
-                        _ => false,
-                    };
-                    tracing::info!(pipeline = %self.pipeline, table = %self.ident, caught_up, "another writer changed the table: updating the upsert index and the deletes");
+            if rebases >= MAX_REBASES {
+                return Err(error.into_sink_error());
+            }
+            rebases += 1;
+            match error {
+                Attempt::Stale(Some(table)) => {
+                    // Another writer (another agent on the same table, say) committed.
+                    tracing::info!(pipeline = %self.pipeline, table = %self.ident, "another writer changed the table: updating the upsert index and the deletes");
                     self.table = Some(*table);
-                    if !caught_up {
-                        if let Some(u) = &mut self.upsert {
-                            u.index = None;
-                        }
-                        self.ensure_index().await?;
-                    }
                 }
-                Err(e @ (CommitFailure::Fenced { .. } | CommitFailure::SchemaChanged(_))) => {
-                    return Err(SinkError::Fenced(e.to_string()));
+                Attempt::Stale(None) => {
+                    tracing::info!(pipeline = %self.pipeline, table = %self.ident, "the table view is stale (files of it were removed by another writer): reloading");
+                    self.reload().await?;
                 }
-                Err(e) => return Err(SinkError::Commit(Box::new(e))),
+                Attempt::Failed(e) => return Err(e),
             }
         }
+    }
+
+    /// One attempt of [`TableSink::commit`] on `table`.
+    async fn commit_on(
+        &mut self,
+        table: Table,
+        staged: &Staged,
+        fence: &Fence,
+        props: &HashMap<String, String>,
+        offsets: &OffsetMap,
+    ) -> Result<CommitOutcome, Attempt> {
+        self.catch_up_index(&table).await.map_err(Attempt::from)?;
+        let deletes = self.deletes(&table, staged).await.map_err(Attempt::from)?;
+        let delete_files = deletes.files.len();
+        let data = staged
+            .data
+            .iter()
+            .map(|f| (staged.spec_id, f.clone()))
+            .collect();
+        let mut snapshot = StagedSnapshot::write(
+            &table,
+            staged.new_schema.as_ref(),
+            data,
+            deletes.files.clone(),
+        )
+        .await
+        .map_err(|e| Attempt::from(self.err("write manifests", e)))?;
+        snapshot.remove(deletes.replaced.iter().cloned());
+        let options = CommitOptions {
+            properties: props,
+            offsets,
+            new_schema: staged.new_schema.as_ref(),
+            written_on: staged.written_on,
+            fence,
+            exact_parent: self.upsert.is_some(),
+        };
+        let committed = commit::commit(
+            self.catalog.catalog.as_ref(),
+            self.catalog.committer.as_ref(),
+            table,
+            &mut snapshot,
+            options,
+        )
+        .await;
+        match committed {
+            Ok(Committed { table, snapshot_id }) => {
+                self.table = Some(table);
+                if let Err(e) = self.apply_to_index(staged, &deletes, snapshot_id) {
+                    // The table holds the commit; an index that missed part of it is
+                    // rebuilt before its next use.
+                    if let Some(u) = &mut self.upsert {
+                        u.index = None;
+                    }
+                    return Err(Attempt::Failed(e));
+                }
+                Ok(CommitOutcome {
+                    snapshot_id,
+                    files: staged.data.len(),
+                    delete_files,
+                    bytes: staged.data_bytes(),
+                })
+            }
+            Err(CommitFailure::Stale(table)) => Err(Attempt::Stale(Some(table))),
+            Err(CommitFailure::Iceberg { source, .. })
+                if crate::error::is_missing_file(&source) =>
+            {
+                Err(Attempt::Stale(None))
+            }
+            Err(e @ (CommitFailure::Fenced { .. } | CommitFailure::SchemaChanged(_))) => {
+                Err(Attempt::Failed(SinkError::Fenced(e.to_string())))
+            }
+            Err(e) => Err(Attempt::Failed(SinkError::Commit(Box::new(e)))),
+        }
+    }
+
+    /// Upsert: brings the key index to `table`'s current snapshot (the parent the
+    /// deletes are computed against): learns other writers' commits since the snapshot
+    /// it reflects, or is rebuilt when that cannot be done incrementally.
+    async fn catch_up_index(&mut self, table: &Table) -> Result<(), SinkError> {
+        let Some(u) = &mut self.upsert else {
+            return Ok(());
+        };
+        let current = table.metadata().current_snapshot_id();
+        if let Some(index) = &mut u.index
+            && index.snapshot() != current
+        {
+            let caught_up = index.catch_up(table, &u.spec).await?;
+            tracing::info!(pipeline = %self.pipeline, table = %self.ident, caught_up, "upsert index: learning other writers' commits");
+            if !caught_up {
+                u.index = None;
+            }
+        }
+        if u.index.is_none() {
+            let started = std::time::Instant::now();
+            let (index, stats) = KeyIndex::rebuild(table, &u.spec, self.config.max_keys).await?;
+            tracing::info!(pipeline = %self.pipeline, table = %self.ident, keys = stats.keys, data_files = stats.data_files, delete_files = stats.delete_files, duplicates = stats.duplicates, ms = started.elapsed().as_millis() as u64, "upsert index rebuilt from the table");
+            u.index = Some(index);
+        }
+        Ok(())
     }
 
     /// Upsert: the delete files removing the older rows of every key the commit touches
@@ -531,14 +635,17 @@ impl TableSink {
         Ok(upsert::write_deletes(table, &self.pipeline, index, rows).await?)
     }
 
+    /// Records a landed commit in the upsert index, which then reflects `snapshot_id`.
     fn apply_to_index(
         &mut self,
         staged: &Staged,
         deletes: &upsert::CommitDeletes,
+        snapshot_id: i64,
     ) -> Result<(), SinkError> {
         let Some(index) = self.upsert.as_mut().and_then(|u| u.index.as_mut()) else {
             return Ok(());
         };
+        index.set_snapshot(Some(snapshot_id));
         for (id, dv) in &deletes.vectors {
             index.set_dv(*id, dv.clone());
         }
@@ -561,6 +668,37 @@ impl TableSink {
             operation,
             table: self.ident.to_string(),
             source: Box::new(source),
+        }
+    }
+}
+
+/// Why one attempt of a commit did not land.
+enum Attempt {
+    /// Prepared on a stale view: on this newer table (its data changed under an upsert
+    /// commit), or reload (`None`: a file of the view is gone).
+    Stale(Option<Box<Table>>),
+    /// Give up (the caller's retry policy applies).
+    Failed(SinkError),
+}
+
+impl Attempt {
+    fn into_sink_error(self) -> SinkError {
+        match self {
+            Attempt::Stale(_) => SinkError::Contended(format!(
+                "the table kept changing under the commit ({MAX_REBASES} times in a row)"
+            )),
+            Attempt::Failed(e) => e,
+        }
+    }
+}
+
+impl From<SinkError> for Attempt {
+    /// A missing file while preparing is a stale view; anything else fails the attempt.
+    fn from(e: SinkError) -> Attempt {
+        if e.is_missing_file() {
+            Attempt::Stale(None)
+        } else {
+            Attempt::Failed(e)
         }
     }
 }

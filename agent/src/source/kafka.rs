@@ -79,6 +79,10 @@ struct Context {
     lookup: Arc<dyn PositionLookup>,
     pending: Pending,
     positioned: Arc<Positioned>,
+    /// `start = "latest"` positions to commit to the group (outside the callback).
+    pin: Arc<Mutex<Vec<(TopicPartition, i64)>>>,
+    /// Whether the poller has paused its partitions: newly assigned ones are paused too.
+    paused: Arc<AtomicBool>,
 }
 
 impl ClientContext for Context {
@@ -100,6 +104,56 @@ impl ClientContext for Context {
 }
 
 impl Context {
+    /// `latest` applies once per consumer group: a partition the tables store nothing
+    /// for continues at the group's committed offset if it has one; otherwise the end
+    /// *now* becomes its position, committed to the group at once (a table may not
+    /// exist to record it until records arrive), so a rewind or a restart does not jump
+    /// to a later end and skip what came in between.
+    fn position_latest(&self, consumer: &BaseConsumer<Self>, assigned: &mut [super::Assignment]) {
+        let open: Vec<usize> = (0..assigned.len())
+            .filter(|&i| assigned[i].position.is_none())
+            .collect();
+        if open.is_empty() {
+            return;
+        }
+        let mut tpl = TopicPartitionList::new();
+        for &i in &open {
+            tpl.add_partition(&assigned[i].tp.0, assigned[i].tp.1);
+        }
+        let committed = consumer
+            .committed_offsets(tpl, Duration::from_secs(10))
+            .map_err(|e| tracing::warn!(pipeline = %self.pipeline, error = %e, "cannot read the group's committed offsets"))
+            .ok();
+        for &i in &open {
+            let a = &mut assigned[i];
+            let (topic, partition) = (a.tp.0.clone(), a.tp.1);
+            let in_group = committed.as_ref().and_then(|c| {
+                match c.find_partition(&topic, partition)?.offset() {
+                    Offset::Offset(o) if o >= 0 => Some(o),
+                    _ => None,
+                }
+            });
+            if let Some(o) = in_group {
+                tracing::info!(pipeline = %self.pipeline, %topic, partition, offset = o, "start = latest: continuing at the group's committed offset (no table stores this partition yet)");
+                a.position = Some(o);
+                continue;
+            }
+            match consumer.fetch_watermarks(&topic, partition, Duration::from_secs(5)) {
+                Ok((low, high)) => {
+                    tracing::info!(pipeline = %self.pipeline, %topic, partition, low, high, "start = latest: positioned at the end");
+                    a.position = Some(high);
+                    self.pin
+                        .lock()
+                        .expect("positions to pin")
+                        .push((a.tp.clone(), high));
+                }
+                Err(e) => {
+                    tracing::warn!(pipeline = %self.pipeline, %topic, partition, error = %e, "cannot read the end of the partition: starting at the end as librdkafka sees it")
+                }
+            }
+        }
+    }
+
     fn offset_for(&self, position: Option<i64>) -> Offset {
         match (position, self.start) {
             (Some(o), _) => Offset::Offset(o),
@@ -137,21 +191,7 @@ impl ConsumerContext for Context {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
                 let mut assigned = self.lookup.lookup(&tps);
                 if self.start == StartPosition::Latest {
-                    // `latest` applies once: the end *now* becomes the partition's position,
-                    // recorded in the table with the next commit, so a rewind or a restart
-                    // does not jump to a later end and skip what came in between.
-                    for a in assigned.iter_mut().filter(|a| a.position.is_none()) {
-                        let (topic, partition) = &a.tp;
-                        match consumer.fetch_watermarks(topic, *partition, Duration::from_secs(5)) {
-                            Ok((low, high)) => {
-                                tracing::info!(pipeline = %self.pipeline, %topic, partition, low, high, "start = latest: positioned at the end");
-                                a.position = Some(high)
-                            }
-                            Err(e) => {
-                                tracing::warn!(pipeline = %self.pipeline, %topic, partition, error = %e, "cannot read the end of the partition: starting at the end as librdkafka sees it")
-                            }
-                        }
-                    }
+                    self.position_latest(consumer, &mut assigned);
                 }
                 for a in &assigned {
                     let (topic, partition) = &a.tp;
@@ -172,6 +212,13 @@ impl ConsumerContext for Context {
                 if let Err(e) = result {
                     self.push(SourceEvent::Failed(format!("assign failed: {e}")));
                     return;
+                }
+                if self.paused.load(Ordering::SeqCst) {
+                    // The pipeline is behind: partitions assigned meanwhile wait too, so
+                    // nothing piles up in memory while it cannot take records.
+                    if let Err(e) = consumer.pause(tpl) {
+                        tracing::warn!(pipeline = %self.pipeline, error = %e, "cannot pause newly assigned partitions");
+                    }
                 }
                 tracing::info!(pipeline = %self.pipeline, partitions = assigned.len(), cooperative, "partitions assigned");
                 crate::telemetry::rebalanced(&self.pipeline, "assigned");
@@ -215,6 +262,22 @@ pub struct KafkaSource {
     commands: Sender<SourceCommand>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    pending: Pending,
+}
+
+impl KafkaSource {
+    /// Records polled but not yet handed to the pipeline (bounded while it is behind).
+    pub fn queued_records(&self) -> usize {
+        self.pending
+            .lock()
+            .expect("pending events")
+            .iter()
+            .map(|e| match e {
+                SourceEvent::Records(_, m) => m.len(),
+                _ => 0,
+            })
+            .sum()
+    }
 }
 
 impl KafkaSource {
@@ -227,12 +290,16 @@ impl KafkaSource {
         let (tx, rx) = crossbeam_channel::bounded(EVENT_QUEUE);
         let pending: Pending = Arc::default();
         let positioned: Arc<Positioned> = Arc::default();
+        let pin: Arc<Mutex<Vec<(TopicPartition, i64)>>> = Arc::default();
+        let paused: Arc<AtomicBool> = Arc::default();
         let context = Context {
             pipeline: pipeline.to_string(),
             start: config.start,
             lookup,
             pending: pending.clone(),
             positioned: positioned.clone(),
+            pin: pin.clone(),
+            paused: paused.clone(),
         };
         let consumer: BaseConsumer<Context> =
             config.client_config().create_with_context(context)?;
@@ -267,11 +334,12 @@ impl KafkaSource {
             commands: cmd_rx,
             stop: stop.clone(),
             start: config.start,
-            pending,
+            pending: pending.clone(),
             positioned,
+            pin,
             epoch: 0,
             topics: Default::default(),
-            paused: false,
+            paused,
             last_batch: 0,
         };
         let thread = std::thread::Builder::new()
@@ -283,6 +351,7 @@ impl KafkaSource {
             commands: cmd_tx,
             stop,
             thread: Some(thread),
+            pending,
         })
     }
 }
@@ -346,11 +415,14 @@ struct Poller {
     start: StartPosition,
     pending: Pending,
     positioned: Arc<Positioned>,
+    /// `start = "latest"` positions the rebalance callback chose, to commit to the group.
+    pin: Arc<Mutex<Vec<(TopicPartition, i64)>>>,
     epoch: u64,
     /// Topic names as the pipeline shares them; `last` is the one of the previous
     /// message (consecutive messages almost always share it).
     topics: std::cell::RefCell<TopicNames>,
-    paused: bool,
+    /// Whether the partitions are paused (shared with the rebalance callback).
+    paused: Arc<AtomicBool>,
     /// Messages in the previous batch.
     last_batch: usize,
 }
@@ -361,14 +433,19 @@ impl Poller {
             while let Ok(cmd) = self.commands.try_recv() {
                 self.run_command(cmd);
             }
+            self.commit_pinned();
             if !self.deliver() {
                 break;
             }
-            if self.paused {
+            if self.paused.load(Ordering::SeqCst) {
                 // Serve the group (rebalances, liveness) without taking more records; a
-                // record librdkafka still hands out is kept, in order, never dropped.
+                // record librdkafka still hands out (fetched before the pause) is kept, in
+                // order, never dropped, and its partition is paused again.
                 if let Some(Ok(m)) = self.consumer.poll(Duration::from_millis(50)) {
                     let message = self.message(&m);
+                    let mut tpl = TopicPartitionList::new();
+                    tpl.add_partition(&message.topic, message.partition);
+                    let _ = self.consumer.pause(&tpl);
                     self.queue(SourceEvent::Records(self.epoch, vec![message]));
                 }
                 continue;
@@ -416,7 +493,7 @@ impl Poller {
             let event = match self.events.try_send(event) {
                 Ok(()) => continue,
                 Err(TrySendError::Disconnected(_)) => return false,
-                Err(TrySendError::Full(event)) if self.paused => event,
+                Err(TrySendError::Full(event)) if self.paused.load(Ordering::SeqCst) => event,
                 Err(TrySendError::Full(event)) => {
                     tracing::trace!(pipeline = %self.pipeline, "pipeline behind: waiting for room");
                     match self.events.send_timeout(event, SHORT_STALL) {
@@ -438,7 +515,7 @@ impl Poller {
     }
 
     fn set_paused(&mut self, paused: bool) {
-        if self.paused == paused {
+        if self.paused.load(Ordering::SeqCst) == paused {
             return;
         }
         let Ok(assignment) = self.consumer.assignment() else {
@@ -451,10 +528,25 @@ impl Poller {
         };
         match result {
             Ok(()) => {
-                self.paused = paused;
+                self.paused.store(paused, Ordering::SeqCst);
                 tracing::debug!(pipeline = %self.pipeline, paused, "backpressure");
             }
             Err(e) => tracing::warn!(pipeline = %self.pipeline, error = %e, "pause/resume failed"),
+        }
+    }
+
+    /// Commits the `start = "latest"` positions chosen at assignment to the group.
+    fn commit_pinned(&mut self) {
+        let pinned = std::mem::take(&mut *self.pin.lock().expect("positions to pin"));
+        if pinned.is_empty() {
+            return;
+        }
+        let mut tpl = TopicPartitionList::new();
+        for ((topic, partition), offset) in &pinned {
+            let _ = tpl.add_partition_offset(topic, *partition, Offset::Offset(*offset));
+        }
+        if let Err(e) = self.consumer.commit(&tpl, CommitMode::Sync) {
+            tracing::warn!(pipeline = %self.pipeline, error = %e, "cannot record the start = latest positions in the group; a restart before the first commit starts at the end again");
         }
     }
 
@@ -502,13 +594,26 @@ impl Poller {
     }
 
     /// The first record after positioning a partition: if it is past the position and
-    /// the log now starts past it too, retention removed records we never read.
+    /// the log now starts past it too, retention removed records we never read; if it
+    /// is before the position, the log restarted below it.
     fn check_gap(&self, m: &Message) {
         let Some(expected) = self.positioned.take(&m.topic, m.partition) else {
             return;
         };
         let tp = m.topic_partition();
-        if m.offset <= expected {
+        if m.offset < expected {
+            // A consumer positioned at `expected` never gets an earlier offset unless the
+            // position was out of range and reset: the log restarted below what the
+            // table stores (a recreated topic, an unclean leader election).
+            tracing::error!(pipeline = %self.pipeline, topic = %m.topic, partition = m.partition, stored = expected, found = m.offset, "the partition's log restarted below the offset stored in the table (topic recreated? unclean leader election?): records below the stored offset are skipped");
+            self.queue(SourceEvent::Reset {
+                tp,
+                expected,
+                found: m.offset,
+            });
+            return;
+        }
+        if m.offset == expected {
             return;
         }
         // Offsets also jump over transaction markers: only the log start is proof.

@@ -158,6 +158,11 @@ impl SourceConfig {
                 "only used with SASL_PLAINTEXT or SASL_SSL".into(),
             ));
         }
+        for (key, _) in &self.properties {
+            if let Some(why) = managed_property(key) {
+                out.push((format!("properties.{key}"), why.to_string()));
+            }
+        }
         out
     }
 
@@ -208,6 +213,27 @@ impl SourceConfig {
         }
         c
     }
+}
+
+/// Why a librdkafka property cannot be set through `properties`: Floe sets it because
+/// exactly-once depends on it (or it has its own setting).
+pub fn managed_property(key: &str) -> Option<&'static str> {
+    Some(match key {
+        "bootstrap.servers" | "metadata.broker.list" => "set by `bootstrap_servers`",
+        "group.id" => "set by `group_id`",
+        "security.protocol" => "set by `security_protocol`",
+        "enable.auto.commit" | "enable.auto.offset.store" => {
+            "managed by Floe: group offsets are committed only after the Iceberg commit that covers them"
+        }
+        "auto.offset.reset" => {
+            "managed by Floe (`earliest`): a stored offset below the log start must resume at the oldest record and be recorded as a gap, never jump to the end; use `start` for where a new partition begins"
+        }
+        "isolation.level" => {
+            "managed by Floe (`read_committed`): records of aborted transactions must not become rows"
+        }
+        "enable.partition.eof" => "managed by Floe",
+        _ => return None,
+    })
 }
 
 /// Errors of the source stage.
@@ -264,6 +290,17 @@ pub enum SourceEvent {
     /// The offset stored for a partition was below the log start: reading resumed at
     /// the oldest record, `skipped` records were lost to retention.
     Gap {
+        /// The partition.
+        tp: TopicPartition,
+        /// The stored offset.
+        expected: i64,
+        /// The first offset actually read.
+        found: i64,
+    },
+    /// The first record read after positioning a partition at its stored offset was
+    /// below it: the log restarted (a recreated topic, an unclean leader election).
+    /// Records below the stored offset are skipped.
+    Reset {
         /// The partition.
         tp: TopicPartition,
         /// The stored offset.
@@ -370,6 +407,32 @@ mod tests {
             !format!("{c:?}").contains("secret"),
             "password must not be printed"
         );
+    }
+
+    #[test]
+    fn properties_floe_relies_on_cannot_be_overridden() {
+        let c: SourceConfig = toml::from_str(
+            "bootstrap_servers = \"b:9092\"\ngroup_id = \"g\"\ntopics = [\"t\"]\n[properties]\n\"auto.offset.reset\" = \"latest\"\n\"enable.auto.commit\" = \"true\"\n\"fetch.max.bytes\" = \"1048576\"",
+        )
+        .unwrap();
+        let problems = c.problems();
+        let fields: Vec<&str> = problems.iter().map(|(f, _)| f.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "properties.auto.offset.reset",
+                "properties.enable.auto.commit"
+            ]
+        );
+        assert!(problems[0].1.contains("oldest record"), "{problems:?}");
+        assert_eq!(
+            c.client_config().get("auto.offset.reset"),
+            Some("latest"),
+            "(the config is refused before a client is made from it)"
+        );
+        let mut ok = c.clone();
+        ok.properties.retain(|k, _| k == "fetch.max.bytes");
+        assert!(ok.problems().is_empty());
     }
 
     #[test]

@@ -78,9 +78,15 @@ pub fn recovered(pipeline: &str) {
     with(|r| r.entry(pipeline).retrying = None);
 }
 
-/// The pipeline stopped: `error` is why, `None` for a requested shutdown.
+/// The pipeline stopped: `error` is why, `None` for a requested shutdown. It holds no
+/// partitions any more (its consumer left the group).
 pub fn pipeline_stopped(pipeline: &str, error: Option<&str>) {
-    with(|r| r.entry(pipeline).stopped = Some(error.map(str::to_string)));
+    super::metric::partitions(pipeline, 0);
+    with(|r| {
+        let p = r.entry(pipeline);
+        p.partitions = 0;
+        p.stopped = Some(error.map(str::to_string));
+    });
 }
 
 /// Forgets every pipeline (a new `run` starts).

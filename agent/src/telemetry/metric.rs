@@ -75,6 +75,8 @@ pub const COMMIT_RETRIES: &str = "floe_commit_retries_total";
 pub const TRANSIENT_RETRIES: &str = "floe_transient_retries_total";
 /// `floe_offset_gap_records_total{pipeline}`.
 pub const OFFSET_GAP_RECORDS: &str = "floe_offset_gap_records_total";
+/// `floe_offset_resets_total{pipeline}`.
+pub const OFFSET_RESETS: &str = "floe_offset_resets_total";
 /// `floe_plugin_records_in_total{pipeline,plugin}`.
 pub const PLUGIN_RECORDS_IN: &str = "floe_plugin_records_in_total";
 /// `floe_plugin_records_out_total{pipeline,plugin}`.
@@ -185,6 +187,12 @@ pub const METRICS: &[MetricDef] = &[
         kind: MetricKind::Counter,
         labels: P,
         help: "Offsets skipped between consecutive records of a partition (compaction, transaction markers, retention).",
+    },
+    MetricDef {
+        name: OFFSET_RESETS,
+        kind: MetricKind::Counter,
+        labels: P,
+        help: "Partitions whose log restarted below the offset stored in the table (a recreated topic, an unclean leader election); the records below it are skipped.",
     },
     MetricDef {
         name: PLUGIN_RECORDS_IN,
@@ -328,6 +336,11 @@ pub fn transient_retry(pipeline: &str, stage: &'static str) {
 /// `n` records removed from Kafka (retention, DeleteRecords) before they were read.
 pub fn offset_gap(pipeline: &str, n: u64) {
     metrics::counter!(OFFSET_GAP_RECORDS, &pipeline_label(pipeline)).increment(n);
+}
+
+/// A partition's log restarted below the stored offset.
+pub fn offset_reset(pipeline: &str) {
+    metrics::counter!(OFFSET_RESETS, &pipeline_label(pipeline)).increment(1);
 }
 
 /// One batch through one plugin: records in and out, and time spent.
