@@ -2,7 +2,8 @@
 //! continuous stream, injects one fault (broker unreachable or restarted, catalog
 //! answering 503, S3 refusing connections, a full disk under the dead-letter file,
 //! SIGKILL at random moments), and ends with both readers (PyIceberg, DuckDB) exact
-//! against the reference: every produced record once, none lost, none twice.
+//! against the reference: every produced record once, none lost, none twice, and every
+//! column of every row equal to the record the broker holds (`floe_tests::reference`).
 //!
 //! CI runs the short version (faults of a few seconds, 3 kills). `scripts/faults.sh`
 //! runs the full one (`FLOE_FAULTS_FULL=1`: 30 s outages, 60 s of 503, 20 kills) and
@@ -27,16 +28,28 @@ fn pick<T>(short: T, long: T) -> T {
     if full() { long } else { short }
 }
 
-/// Records `{"id": i}` for i in `range`, keyed over 10 keys (all partitions get some).
+/// Records with id `i` for i in `range`, keyed over 10 keys (all partitions get some),
+/// with a value of every inferred type (string, double, timestamp, list, struct).
 fn records(range: std::ops::Range<i64>) -> Vec<floe_tests::Message> {
     range
         .map(|i| {
+            let at =
+                chrono::DateTime::from_timestamp(1_700_000_000 + i * 37, (i % 1000) as u32 * 1000)
+                    .expect("timestamp")
+                    .to_rfc3339();
             (
                 Some(format!("k{}", i % 10).into_bytes()),
                 Some(
-                    json!({"id": i, "payload": format!("record {i}")})
-                        .to_string()
-                        .into_bytes(),
+                    json!({
+                        "id": i,
+                        "payload": format!("record {i}"),
+                        "amount": i as f64 * 0.25 + 0.1,
+                        "at": at,
+                        "tags": [format!("t{}", i % 3), "all"],
+                        "detail": {"n": i % 7, "even": i % 2 == 0},
+                    })
+                    .to_string()
+                    .into_bytes(),
                 ),
             )
         })
@@ -72,13 +85,18 @@ fn report(fault: &str, tried: u32, survived: bool, reader: &str, lost: i64, dupl
     writeln!(f, "{line}").expect("report line");
 }
 
-/// Both readers exact against 0..n, each reported.
+/// Both readers exact against 0..n, each reported, and every column of every row equal
+/// to the records of `topic` as the broker at `bootstrap` holds them.
 fn assert_exact(
     fault: &str,
     tried: u32,
     reads: [(&str, Result<TableDump>); 2],
     n: i64,
+    (bootstrap, topic): (&str, &str),
 ) -> Result<()> {
+    let records =
+        floe_tests::reference::read_topic(bootstrap, topic, n as usize, Duration::from_secs(120))?;
+    let expected = floe_tests::reference::append_rows(&records);
     let mut problems = Vec::new();
     for (reader, dump) in reads {
         let dump = dump.with_context(|| format!("{reader} after {fault}"))?;
@@ -88,6 +106,15 @@ fn assert_exact(
             problems.push(format!(
                 "{reader}: {lost} lost, {duplicated} duplicated of {n}"
             ));
+        }
+        let diff = floe_tests::reference::diff_rows(
+            &dump,
+            &expected,
+            &["_kafka_partition", "_kafka_offset"],
+            &[],
+        );
+        if !diff.is_empty() {
+            problems.push(format!("{reader}: values differ:\n  {}", diff.join("\n  ")));
         }
     }
     if !problems.is_empty() {
@@ -175,7 +202,13 @@ async fn broker_unreachable_mid_stream() -> Result<()> {
     broker.proxy.restore()?;
     producer.await??;
     settle(&ws, "down", n, agent, Duration::from_secs(180)).await?;
-    assert_exact("broker unreachable", 1, read_both(&ws, "down"), n)
+    assert_exact(
+        "broker unreachable",
+        1,
+        read_both(&ws, "down"),
+        n,
+        (&bootstrap, "down"),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -197,7 +230,13 @@ async fn broker_restarted_mid_stream() -> Result<()> {
     }
     broker.produce("restart", &records(n / 2..n)).await?;
     settle(&ws, "restart", n, agent, Duration::from_secs(240)).await?;
-    assert_exact("broker restarted", restarts, read_both(&ws, "restart"), n)
+    assert_exact(
+        "broker restarted",
+        restarts,
+        read_both(&ws, "restart"),
+        n,
+        (&bootstrap, "restart"),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -234,6 +273,7 @@ async fn sigkill_at_random_moments() -> Result<()> {
         kills,
         read_both(&ws, "kills"),
         n,
+        (&bootstrap, "kills"),
     )
 }
 
@@ -304,7 +344,13 @@ async fn disk_full_under_the_dead_letter_file() -> Result<()> {
         (bad as usize, bad as usize),
         "every bad record dead-lettered once"
     );
-    assert_exact("disk full (dead-letter file)", 1, read_both(&ws, "full"), n)
+    assert_exact(
+        "disk full (dead-letter file)",
+        1,
+        read_both(&ws, "full"),
+        n,
+        (&bootstrap, "full"),
+    )
 }
 
 /// A REST pipeline: the agent reaches the catalog through `catalog_uri` and S3 through
@@ -442,7 +488,13 @@ async fn catalog_answers_503() -> Result<()> {
     );
     producer.await??;
     rest_settle(&stack, "c503", n, agent, Duration::from_secs(240)).await?;
-    assert_exact("catalog 503", 1, rest_read_both(&stack, "c503"), n)
+    assert_exact(
+        "catalog 503",
+        1,
+        rest_read_both(&stack, "c503"),
+        n,
+        (&broker.bootstrap(), "c503"),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -490,6 +542,7 @@ async fn commit_conflict_then_failing_loads_are_retried() -> Result<()> {
         1,
         rest_read_both(&stack, "conflict"),
         200,
+        (&broker.bootstrap(), "conflict"),
     )
 }
 
@@ -529,5 +582,6 @@ async fn s3_refuses_connections_mid_upload() -> Result<()> {
         1,
         rest_read_both(&stack, "s3down"),
         n,
+        (&broker.bootstrap(), "s3down"),
     )
 }

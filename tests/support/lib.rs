@@ -24,6 +24,7 @@ use serde_json::Value;
 pub mod faults;
 pub mod fuzzing;
 pub mod lake;
+pub mod reference;
 pub mod rest;
 pub mod scripted;
 
