@@ -23,6 +23,7 @@ use serde_json::Value;
 
 pub mod faults;
 pub mod fuzzing;
+pub mod inject;
 pub mod lake;
 pub mod reference;
 pub mod rest;

@@ -28,13 +28,27 @@ impl ScriptedPipeline {
     /// Starts the first pipeline of the config file at `config` (its catalog opened here,
     /// its plugins loaded) with a scripted source.
     pub async fn start(config: &Path) -> Result<ScriptedPipeline> {
+        ScriptedPipeline::start_on(config, None).await
+    }
+
+    /// [`ScriptedPipeline::start`] on `catalog` instead of the one the config names
+    /// (a catalog with injected faults, say).
+    pub async fn start_on(
+        config: &Path,
+        catalog: Option<floe::catalog::CatalogHandle>,
+    ) -> Result<ScriptedPipeline> {
         let config = floe::config::Config::load(config).map_err(|e| anyhow::anyhow!("{e}"))?;
         let pipeline = config.pipelines[0].clone();
-        let catalog = floe::catalog::open_catalog(
-            &pipeline.sink.catalog,
-            &config.catalogs[&pipeline.sink.catalog],
-        )
-        .await?;
+        let catalog = match catalog {
+            Some(c) => c,
+            None => {
+                floe::catalog::open_catalog(
+                    &pipeline.sink.catalog,
+                    &config.catalogs[&pipeline.sink.catalog],
+                )
+                .await?
+            }
+        };
         let engine = if pipeline.transforms.is_empty() {
             None
         } else {

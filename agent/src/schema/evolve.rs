@@ -172,7 +172,15 @@ fn conflict_in_type(table: &Type, node: &Node, path: &str) -> Option<String> {
         (Some(Kind::List(element)), Type::List(l)) => {
             return conflict_in_type(&l.element_field.field_type, element, &format!("{path}[]"));
         }
-        _ => node.widen.clone().or_else(|| node_type(node))?,
+        (Some(_), _) if node.widen.is_some() => {
+            // A declared widening this commit applies to the table's column.
+            let wider = node.widen.clone()?;
+            if *table == wider || widening(table, &wider).is_some() {
+                return None;
+            }
+            wider
+        }
+        _ => node_type(node)?,
     };
     if fits(&ours, table, node.locked) {
         return None;

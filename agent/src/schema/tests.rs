@@ -540,3 +540,60 @@ fn nested_widenings_keep_their_ids() {
         "element and member ids unchanged, the member widened"
     );
 }
+
+/// Buffered columns are checked against the table as another writer may have left it:
+/// a type it widened, or a declared widening this commit applies, fit; a column it gave
+/// an incompatible type is a conflict, nested ones included.
+#[test]
+fn buffered_columns_are_checked_against_the_tables_types() {
+    use std::sync::Arc;
+
+    use iceberg::spec::{NestedField, PrimitiveType, StructType};
+
+    let field = |id: i32, name: &str, t: Type| Arc::new(NestedField::optional(id, name, t));
+    let long = || Type::Primitive(PrimitiveType::Long);
+    let int = || Type::Primitive(PrimitiveType::Int);
+    let table = Schema::builder()
+        .with_fields(vec![
+            field(1, "x", long()),
+            field(2, "d", Type::Primitive(PrimitiveType::Double)),
+            field(3, "n", long()),
+            field(
+                4,
+                "s",
+                Type::Struct(StructType::new(vec![field(5, "k", long())])),
+            ),
+        ])
+        .build()
+        .unwrap();
+    // Nothing buffered that the table has: fits.
+    let mut t = SchemaTracker::new();
+    t.observe(&obj(json!({"other": "a"}))).unwrap();
+    assert_eq!(t.conflict_with(&table), None);
+    // A string where the table has a long.
+    let mut t = SchemaTracker::new();
+    t.observe(&obj(json!({"x": "abc"}))).unwrap();
+    let c = t.conflict_with(&table).expect("conflict");
+    assert!(
+        c.contains("`x`: string in the buffered rows, long in the table"),
+        "{c}"
+    );
+    // Inference would have widened long to double itself.
+    let mut t = SchemaTracker::new();
+    t.observe(&obj(json!({"d": 5}))).unwrap();
+    assert_eq!(t.conflict_with(&table), None);
+    // Nested: s.k is a string here.
+    let mut t = SchemaTracker::new();
+    t.observe(&obj(json!({"s": {"k": "v"}}))).unwrap();
+    assert!(t.conflict_with(&table).expect("conflict").contains("`s.k`"));
+    // Committed as int by us, widened to long by another writer: fits.
+    let ours = Schema::builder()
+        .with_fields(vec![field(3, "n", int())])
+        .build()
+        .unwrap();
+    assert_eq!(SchemaTracker::from_table(&ours).conflict_with(&table), None);
+    // A declared widening (int -> long) this commit applies to an int column: fits.
+    let mut t = SchemaTracker::from_table(&ours);
+    t.declare(&Arc::new(StructType::new(vec![field(3, "n", long())])));
+    assert_eq!(t.conflict_with(&ours), None);
+}
