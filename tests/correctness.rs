@@ -237,7 +237,7 @@ async fn a_schema_change_survives_a_retried_write() -> Result<()> {
     let c = config(&ws, "p", "t", "t", "")?;
     let (p, faults) = start(&ws, &c).await?;
     p.assign("t", &[(0, None, vec![None])]);
-    let rows = vec![
+    let rows = [
         json!({"id": 1, "a": "x"}),
         json!({"id": 2, "a": "y", "b": 7, "c": 2.5}),
     ];

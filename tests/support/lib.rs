@@ -153,6 +153,17 @@ impl Broker {
         Ok(())
     }
 
+    /// Deletes a topic (its offsets start again at 0 when it is created again).
+    pub async fn delete_topic(&self, name: &str) -> Result<()> {
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", &self.bootstrap)
+            .create()?;
+        for r in admin.delete_topics(&[name], &AdminOptions::new()).await? {
+            r.map_err(|(t, e)| anyhow::anyhow!("delete topic {t}: {e}"))?;
+        }
+        Ok(())
+    }
+
     /// Produces messages (key, value) with an idempotent producer; the partition follows the key.
     pub async fn produce(&self, topic: &str, messages: &[Message]) -> Result<()> {
         produce_to(&self.bootstrap, topic, messages).await

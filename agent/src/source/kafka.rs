@@ -154,6 +154,58 @@ impl Context {
         }
     }
 
+    /// Partitions positioned at a stored offset past the end of their log: the log
+    /// restarted below what the tables store (a recreated topic, an unclean leader
+    /// election). Brokers differ in what a fetch there does (an out-of-range reset to
+    /// the oldest record, or waiting for the log to reach the offset), so the ends are
+    /// asked for directly, in one request per broker.
+    fn restarted_below(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        assigned: &[super::Assignment],
+    ) -> Vec<SourceEvent> {
+        let stored: Vec<&super::Assignment> = assigned
+            .iter()
+            .filter(|a| a.position.is_some() && a.stored.iter().any(Option::is_some))
+            .collect();
+        if stored.is_empty() {
+            return Vec::new();
+        }
+        let mut tpl = TopicPartitionList::new();
+        for a in &stored {
+            let _ = tpl.add_partition_offset(&a.tp.0, a.tp.1, Offset::End);
+        }
+        let ends = match consumer.offsets_for_times(tpl, Duration::from_secs(10)) {
+            Ok(ends) => ends,
+            Err(e) => {
+                tracing::warn!(pipeline = %self.pipeline, error = %e, "cannot read the ends of the assigned partitions to check for a restarted log");
+                return Vec::new();
+            }
+        };
+        let mut out = Vec::new();
+        for a in stored {
+            let (Some(position), Some(e)) = (a.position, ends.find_partition(&a.tp.0, a.tp.1))
+            else {
+                continue;
+            };
+            let Offset::Offset(end) = e.offset() else {
+                continue;
+            };
+            if end < position {
+                let (topic, partition) = (&a.tp.0, a.tp.1);
+                tracing::error!(pipeline = %self.pipeline, %topic, partition, stored = position, end, "the partition's log ends below the offset stored in the table (topic recreated? unclean leader election?): records below the stored offset are skipped");
+                // Counted once: the first record's check would report it again.
+                self.positioned.take(topic, partition);
+                out.push(SourceEvent::Reset {
+                    tp: a.tp.clone(),
+                    expected: position,
+                    found: end,
+                });
+            }
+        }
+        out
+    }
+
     fn offset_for(&self, position: Option<i64>) -> Offset {
         match (position, self.start) {
             (Some(o), _) => Offset::Offset(o),
@@ -222,7 +274,11 @@ impl ConsumerContext for Context {
                 }
                 tracing::info!(pipeline = %self.pipeline, partitions = assigned.len(), cooperative, "partitions assigned");
                 crate::telemetry::rebalanced(&self.pipeline, "assigned");
+                let restarted = self.restarted_below(consumer, &assigned);
                 self.push(SourceEvent::Assigned(assigned));
+                for event in restarted {
+                    self.push(event);
+                }
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 let lost = consumer.assignment_lost();

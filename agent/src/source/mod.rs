@@ -297,15 +297,16 @@ pub enum SourceEvent {
         /// The first offset actually read.
         found: i64,
     },
-    /// The first record read after positioning a partition at its stored offset was
-    /// below it: the log restarted (a recreated topic, an unclean leader election).
-    /// Records below the stored offset are skipped.
+    /// A partition's log restarted below its stored offset (a recreated topic, an
+    /// unclean leader election): its end was below the stored offset when it was
+    /// assigned, or the first record read after positioning it was. Records below the
+    /// stored offset are skipped.
     Reset {
         /// The partition.
         tp: TopicPartition,
         /// The stored offset.
         expected: i64,
-        /// The first offset actually read.
+        /// The end of the log, or the first offset read.
         found: i64,
     },
     /// The consumer hit an error it cannot continue after.
