@@ -507,6 +507,13 @@ pub(crate) mod size {
                 }),
         }
     }
+
+    /// [`deserialize`] for an optional size.
+    pub(crate) fn deserialize_option<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<u64>, D::Error> {
+        deserialize(d).map(Some)
+    }
 }
 
 #[cfg(test)]

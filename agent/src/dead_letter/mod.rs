@@ -225,6 +225,13 @@ impl Carried {
     }
 }
 
+/// A point in the dead-letter file (its inode and length).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    inode: u64,
+    len: u64,
+}
+
 /// Where an indexed record's line is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Place {
@@ -381,6 +388,39 @@ impl DeadLetterWriter {
         self.out.get_ref().sync_data().map_err(io)?;
         self.pending = 0;
         self.synced_len = self.len;
+        Ok(())
+    }
+
+    /// Where the file ends now (synced): [`DeadLetterWriter::discard_after`] goes back
+    /// to it.
+    pub fn position(&self) -> Position {
+        Position {
+            inode: self.inode,
+            len: self.synced_len,
+        }
+    }
+
+    /// Drops the lines written after `position`: the pipeline rewound, and the records
+    /// they name will be read and judged again (against a table schema that may have
+    /// changed meanwhile: a record rejected against buffered columns another writer's
+    /// commit then contradicted may now be a row). Nothing happens if the file was
+    /// rotated since.
+    pub fn discard_after(&mut self, position: Position) -> Result<(), DeadLetterError> {
+        if position.inode != self.inode || position.len >= self.len {
+            return Ok(());
+        }
+        let io = |e| DeadLetterError::io(&self.config.path, e);
+        let placeholder = BufWriter::new(self.out.get_ref().try_clone().map_err(io)?);
+        // Unflushed lines are dropped with the buffer, not written.
+        let (file, _unwritten) = std::mem::replace(&mut self.out, placeholder).into_parts();
+        file.set_len(position.len).map_err(io)?;
+        file.sync_all().map_err(io)?;
+        self.out = BufWriter::new(file);
+        self.written
+            .retain(|_, place| !matches!(place, Place::At(p) if *p >= position.len));
+        self.len = position.len;
+        self.synced_len = position.len;
+        self.pending = 0;
         Ok(())
     }
 

@@ -321,3 +321,37 @@ fn two_rejections_of_one_message_are_both_kept_once() {
         .collect();
     assert_eq!(sevens, ["transform", "schema"]);
 }
+
+/// After a rewind the lines written since the last commit are dropped: their records
+/// are judged again, and may be rows this time.
+#[test]
+fn lines_after_a_position_are_discarded_and_can_be_written_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = DeadLetterConfig::at(dir.path().join("p.ndjson"));
+    let mut w = DeadLetterWriter::open("p", &config).unwrap();
+    assert!(w.write(&rec(1, b"{bad"), "decode", "not JSON").unwrap());
+    w.sync().unwrap();
+    let committed = w.position();
+    assert!(
+        w.write(&rec(2, b"{\"x\":1}"), "schema", "x is struct")
+            .unwrap()
+    );
+    w.sync().unwrap();
+    assert!(
+        w.write(&rec(3, b"{\"x\":2}"), "schema", "x is struct")
+            .unwrap()
+    );
+    w.discard_after(committed).unwrap();
+    let all = DeadLetterWriter::read_all(&config.path).unwrap();
+    assert_eq!(all.iter().map(|l| l.offset).collect::<Vec<_>>(), [1]);
+    assert!(
+        w.write(&rec(2, b"{\"x\":1}"), "schema", "x is struct")
+            .unwrap(),
+        "a discarded line can be written again"
+    );
+    assert!(!w.write(&rec(1, b"{bad"), "decode", "not JSON").unwrap());
+    w.sync().unwrap();
+    drop(w);
+    let all = DeadLetterWriter::read_all(&config.path).unwrap();
+    assert_eq!(all.iter().map(|l| l.offset).collect::<Vec<_>>(), [1, 2]);
+}

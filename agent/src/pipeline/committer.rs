@@ -1,74 +1,73 @@
-//! The committer task: seals in, Iceberg snapshots out, one seal at a time.
+//! The committer task: chunks of rows in, data files and Iceberg snapshots out.
 //!
-//! Per seal, every table that receives rows exists first (a new one is created with
-//! the offsets the seal starts from, so a crash between two tables' commits makes the
-//! pipeline read again for the later ones); then each table's rows are written as
-//! Parquet and committed with the offsets the seal covers. A transient failure is
-//! retried with backoff on the same seal; a fenced commit rewinds the pipeline; anything
-//! else stops it.
+//! A [`Chunk`] is streamed into the open data files of its table at once (a table that
+//! does not exist yet is created first, with the offsets its interval starts from). A
+//! [`Mark`] ends a commit interval: every table's open files are closed and committed,
+//! each table in one snapshot with the offsets the mark names.
+//!
+//! A commit that fails for a transient reason (the catalog unreachable, say) is tried
+//! again with backoff while chunks keep streaming into new files: the next attempt
+//! commits everything written since the last commit as one snapshot. Past
+//! `max_uncommitted_bytes` no more chunks are taken (the intake, then the source, wait)
+//! until a commit lands. A fenced commit, a write that failed (its open files may be
+//! broken) or a schema another writer changed rewinds the pipeline: everything not
+//! committed is dropped and read again from the offsets the tables store. Anything else
+//! stops it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
-use iceberg::spec::Schema;
 use tokio::sync::{mpsc, watch};
 
 use super::PipelineError;
-use super::intake::{Handoff, Seal, SealedTable};
+use super::handoff::{Chunk, Handoff, Mark, Report, TableState};
 use crate::commit::OffsetMap;
 use crate::config::PipelineConfig;
 use crate::error::{Classify, ErrorClass, backoff};
 use crate::record::PartitionMap;
-use crate::sink::{SinkError, Staged, TableSink};
+use crate::sink::{SinkError, TableSink};
 use crate::source::KnownOffsets;
 use crate::{failpoint, telemetry};
 
 /// A table with no new rows still records the pipeline's progress every this many
-/// seals, so a restart does not re-read much for it.
+/// intervals, so a restart does not re-read much for it.
 const OFFSETS_ONLY_EVERY: u32 = 10;
 
-/// What the committer tells the intake.
-#[derive(Debug)]
-pub(super) enum Report {
-    /// Table `table` now stores `offsets`.
-    Committed {
-        /// Table index.
-        table: usize,
-        /// What it stores for the pipeline.
-        offsets: OffsetMap,
-    },
-    /// Everything not committed is dropped: read again from the tables' offsets, with
-    /// records of `epoch` and later.
-    Rewind {
-        /// The new read epoch.
-        epoch: u64,
-        /// Per table: what it stores now.
-        tables: Vec<TableState>,
-    },
-    /// The pipeline cannot go on.
-    Failed(PipelineError),
-    /// The closing seal is committed.
-    Done,
-}
+/// Attempts of one step before a transient failure is given up on (about an hour with
+/// the 30 s cap).
+const MAX_STEP_ATTEMPTS: u32 = 120;
 
-/// A table as loaded from the catalog.
-#[derive(Debug)]
-pub(super) struct TableState {
-    /// Its stored offsets for the pipeline.
-    pub committed: OffsetMap,
-    /// Its current schema, if it exists.
-    pub schema: Option<Arc<Schema>>,
-    /// Whether it exists.
-    pub exists: bool,
-}
+/// How long a stopping pipeline keeps retrying a failing commit of its last records
+/// (they are read again at the next start if it gives up).
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
 
 struct CommitTable {
     sink: TableSink,
     /// What the table stores for this pipeline (authoritative: read from commits).
     committed: OffsetMap,
+    /// The offsets the next commit moves this pipeline's partitions to (the latest
+    /// mark's, for every partition read since the last commit), if not committed yet.
+    target: Option<OffsetMap>,
+    /// Summary properties the next commit records (offset gaps and resets).
+    extra: HashMap<String, String>,
+    /// Rows and bytes (as read: values and keys) in the generation being written.
+    writing: Volume,
+    /// Rows and bytes in the generations cut and not committed yet: what a commit
+    /// reports as `floe_records_out_total`; with `writing`, what
+    /// `max_uncommitted_bytes` bounds.
+    cut: Volume,
+    /// Marks since the last commit of this table.
     rounds_without_commit: u32,
+}
+
+/// Rows and bytes handed over.
+#[derive(Default, Clone, Copy)]
+struct Volume {
+    rows: u64,
+    bytes: u64,
 }
 
 pub(super) struct Committer {
@@ -77,22 +76,30 @@ pub(super) struct Committer {
     known: Arc<KnownOffsets>,
     reports: Sender<Report>,
     epoch: u64,
+    /// Bytes written and not committed, for the intake's early mark.
+    uncommitted: Arc<AtomicU64>,
+    /// A failed commit is tried again at this time (chunks keep streaming meanwhile).
+    retry_at: Option<tokio::time::Instant>,
+    /// Failed commit attempts in a row.
+    attempts: u32,
+    /// Rewinds after failed writes in a row (they back off like commits).
+    failed_writes: u32,
+    /// The closing mark has arrived: once its commit lands (or is given up), stop.
+    closing: bool,
+    /// The newest mark taken (committed once every table is).
+    last_seq: Option<u64>,
     /// Turns true when the pipeline is asked to stop.
     shutdown: watch::Receiver<bool>,
-    /// When the stop request (or the closing seal) was first seen: past
-    /// [`SHUTDOWN_GRACE`] a failing step is not tried again, so a stop request always
+    /// When the stop request (or the closing mark) was first seen: past
+    /// [`SHUTDOWN_GRACE`] a failing commit is not tried again, so a stop request always
     /// ends the pipeline.
     closing_since: Option<Instant>,
 }
 
-/// How long a stopping pipeline keeps retrying a failing commit of its last records
-/// (they are read again at the next start if it gives up).
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
-
-/// Why a seal did not commit.
-enum SealError {
-    /// Another writer moved our partitions' offsets: rewind.
-    Fenced(String),
+/// Why a step did not succeed.
+enum Halt {
+    /// Drop what is not committed and read again from the tables' offsets.
+    Rewind(String),
     /// Stop the pipeline.
     Fatal(PipelineError),
 }
@@ -103,6 +110,7 @@ impl Committer {
         sinks: Vec<TableSink>,
         known: Arc<KnownOffsets>,
         reports: Sender<Report>,
+        uncommitted: Arc<AtomicU64>,
         shutdown: watch::Receiver<bool>,
     ) -> Committer {
         let tables = sinks
@@ -110,6 +118,10 @@ impl Committer {
             .map(|sink| CommitTable {
                 committed: sink.stored_offsets().unwrap_or_default(),
                 sink,
+                target: None,
+                extra: HashMap::new(),
+                writing: Volume::default(),
+                cut: Volume::default(),
                 rounds_without_commit: 0,
             })
             .collect();
@@ -119,8 +131,364 @@ impl Committer {
             known,
             reports,
             epoch: 0,
+            uncommitted,
+            retry_at: None,
+            attempts: 0,
+            failed_writes: 0,
+            closing: false,
+            last_seq: None,
             shutdown,
             closing_since: None,
+        }
+    }
+
+    fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// Whether no more chunks may be taken until a commit lands.
+    fn full(&self) -> bool {
+        self.retry_at.is_some()
+            && self.uncommitted.load(Ordering::Relaxed) >= self.config.sink.max_uncommitted_bytes
+    }
+
+    pub(super) async fn run(
+        mut self,
+        mut inbox: mpsc::Receiver<Handoff>,
+    ) -> Result<(), PipelineError> {
+        loop {
+            let retry_at = self.retry_at;
+            let take = !self.full() && !self.closing;
+            let step = tokio::select! {
+                handoff = inbox.recv(), if take => match handoff {
+                    Some(h) => self.on_handoff(h).await,
+                    None => return Ok(()),
+                },
+                _ = sleep_until(retry_at), if retry_at.is_some() => {
+                    self.retry_at = None;
+                    self.commit_all().await
+                }
+            };
+            if let Err(halt) = step {
+                match halt {
+                    Halt::Rewind(reason) => {
+                        if let Err(e) = self.rewind(&reason).await {
+                            let _ = self.reports.send(Report::Failed(e));
+                            return Ok(());
+                        }
+                        if self.closing {
+                            // Stopping: what was not committed is read again next time.
+                            let _ = self.reports.send(Report::Done);
+                            return Ok(());
+                        }
+                    }
+                    Halt::Fatal(e) => {
+                        let _ = self.reports.send(Report::Failed(e));
+                        return Ok(());
+                    }
+                }
+            }
+            if self.closing && self.retry_at.is_none() {
+                let _ = self.reports.send(Report::Done);
+                return Ok(());
+            }
+        }
+    }
+
+    async fn on_handoff(&mut self, handoff: Handoff) -> Result<(), Halt> {
+        match handoff {
+            Handoff::Rows(chunk) => {
+                if chunk.epoch < self.epoch {
+                    // Read before a rewind: it will be read again.
+                    return Ok(());
+                }
+                self.write(*chunk).await
+            }
+            Handoff::Mark(mark) => {
+                if mark.epoch < self.epoch {
+                    // Cut before a rewind: its records will be read again. A closing one
+                    // still ends the pipeline (as a fenced closing commit does).
+                    if mark.closing {
+                        self.closing = true;
+                    }
+                    return Ok(());
+                }
+                self.on_mark(mark).await
+            }
+            Handoff::Rewind { epoch, reason } => {
+                if epoch < self.epoch {
+                    return Ok(());
+                }
+                Err(Halt::Rewind(reason))
+            }
+        }
+    }
+
+    /// Streams a chunk into its table's open files (creating the table first if needed).
+    async fn write(&mut self, chunk: Chunk) -> Result<(), Halt> {
+        let i = chunk.table;
+        // Records the table holds already were read again (a partition revoked and
+        // assigned back while a commit of it was in flight read the table's offsets
+        // before that commit landed): writing them would duplicate them.
+        let t = &self.tables[i];
+        if let Some((tp, first, stored)) =
+            chunk.buffered.first_offsets.iter().find_map(|(tp, first)| {
+                t.committed
+                    .0
+                    .get(tp)
+                    .filter(|stored| first < *stored)
+                    .map(|stored| (tp, *first, *stored))
+            })
+        {
+            return Err(Halt::Rewind(format!(
+                "{}/{}: records from offset {first} were read again, the table holds up to {stored}",
+                tp.0, tp.1
+            )));
+        }
+        if chunk.buffered.rows == 0 {
+            return Ok(());
+        }
+        failpoint::hit(failpoint::BEFORE_WRITE);
+        if !self.tables[i].sink.exists() {
+            let from = OffsetMap(chunk.from.clone().unwrap_or_default());
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                let e = match self.tables[i]
+                    .sink
+                    .ensure_table(&chunk.tracker, &from)
+                    .await
+                {
+                    Ok(_) => break,
+                    Err(e) => e,
+                };
+                match e {
+                    SinkError::Fenced(reason) => return Err(Halt::Rewind(reason)),
+                    e if e.class() == ErrorClass::Transient
+                        && attempt < MAX_STEP_ATTEMPTS
+                        && !self.past_shutdown_grace() =>
+                    {
+                        let wait =
+                            backoff(attempt, Duration::from_millis(250), Duration::from_secs(30));
+                        telemetry::transient_retry(self.name(), "create table");
+                        tracing::warn!(pipeline = %self.name(), attempt, error = %e, retry_in_ms = wait.as_millis() as u64, "creating the table failed: retrying");
+                        self.pause(wait).await;
+                    }
+                    e => return Err(self.fatal(e)),
+                }
+            }
+            // A table created just now stores `from`. (A table someone else created
+            // meanwhile keeps what we expect of it: the fence checks that.)
+            let stored = self.tables[i].sink.stored_offsets();
+            self.tables[i].committed = stored.map_err(|e| self.fatal(e))?;
+        }
+        let t = &mut self.tables[i];
+        match t.sink.write_rows(&chunk.buffered, &chunk.tracker).await {
+            Ok(()) => {}
+            Err(SinkError::Fenced(reason)) => return Err(Halt::Rewind(reason)),
+            Err(e) if e.class() == ErrorClass::Transient => {
+                // The generation's open files are gone: read its records again, after a
+                // wait that grows while writes keep failing (storage down).
+                self.failed_writes += 1;
+                let wait = backoff(
+                    self.failed_writes,
+                    Duration::from_millis(250),
+                    Duration::from_secs(30),
+                );
+                telemetry::transient_retry(self.name(), "write");
+                tracing::warn!(pipeline = %self.name(), table = %self.tables[i].sink.ident(), error = %e, retry_in_ms = wait.as_millis() as u64, "writing data files failed: reading the uncommitted records again");
+                self.pause(wait).await;
+                return Err(Halt::Rewind(format!("a data file write failed: {e}")));
+            }
+            Err(e) => return Err(self.fatal(e)),
+        }
+        let t = &mut self.tables[i];
+        t.writing.rows += chunk.buffered.rows as u64;
+        t.writing.bytes += chunk.buffered.bytes;
+        let early = t.sink.take_closed_early();
+        if early > 0 {
+            telemetry::files_closed_early(&self.config.name, early);
+        }
+        failpoint::hit(failpoint::AFTER_WRITE);
+        self.update_uncommitted();
+        Ok(())
+    }
+
+    /// Publishes the bytes read and not committed yet (the intake marks early past the
+    /// bound).
+    fn update_uncommitted(&self) {
+        let bytes: u64 = self
+            .tables
+            .iter()
+            .map(|t| t.writing.bytes + t.cut.bytes)
+            .sum();
+        self.uncommitted.store(bytes, Ordering::Relaxed);
+    }
+
+    /// The end of an interval: closes every table's open files and commits them.
+    async fn on_mark(&mut self, mark: Mark) -> Result<(), Halt> {
+        self.last_seq = Some(mark.seq);
+        if mark.closing {
+            self.closing = true;
+            self.closing_since.get_or_insert_with(Instant::now);
+        }
+        let extra = offset_anomalies(&mark.gaps, &mark.resets);
+        for i in 0..self.tables.len() {
+            let t = &mut self.tables[i];
+            if let Err(e) = t.sink.cut().await {
+                return Err(if e.class() == ErrorClass::Transient {
+                    Halt::Rewind(format!("closing data files failed: {e}"))
+                } else {
+                    self.fatal(e)
+                });
+            }
+            let t = &mut self.tables[i];
+            t.cut.rows += t.writing.rows;
+            t.cut.bytes += t.writing.bytes;
+            t.writing = Volume::default();
+            let mut target = t.target.take().unwrap_or_default();
+            for (tp, o) in &mark.next {
+                // Stored offsets never go back.
+                let floor = t.committed.0.get(tp).copied().unwrap_or(*o);
+                let c = target.0.entry(tp.clone()).or_insert(*o);
+                *c = (*c).max(*o).max(floor);
+            }
+            t.target = Some(target);
+            t.extra.extend(extra.clone());
+            t.rounds_without_commit += 1;
+        }
+        self.update_uncommitted();
+        // A commit already waiting for its retry keeps its schedule.
+        if self.retry_at.is_some() && !self.closing {
+            return Ok(());
+        }
+        self.commit_all().await
+    }
+
+    /// Commits every table that has something to commit. A transient failure schedules
+    /// another attempt (backoff) and keeps what was not committed.
+    async fn commit_all(&mut self) -> Result<(), Halt> {
+        let started = Instant::now();
+        let new_partitions = |t: &CommitTable| {
+            t.target
+                .as_ref()
+                .is_some_and(|target| target.0.keys().any(|tp| !t.committed.0.contains_key(tp)))
+        };
+        for i in 0..self.tables.len() {
+            let t = &self.tables[i];
+            let Some(target) = t.target.clone() else {
+                continue;
+            };
+            let has_rows = t.sink.has_uncommitted();
+            let moves = target
+                .0
+                .iter()
+                .any(|(tp, o)| t.committed.0.get(tp) != Some(o));
+            if !has_rows {
+                if !moves && t.extra.is_empty() {
+                    self.tables[i].target = None;
+                    continue;
+                }
+                // A partition the table has no offsets for yet is recorded at once (its
+                // start position must survive a restart: `start = "latest"` applies once).
+                let due = self.closing
+                    || new_partitions(t)
+                    || !t.extra.is_empty()
+                    || t.rounds_without_commit >= OFFSETS_ONLY_EVERY;
+                if !due || !t.sink.exists() {
+                    continue;
+                }
+            }
+            // The fence covers the partitions this commit moves: other agents'
+            // partitions are carried forward as found.
+            let expected: PartitionMap<Option<i64>> = target
+                .0
+                .keys()
+                .map(|tp| (tp.clone(), t.committed.0.get(tp).copied()))
+                .collect();
+            let extra = t.extra.clone();
+            let t = &mut self.tables[i];
+            let result = t.sink.commit(&expected, &target, extra).await;
+            match result {
+                Ok(outcome) => {
+                    self.attempts = 0;
+                    self.failed_writes = 0;
+                    let name = self.config.name.clone();
+                    let t = &mut self.tables[i];
+                    tracing::info!(pipeline = %name, table = %t.sink.ident(), snapshot_id = outcome.snapshot_id, files = outcome.files, delete_files = outcome.delete_files, rows = t.cut.rows, ms = started.elapsed().as_millis() as u64, "committed");
+                    telemetry::records_out(&name, t.cut.rows);
+                    telemetry::committed(&name, outcome.files);
+                    telemetry::bytes_committed(&name, outcome.bytes);
+                    telemetry::commit_duration(&name, started.elapsed());
+                    telemetry::health::table_committed(&name, &t.sink.ident().to_string());
+                    telemetry::health::recovered(&name);
+                    t.committed = t.committed.merged(&target);
+                    t.target = None;
+                    t.extra.clear();
+                    t.cut = Volume::default();
+                    t.rounds_without_commit = 0;
+                    let _ = self.reports.send(Report::Committed {
+                        table: i,
+                        offsets: t.committed.clone(),
+                    });
+                    failpoint::hit(failpoint::AFTER_COMMIT);
+                }
+                Err(SinkError::Fenced(reason)) => {
+                    telemetry::fenced(self.name());
+                    return Err(Halt::Rewind(format!("commit fenced: {reason}")));
+                }
+                Err(e) if e.class() == ErrorClass::Transient => {
+                    self.attempts += 1;
+                    if self.attempts >= MAX_STEP_ATTEMPTS || self.past_shutdown_grace() {
+                        if self.closing {
+                            tracing::error!(pipeline = %self.name(), error = %e, "stopping: gave up committing the last records (they are read again at the next start)");
+                        }
+                        return Err(self.fatal(e));
+                    }
+                    let wait = backoff(
+                        self.attempts,
+                        Duration::from_millis(250),
+                        Duration::from_secs(30),
+                    );
+                    telemetry::transient_retry(self.name(), "commit");
+                    telemetry::health::transient_failure(self.name(), "catalog", &e.to_string());
+                    tracing::warn!(pipeline = %self.name(), table = %self.tables[i].sink.ident(), attempt = self.attempts, error = %e, retry_in_ms = wait.as_millis() as u64, "commit failed: trying again (data files keep being written meanwhile)");
+                    let wait = if self.closing {
+                        wait.min(Duration::from_secs(2))
+                    } else {
+                        wait
+                    };
+                    self.retry_at = Some(tokio::time::Instant::now() + wait);
+                    // The table may have moved on while it failed.
+                    if let Err(reload) = self.tables[i].sink.reload().await {
+                        tracing::warn!(pipeline = %self.name(), error = %reload, "reload after a failure failed too");
+                    }
+                    return Ok(());
+                }
+                Err(e) => return Err(self.fatal(e)),
+            }
+        }
+        self.remember();
+        self.update_uncommitted();
+        telemetry::health::flush_completed(&self.config.name);
+        if let Some(seq) = self.last_seq {
+            let _ = self.reports.send(Report::Durable { seq });
+        }
+        Ok(())
+    }
+
+    /// Sleeps `wait`, cut short by a stop request.
+    async fn pause(&mut self, wait: Duration) {
+        let mut shutdown = self.shutdown.clone();
+        let stop = async move {
+            let _ = shutdown.wait_for(|stop| *stop).await.map(|_| ());
+        };
+        let stopping = tokio::select! {
+            _ = tokio::time::sleep(wait) => false,
+            _ = stop => true,
+        };
+        if stopping {
+            tokio::time::sleep(wait.min(Duration::from_secs(1))).await;
         }
     }
 
@@ -133,72 +501,25 @@ impl Committer {
             .is_some_and(|t| t.elapsed() >= SHUTDOWN_GRACE)
     }
 
-    fn name(&self) -> &str {
-        &self.config.name
+    fn fatal(&self, e: SinkError) -> Halt {
+        Halt::Fatal(PipelineError::sink(self.name())(e))
     }
 
-    pub(super) async fn run(
-        mut self,
-        mut seals: mpsc::Receiver<Handoff>,
-    ) -> Result<(), PipelineError> {
-        while let Some(handoff) = seals.recv().await {
-            match handoff {
-                Handoff::Rewind { epoch, reason } => {
-                    if epoch < self.epoch {
-                        continue;
-                    }
-                    tracing::warn!(pipeline = %self.name(), %reason, "rewinding to the offsets stored in the table(s)");
-                    if let Err(e) = self.rewind().await {
-                        let _ = self.reports.send(Report::Failed(e));
-                        return Ok(());
-                    }
-                }
-                Handoff::Seal(seal) => {
-                    if seal.epoch < self.epoch {
-                        // Cut before a rewind: its records will be read again. A closing
-                        // one still ends the pipeline (as a fenced closing seal does).
-                        if seal.closing {
-                            let _ = self.reports.send(Report::Done);
-                            return Ok(());
-                        }
-                        continue;
-                    }
-                    let closing = seal.closing;
-                    match self.commit_seal(seal).await {
-                        Ok(()) => {}
-                        Err(SealError::Fenced(reason)) => {
-                            telemetry::fenced(self.name());
-                            tracing::warn!(pipeline = %self.name(), %reason, "commit fenced: reloading offsets from the tables and re-reading");
-                            if let Err(e) = self.rewind().await {
-                                let _ = self.reports.send(Report::Failed(e));
-                                return Ok(());
-                            }
-                            if closing {
-                                // Stopping: what was not committed is read again next time.
-                                let _ = self.reports.send(Report::Done);
-                                return Ok(());
-                            }
-                            continue;
-                        }
-                        Err(SealError::Fatal(e)) => {
-                            let _ = self.reports.send(Report::Failed(e));
-                            return Ok(());
-                        }
-                    }
-                    if closing {
-                        let _ = self.reports.send(Report::Done);
-                        return Ok(());
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Reloads every table and tells the intake to read again from what they store.
-    async fn rewind(&mut self) -> Result<(), PipelineError> {
+    /// Drops everything not committed, reloads every table and tells the intake to read
+    /// again from what they store.
+    async fn rewind(&mut self, reason: &str) -> Result<(), PipelineError> {
+        tracing::warn!(pipeline = %self.name(), %reason, "rewinding to the offsets stored in the table(s)");
+        self.retry_at = None;
+        self.attempts = 0;
+        self.last_seq = None;
         let mut states = Vec::with_capacity(self.tables.len());
         for i in 0..self.tables.len() {
+            let t = &mut self.tables[i];
+            t.sink.discard();
+            t.target = None;
+            t.extra.clear();
+            t.writing = Volume::default();
+            t.cut = Volume::default();
             let mut attempt = 0;
             loop {
                 attempt += 1;
@@ -209,7 +530,10 @@ impl Committer {
                             backoff(attempt, Duration::from_millis(250), Duration::from_secs(30));
                         telemetry::transient_retry(self.name(), "reload");
                         tracing::warn!(pipeline = %self.name(), attempt, error = %e, "transient failure reloading a table: retrying");
-                        tokio::time::sleep(wait).await;
+                        self.pause(wait).await;
+                        if self.past_shutdown_grace() {
+                            return Err(PipelineError::sink(self.name())(e));
+                        }
                     }
                     Err(e) => return Err(PipelineError::sink(self.name())(e)),
                 }
@@ -221,6 +545,7 @@ impl Committer {
                 exists: t.sink.exists(),
             });
         }
+        self.update_uncommitted();
         self.remember();
         self.epoch += 1;
         let _ = self.reports.send(Report::Rewind {
@@ -250,244 +575,15 @@ impl Committer {
             }
         }
     }
-
-    async fn commit_seal(&mut self, seal: Seal) -> Result<(), SealError> {
-        let started = Instant::now();
-        if seal.closing {
-            self.closing_since.get_or_insert(started);
-        }
-        let has_rows: Vec<bool> = seal.tables.iter().map(|t| t.buffered.rows > 0).collect();
-        if has_rows.iter().any(|r| *r) {
-            failpoint::hit(failpoint::BEFORE_WRITE);
-        }
-        // Schemas first: every table that receives rows exists (a new one starting at
-        // the seal's start) before any table commits.
-        for (i, sealed) in seal.tables.iter().enumerate() {
-            if !has_rows[i] {
-                continue;
-            }
-            let from = OffsetMap(seal.from.clone());
-            self.step(
-                i,
-                Step::Schema {
-                    sealed,
-                    from: &from,
-                },
-            )
-            .await?;
-        }
-        let extra = offset_anomalies(&seal.gaps, &seal.resets);
-        for (i, sealed) in seal.tables.iter().enumerate() {
-            let t = &mut self.tables[i];
-            let mut target = t.committed.clone();
-            for (tp, o) in &seal.next {
-                let c = target.0.entry(tp.clone()).or_insert(*o);
-                // Stored offsets never go back.
-                *c = (*c).max(*o);
-            }
-            if target == t.committed && !has_rows[i] && extra.is_empty() {
-                continue;
-            }
-            // A partition the table has no offsets for yet is recorded at once (its
-            // start position must survive a restart: `start = "latest"` applies once).
-            let new_partition = seal.next.keys().any(|tp| !t.committed.0.contains_key(tp));
-            if !has_rows[i] {
-                if !seal.closing
-                    && !new_partition
-                    && extra.is_empty()
-                    && t.rounds_without_commit + 1 < OFFSETS_ONLY_EVERY
-                {
-                    t.rounds_without_commit += 1;
-                    continue;
-                }
-                if !t.sink.exists() {
-                    continue;
-                }
-            }
-            let outcome = self
-                .step(
-                    i,
-                    Step::Commit {
-                        sealed,
-                        covers: &seal.next,
-                        target: &target,
-                        gaps: &extra,
-                    },
-                )
-                .await?
-                .ok_or_else(|| {
-                    SealError::Fatal(PipelineError::internal(
-                        &self.config.name,
-                        "commit without outcome",
-                    ))
-                })?;
-            let t = &mut self.tables[i];
-            tracing::info!(pipeline = %self.config.name, table = %t.sink.ident(), snapshot_id = outcome.snapshot_id, files = outcome.files, delete_files = outcome.delete_files, rows = sealed.buffered.rows, ms = started.elapsed().as_millis() as u64, "committed");
-            telemetry::records_out(&self.config.name, sealed.buffered.rows as u64);
-            telemetry::committed(&self.config.name, outcome.files);
-            telemetry::bytes_committed(&self.config.name, outcome.bytes);
-            telemetry::commit_duration(&self.config.name, started.elapsed());
-            telemetry::health::table_committed(&self.config.name, &t.sink.ident().to_string());
-            t.committed = target.clone();
-            t.rounds_without_commit = 0;
-            let _ = self.reports.send(Report::Committed {
-                table: i,
-                offsets: target,
-            });
-            failpoint::hit(failpoint::AFTER_COMMIT);
-        }
-        self.remember();
-        telemetry::health::flush_completed(&self.config.name);
-        Ok(())
-    }
-
-    /// Creates the table if it does not exist yet.
-    async fn ensure_table(
-        &mut self,
-        i: usize,
-        sealed: &SealedTable,
-        from: &OffsetMap,
-    ) -> Result<(), SinkError> {
-        let t = &mut self.tables[i];
-        if t.sink.ensure_table(&sealed.tracker, from).await? {
-            // A table created just now stores `from`. (A table someone else created
-            // meanwhile keeps what we expect of it: the fence checks that.)
-            t.committed = t.sink.stored_offsets()?;
-        }
-        Ok(())
-    }
-
-    async fn write_and_commit(
-        &mut self,
-        i: usize,
-        sealed: &SealedTable,
-        covers: &PartitionMap<i64>,
-        target: &OffsetMap,
-        gaps: &HashMap<String, String>,
-    ) -> Result<crate::sink::CommitOutcome, SinkError> {
-        let t = &mut self.tables[i];
-        // Records the table holds already were read again (a partition revoked and
-        // assigned back while a commit of it was in flight read the table's offsets
-        // before that commit landed): committing them would duplicate them.
-        if let Some((tp, first, stored)) =
-            sealed
-                .buffered
-                .first_offsets
-                .iter()
-                .find_map(|(tp, first)| {
-                    t.committed
-                        .0
-                        .get(tp)
-                        .filter(|stored| first < *stored)
-                        .map(|stored| (tp, *first, *stored))
-                })
-        {
-            return Err(SinkError::Fenced(format!(
-                "{}/{}: records from offset {first} were read again, the table holds up to {stored}",
-                tp.0, tp.1
-            )));
-        }
-        let files = if sealed.buffered.rows > 0 {
-            // A fresh view: the schema is derived from the table as it is now, and no
-            // file of an old view (expired by another writer since) is read.
-            t.sink.reload().await?;
-            let files = t.sink.write(&sealed.buffered, &sealed.tracker).await?;
-            failpoint::hit(failpoint::AFTER_WRITE);
-            files
-        } else {
-            Staged::empty()
-        };
-        // The fence covers the partitions of this seal only: other agents' partitions
-        // are carried forward as found.
-        let expected: PartitionMap<Option<i64>> = covers
-            .keys()
-            .map(|tp| (tp.clone(), t.committed.0.get(tp).copied()))
-            .collect();
-        t.sink.commit(files, &expected, target, gaps.clone()).await
-    }
-
-    /// Runs one step of a seal, retrying transient failures with backoff; a fence ends
-    /// the seal for a rewind.
-    async fn step(
-        &mut self,
-        table: usize,
-        step: Step<'_>,
-    ) -> Result<Option<crate::sink::CommitOutcome>, SealError> {
-        let what = match step {
-            Step::Schema { .. } => "schema",
-            Step::Commit { .. } => "commit",
-        };
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let result = match &step {
-                Step::Schema { sealed, from } => {
-                    self.ensure_table(table, sealed, from).await.map(|()| None)
-                }
-                Step::Commit {
-                    sealed,
-                    covers,
-                    target,
-                    gaps,
-                } => self
-                    .write_and_commit(table, sealed, covers, target, gaps)
-                    .await
-                    .map(Some),
-            };
-            match result {
-                Ok(v) => return Ok(v),
-                Err(SinkError::Fenced(reason)) => return Err(SealError::Fenced(reason)),
-                Err(e) if e.class() == ErrorClass::Transient && self.past_shutdown_grace() => {
-                    tracing::error!(pipeline = %self.name(), table = %self.tables[table].sink.ident(), error = %e, "stopping: gave up committing the last records (they are read again at the next start)");
-                    return Err(SealError::Fatal(PipelineError::sink(self.name())(e)));
-                }
-                Err(e) if e.class() == ErrorClass::Transient && attempt < MAX_STEP_ATTEMPTS => {
-                    let wait =
-                        backoff(attempt, Duration::from_millis(250), Duration::from_secs(30));
-                    telemetry::transient_retry(self.name(), what);
-                    tracing::warn!(pipeline = %self.name(), table = %self.tables[table].sink.ident(), step = what, attempt, error = %e, retry_in_ms = wait.as_millis() as u64, "transient failure: retrying");
-                    // A stop request cuts the wait short (the grace period is checked next).
-                    let mut shutdown = self.shutdown.clone();
-                    let stop = async move {
-                        let _ = shutdown.wait_for(|stop| *stop).await.map(|_| ());
-                    };
-                    let stopping = tokio::select! {
-                        _ = tokio::time::sleep(wait) => false,
-                        _ = stop => true,
-                    };
-                    if stopping {
-                        tokio::time::sleep(wait.min(Duration::from_secs(1))).await;
-                    }
-                    // The table may have moved on while it failed.
-                    if let Err(reload) = self.tables[table].sink.reload().await {
-                        tracing::warn!(pipeline = %self.name(), error = %reload, "reload after a failure failed too");
-                    }
-                }
-                Err(e) => return Err(SealError::Fatal(PipelineError::sink(self.name())(e))),
-            }
-        }
-    }
 }
 
-/// One retryable step of a seal for one table.
-enum Step<'a> {
-    /// Create the table if it does not exist.
-    Schema {
-        sealed: &'a SealedTable,
-        from: &'a OffsetMap,
-    },
-    /// Write the rows and commit them with the offsets.
-    Commit {
-        sealed: &'a SealedTable,
-        covers: &'a PartitionMap<i64>,
-        target: &'a OffsetMap,
-        gaps: &'a HashMap<String, String>,
-    },
+/// Sleeps until `at` (for ever when `None`: the `select!` branch is disabled then).
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
-
-/// Attempts of one step before a transient failure is given up on (about an hour with
-/// the 30 s cap).
-const MAX_STEP_ATTEMPTS: u32 = 120;
 
 /// Summary properties recording what reading found, each as
 /// `{"topic": {"partition": [stored offset, first offset read]}}`: records lost to
@@ -525,9 +621,8 @@ fn offset_anomalies(
 
 #[cfg(test)]
 mod tests {
-    use tokio::sync::{Semaphore, mpsc};
+    use tokio::sync::mpsc;
 
-    use super::super::intake::{Handoff, Seal};
     use super::*;
 
     const CONFIG: &str = r#"
@@ -549,11 +644,11 @@ table = "t"
 "#;
 
     /// A fence rewinds the committer to a new epoch while the intake, not told yet,
-    /// sends its closing seal in the old one: the seal's rows are read again next time,
-    /// and the intake must still hear that closing is done (it waited forever, and
-    /// SIGTERM never ended the agent).
+    /// sends its closing mark in the old one: the records are read again next time, and
+    /// the intake must still hear that closing is done (it waited forever, and SIGTERM
+    /// never ended the agent).
     #[tokio::test]
-    async fn a_closing_seal_from_before_a_rewind_still_ends_the_pipeline() {
+    async fn a_closing_mark_from_before_a_rewind_still_ends_the_pipeline() {
         let config = crate::config::Config::parse(CONFIG, &|_| None).unwrap();
         let (reports, heard) = crossbeam_channel::unbounded();
         let (_stop, shutdown) = watch::channel(false);
@@ -562,21 +657,19 @@ table = "t"
             Vec::new(),
             Arc::default(),
             reports,
+            Arc::default(),
             shutdown,
         );
         committer.epoch = 1;
-        let (seals, inbox) = mpsc::channel(1);
-        let permit = Arc::new(Semaphore::new(1)).acquire_owned().await.unwrap();
-        seals
-            .send(Handoff::Seal(Seal {
+        let (marks, inbox) = mpsc::channel(1);
+        marks
+            .send(Handoff::Mark(Mark {
                 epoch: 0,
+                seq: 0,
                 closing: true,
-                tables: Vec::new(),
                 next: Default::default(),
-                from: Default::default(),
                 gaps: Default::default(),
                 resets: Default::default(),
-                _in_flight: permit,
             }))
             .await
             .unwrap();
@@ -590,7 +683,7 @@ table = "t"
             matches!(report, Ok(Report::Done)),
             "the intake hears: {report:?}"
         );
-        drop(seals);
+        drop(marks);
         run.await.unwrap().unwrap();
     }
 }

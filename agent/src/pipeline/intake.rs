@@ -1,21 +1,25 @@
-//! The intake thread: source events in, buffered rows and seals out.
+//! The intake thread: source events in, chunks of rows and interval marks out.
 //!
 //! Per message: skip what is already buffered or stored, decode the key and the value
 //! (one parse), run the plugins, let each table's schema stage admit the row, append it
-//! to the table's Arrow buffer. Rejected records go to the dead-letter file with their
+//! to the table's Arrow buffer. A buffer that fills is handed to the committer as a
+//! chunk (it streams into the table's open data files); every `commit_interval` (or past
+//! `max_uncommitted_bytes` written) the rest follows with a mark that commits it all.
+//! Rejected records go to the dead-letter file with their
 //! original bytes. Everything here is blocking work (parsing, WebAssembly, fsync), which
 //! is why it runs on its own thread and not on an async worker.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::mpsc;
 
-use super::committer::Report;
+use super::handoff::{Chunk, Handoff, Mark, Report};
 use super::{PipelineError, tracker_for};
-use crate::batch::{Buffered, ROW_OVERHEAD, RowBuffer, RowMeta};
+use crate::batch::{ROW_OVERHEAD, RowBuffer, RowMeta};
 use crate::commit::OffsetMap;
 use crate::config::PipelineConfig;
 use crate::dead_letter::DeadLetterWriter;
@@ -23,7 +27,7 @@ use crate::decode::{Decoded, Decoder};
 use crate::error::{Classify, ErrorClass, backoff};
 use crate::record::json::{JsonView, Obj, Parsed, Tape, Tapes};
 use crate::record::{Message, PartitionMap, TopicPartition};
-use crate::schema::{Admission, SchemaTracker, TableSchema};
+use crate::schema::{Admission, TableSchema};
 use crate::source::{Source, SourceCommand, SourceError, SourceEvent, resume_position};
 use crate::telemetry;
 use crate::transform::{
@@ -37,48 +41,11 @@ pub(super) enum Control {
     Shutdown,
 }
 
-/// What the intake hands to the committer, in order.
-pub(super) enum Handoff {
-    /// Buffered rows of every table and the offsets they cover.
-    Seal(Seal),
-    /// Drop everything not yet committed and position reading at the stored offsets,
-    /// once every earlier seal is committed (a plugin fault).
-    Rewind {
-        /// The epoch the request was made in.
-        epoch: u64,
-        /// Why (for the log).
-        reason: String,
-    },
-}
-
-/// Every table's buffer at one point of the stream.
-pub(super) struct Seal {
-    /// The read epoch the rows belong to (seals of an older epoch are dropped).
-    pub epoch: u64,
-    /// The last seal before stopping: also record progress in tables without rows.
-    pub closing: bool,
-    /// Per table, in pipeline order.
-    pub tables: Vec<SealedTable>,
-    /// Next offset per partition read so far (what the seal covers).
-    pub next: PartitionMap<i64>,
-    /// Where this seal's records start per partition (for a table created by it).
-    pub from: PartitionMap<i64>,
-    /// Records lost to retention before they were read, per partition (for the summary).
-    pub gaps: PartitionMap<(i64, i64)>,
-    /// Partitions whose log restarted below the stored offset (for the summary).
-    pub resets: PartitionMap<(i64, i64)>,
-    /// Held until the committer is done with this seal: one seal in flight at a time, so
-    /// at most two buffers (this one and the one filling) are in memory.
-    pub _in_flight: OwnedSemaphorePermit,
-}
-
-/// One table's part of a seal.
-pub(super) struct SealedTable {
-    /// The rows.
-    pub buffered: Buffered,
-    /// The columns they were admitted into (the commit evolves the table to these).
-    pub tracker: SchemaTracker,
-}
+/// A table's buffer is handed over as a chunk past a quarter of a row group (at most
+/// this many bytes)...
+const CHUNK_BYTES: u64 = 8 * 1024 * 1024;
+/// ... or this many rows.
+const CHUNK_ROWS: usize = 64 * 1024;
 
 /// One output table as the intake sees it.
 pub(super) struct IntakeTable {
@@ -111,10 +78,19 @@ impl IntakeTable {
 pub(super) struct State {
     /// Next offset expected per assigned partition.
     next: PartitionMap<i64>,
-    /// Where the next seal's records start per partition.
+    /// Where the current interval's records start per partition.
     from: PartitionMap<i64>,
-    /// `next` as of the last seal handed over.
-    last_sealed: PartitionMap<i64>,
+    /// `next` as of the last mark handed over.
+    last_marked: PartitionMap<i64>,
+    /// Rows were handed over since the last mark.
+    handed_rows: bool,
+    /// Marks handed over so far.
+    marks: u64,
+    /// Where the dead-letter file ended at each mark not yet committed everywhere.
+    letters_at_mark: std::collections::VecDeque<(u64, crate::dead_letter::Position)>,
+    /// Where it ended at the newest mark committed everywhere (a rewind drops what
+    /// follows: those records are judged again).
+    letters_committed: Option<crate::dead_letter::Position>,
     /// Where a partition without stored offsets started (`start = "latest"`: the end at
     /// its first assignment), for rewinds before its first commit.
     first_position: PartitionMap<i64>,
@@ -124,7 +100,7 @@ pub(super) struct State {
     epoch: u64,
     /// A rewind was requested: records are ignored until the committer answers.
     rewinding: bool,
-    /// A stop was requested while rewinding: seal once the rewind is done.
+    /// A stop was requested while rewinding: mark once the rewind is done.
     close_after_rewind: bool,
     closing: bool,
     consecutive_faults: u32,
@@ -132,9 +108,13 @@ pub(super) struct State {
     /// The tapes of a batch's records for the plugins (kept for their memory).
     tapes: Tapes,
     last_commit: Option<Instant>,
-    /// When the oldest buffered row arrived: the commit interval counts from there, so
-    /// a seal holds what arrived together rather than what a timer cut in two.
-    first_row_at: Option<Instant>,
+}
+
+impl State {
+    /// The dead-letter file at start: what it holds was written by earlier runs.
+    pub(super) fn start_dead_letters(&mut self, at: crate::dead_letter::Position) {
+        self.letters_committed = Some(at);
+    }
 }
 
 /// The intake of one pipeline.
@@ -146,9 +126,9 @@ pub(super) struct Intake {
     pub tables: Vec<IntakeTable>,
     pub routes: HashMap<String, usize>,
     pub source: Box<dyn Source>,
-    pub seals: mpsc::Sender<Handoff>,
-    /// One permit: the seal the committer is working on.
-    pub in_flight: Arc<Semaphore>,
+    pub handoffs: mpsc::Sender<Handoff>,
+    /// Bytes the committer wrote and has not committed (an early mark past the bound).
+    pub uncommitted: Arc<AtomicU64>,
     pub reports: Receiver<Report>,
     pub control: Receiver<Control>,
     pub runtime: tokio::runtime::Handle,
@@ -227,20 +207,16 @@ impl Intake {
         let mut events = self.source.events().clone();
         let reports = self.reports.clone();
         let mut control = self.control.clone();
-        let mut last_seal = Instant::now();
+        let mut last_mark = Instant::now();
         let started = Instant::now();
         loop {
-            let since = self
-                .state
-                .first_row_at
-                .map_or(last_seal.elapsed(), |t| t.elapsed());
-            // Closing or rewinding, nothing is sealed until the committer reports: wait
+            // Closing or rewinding, nothing is marked until the committer reports: wait
             // for it (the interval has long passed; a zero wait would spin).
             let wait = if self.state.closing || self.state.rewinding {
                 Duration::from_millis(250)
             } else {
                 interval
-                    .saturating_sub(since)
+                    .saturating_sub(last_mark.elapsed())
                     .min(Duration::from_millis(250))
             };
             crossbeam_channel::select! {
@@ -262,7 +238,7 @@ impl Intake {
                         if self.state.rewinding {
                             self.state.close_after_rewind = true;
                         } else {
-                            self.seal(true)?;
+                            self.mark(true)?;
                         }
                     }
                 }
@@ -285,14 +261,15 @@ impl Intake {
             if self.state.closing || self.state.rewinding {
                 continue;
             }
-            let due = match self.state.first_row_at {
-                Some(first) => first.elapsed() >= interval,
-                // Only offsets to record (records skipped or dead-lettered).
-                None => last_seal.elapsed() >= interval,
-            };
-            if self.buffer_full() || due {
-                self.seal(false)?;
-                last_seal = Instant::now();
+            // One commit per interval; earlier only once a lot is written and not
+            // committed (a catalog outage, or a very fast stream with a long interval).
+            let due = last_mark.elapsed() >= interval;
+            let full = self.state.handed_rows
+                && self.uncommitted.load(Ordering::Relaxed)
+                    >= self.config.sink.max_uncommitted_bytes;
+            if due || full {
+                self.mark(false)?;
+                last_mark = Instant::now();
             }
         }
     }
@@ -304,17 +281,12 @@ impl Intake {
         }
     }
 
-    fn buffer_full(&self) -> bool {
-        let bytes: u64 = self.tables.iter().map(|t| t.buffer.bytes()).sum();
-        let rows: usize = self.tables.iter().map(|t| t.buffer.rows()).sum();
-        bytes >= self.config.sink.flush_bytes || rows >= self.config.sink.flush_records
-    }
-
     fn on_event(&mut self, event: SourceEvent) -> Result<(), PipelineError> {
         match event {
             SourceEvent::Records(epoch, messages) => {
                 if epoch == self.state.epoch && !self.state.rewinding {
                     self.accept(messages)?;
+                    self.hand_off_full()?;
                 }
             }
             SourceEvent::Assigned(assignments) => {
@@ -365,7 +337,7 @@ impl Intake {
                     self.state.assigned.remove(tp);
                     self.state.next.remove(tp);
                     self.state.from.remove(tp);
-                    self.state.last_sealed.remove(tp);
+                    self.state.last_marked.remove(tp);
                     self.state.gaps.remove(tp);
                     self.state.resets.remove(tp);
                     self.state.first_position.remove(tp);
@@ -782,7 +754,6 @@ impl Intake {
             .buffer
             .append(&table.schema.tracker, &tp, meta, value, admitted.key, cost)
             .map_err(|e| PipelineError::internal(&self.config.name, e.to_string()))?;
-        self.state.first_row_at.get_or_insert_with(Instant::now);
         Ok(())
     }
 
@@ -801,52 +772,81 @@ impl Intake {
         Ok(())
     }
 
-    /// Hands every table's buffer and the offsets it covers to the committer.
-    fn seal(&mut self, closing: bool) -> Result<(), PipelineError> {
-        let any_rows = self.tables.iter().any(|t| !t.buffer.is_empty());
-        let anomalies = !self.state.gaps.is_empty() || !self.state.resets.is_empty();
-        if !closing && !any_rows && !anomalies && self.state.next == self.state.last_sealed {
+    /// Hands over the buffers that reached a chunk's size.
+    fn hand_off_full(&mut self) -> Result<(), PipelineError> {
+        let chunk_bytes = (self.config.sink.row_group_bytes / 4).clamp(16 * 1024, CHUNK_BYTES);
+        for t in 0..self.tables.len() {
+            let buffer = &self.tables[t].buffer;
+            if buffer.bytes() >= chunk_bytes || buffer.rows() >= CHUNK_ROWS {
+                self.hand_off(t)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands table `t`'s buffered rows to the committer (they stream into its open data
+    /// files). From then on rows are checked against the types these were written in.
+    fn hand_off(&mut self, t: usize) -> Result<(), PipelineError> {
+        let table = &mut self.tables[t];
+        if table.buffer.is_empty() {
             return Ok(());
+        }
+        let buffered = table
+            .buffer
+            .take()
+            .map_err(|e| PipelineError::internal(&self.config.name, e.to_string()))?;
+        let tracker = table.schema.tracker.clone();
+        table.schema.tracker.lock_all();
+        let chunk = Chunk {
+            epoch: self.state.epoch,
+            table: t,
+            buffered,
+            tracker,
+            from: (!table.exists).then(|| self.state.from.clone()),
+        };
+        self.state.handed_rows = true;
+        if self
+            .handoffs
+            .blocking_send(Handoff::Rows(Box::new(chunk)))
+            .is_err()
+        {
+            return Err(self.committer_gone());
+        }
+        Ok(())
+    }
+
+    /// Ends a commit interval: hands over what is buffered and a mark with the offsets
+    /// everything handed over covers (the committer commits it all).
+    fn mark(&mut self, closing: bool) -> Result<(), PipelineError> {
+        let any_rows = self.tables.iter().any(|t| !t.buffer.is_empty()) || self.state.handed_rows;
+        let anomalies = !self.state.gaps.is_empty() || !self.state.resets.is_empty();
+        if !closing && !any_rows && !anomalies && self.state.next == self.state.last_marked {
+            return Ok(());
+        }
+        for t in 0..self.tables.len() {
+            self.hand_off(t)?;
         }
         // Dead letters up to here are durable before any commit moves offsets past them.
         self.dead_letters.sync().map_err(|e| self.err_dl(e))?;
-        // Wait for the previous seal to be committed (reading stops meanwhile: the source
-        // pauses when its queue is full). Closed only when the committer is gone.
-        let Ok(in_flight) = self
-            .runtime
-            .block_on(self.in_flight.clone().acquire_owned())
-        else {
-            return Err(self.committer_gone());
-        };
-        let mut tables = Vec::with_capacity(self.tables.len());
-        for t in &mut self.tables {
-            let buffered = t
-                .buffer
-                .take()
-                .map_err(|e| PipelineError::internal(&self.config.name, e.to_string()))?;
-            let tracker = t.schema.tracker.clone();
-            if buffered.rows > 0 {
-                // From now on rows are checked against the types this seal commits.
-                t.schema.tracker.lock_all();
-            }
-            tables.push(SealedTable { buffered, tracker });
-        }
-        let seal = Seal {
+        self.state.marks += 1;
+        self.state
+            .letters_at_mark
+            .push_back((self.state.marks, self.dead_letters.position()));
+        let mark = Mark {
             epoch: self.state.epoch,
+            seq: self.state.marks,
             closing,
-            tables,
             next: self.state.next.clone(),
-            from: std::mem::replace(&mut self.state.from, self.state.next.clone()),
             gaps: std::mem::take(&mut self.state.gaps),
             resets: std::mem::take(&mut self.state.resets),
-            _in_flight: in_flight,
         };
-        self.state.last_sealed = self.state.next.clone();
-        self.state.first_row_at = None;
+        self.state.last_marked = self.state.next.clone();
+        self.state.from = self.state.next.clone();
+        self.state.handed_rows = false;
         if closing {
             self.state.closing = true;
         }
-        if self.seals.blocking_send(Handoff::Seal(seal)).is_err() {
+        if self.handoffs.blocking_send(Handoff::Mark(mark)).is_err() {
             return Err(self.committer_gone());
         }
         Ok(())
@@ -862,15 +862,14 @@ impl Intake {
         PipelineError::internal(self.name(), "the committer stopped")
     }
 
-    /// Asks the committer to rewind once every earlier seal is done.
+    /// Asks the committer to rewind once everything handed over earlier is done.
     fn request_rewind(&mut self, reason: String) -> Result<(), PipelineError> {
         self.state.rewinding = true;
-        self.state.first_row_at = None;
         for t in &mut self.tables {
             let _ = t.buffer.take();
         }
         if self
-            .seals
+            .handoffs
             .blocking_send(Handoff::Rewind {
                 epoch: self.state.epoch,
                 reason,
@@ -905,7 +904,23 @@ impl Intake {
                         .command(SourceCommand::CommitGroupOffsets(group));
                 }
             }
+            Report::Durable { seq } => {
+                while let Some(&(at, position)) = self.state.letters_at_mark.front() {
+                    if at > seq {
+                        break;
+                    }
+                    self.state.letters_committed = Some(position);
+                    self.state.letters_at_mark.pop_front();
+                }
+            }
             Report::Rewind { epoch, tables } => {
+                // Records after the committed offsets are judged again.
+                self.state.letters_at_mark.clear();
+                if let Some(position) = self.state.letters_committed {
+                    self.dead_letters
+                        .discard_after(position)
+                        .map_err(|e| self.err_dl(e))?;
+                }
                 let options = self.tables[0].schema.tracker.options().clone();
                 for (t, state) in self.tables.iter_mut().zip(tables) {
                     t.buffer = RowBuffer::new();
@@ -930,11 +945,12 @@ impl Intake {
                     }
                     positions.push((tp.clone(), p));
                 }
-                self.state.last_sealed = self.state.next.clone();
+                self.state.last_marked = self.state.next.clone();
+                self.state.handed_rows = false;
                 self.source
                     .command(SourceCommand::Seek { epoch, positions });
                 if self.state.close_after_rewind {
-                    self.seal(true)?;
+                    self.mark(true)?;
                 }
             }
             Report::Failed(e) => return Err(e),

@@ -1,31 +1,34 @@
 //! One pipeline: the stages wired together.
 //!
 //! ```text
-//! source thread --events--> intake thread ----seals---> committer task
-//!   (Kafka poll,             (decode, transform,           (Parquet, Iceberg commit,
-//!    rebalances)              schema, Arrow buffers)        offsets, fences)
-//!        ^                        |   ^                          |
-//!        +------ seek, group -----+   +-------- reports ---------+
-//!                offsets                (committed, rewind, failed)
+//! source thread --events--> intake thread --chunks, marks--> committer task
+//!   (Kafka poll,             (decode, transform,              (Parquet files streamed,
+//!    rebalances)              schema, Arrow buffers)           Iceberg commits, offsets,
+//!        ^                        |   ^                        fences)
+//!        +------ seek, group -----+   +--------- reports ---------+
+//!                offsets                 (committed, rewind, failed)
 //! ```
 //!
 //! - [`intake`]: reads source events and turns messages into buffered rows, one parse
-//!   per record; cuts a *seal* (every table's buffer plus the offsets it covers) at the
-//!   commit interval or a size threshold and hands it over.
-//! - [`committer`]: writes and commits seals in order, at most one in flight, while the
-//!   intake goes on reading: Parquet encoding never stops consumption. A full hand-off
-//!   blocks the intake, whose full event channel makes the source pause its partitions.
-//! - Every rewind (a fenced commit, a plugin fault) goes through the committer, so a
-//!   seal already handed over is committed or dropped before reading starts again.
+//!   per record; hands a table's buffer over as a *chunk* when it fills, and every
+//!   commit interval a *mark* with the offsets everything handed over covers.
+//! - [`committer`]: streams chunks into open data files (row groups go to storage as
+//!   they fill) and, at each mark, closes them and commits them as one snapshot per
+//!   table, while the intake goes on reading. A full hand-off channel blocks the intake,
+//!   whose full event channel makes the source pause its partitions.
+//! - [`handoff`]: what the two tell each other.
+//! - Every rewind (a fenced commit, a plugin fault) goes through the committer, so what
+//!   was handed over is committed or dropped before reading starts again.
 //!
 //! A record leaves a buffer only by being committed (or dead-lettered and synced before
-//! the seal that covers it), so the offsets stored in a table never pass data that is
+//! the mark that covers it), so the offsets stored in a table never pass data that is
 //! not durable. With several tables (plugins routing records to streams), every table
 //! stores the offsets it covers: reading resumes from the smallest and each table skips
 //! records it already holds.
 
 mod committer;
 mod errors;
+mod handoff;
 mod intake;
 mod lookup;
 
@@ -179,14 +182,28 @@ async fn run_with_source(
     }
     tracing::info!(pipeline = %name, tables = ?table_names(&config), "starting: positions come from the offsets stored in the table(s)");
 
+    for (field, message) in config.sink.warnings() {
+        tracing::warn!(pipeline = %name, setting = %format!("sink.{field}"), "{message}");
+    }
     let config = Arc::new(config);
-    let (seal_tx, seal_rx) = mpsc::channel(1);
+    // A few chunks in flight: the committer encodes one while the intake fills the next.
+    let (handoff_tx, handoff_rx) = mpsc::channel(2);
     let (report_tx, report_rx) = crossbeam_channel::unbounded();
     let (control_tx, control_rx) = crossbeam_channel::unbounded();
+    let uncommitted: Arc<std::sync::atomic::AtomicU64> = Arc::default();
     let committer = tokio::spawn(
-        committer::Committer::new(config.clone(), sinks, known, report_tx, shutdown.clone())
-            .run(seal_rx),
+        committer::Committer::new(
+            config.clone(),
+            sinks,
+            known,
+            report_tx,
+            uncommitted.clone(),
+            shutdown.clone(),
+        )
+        .run(handoff_rx),
     );
+    let mut state = intake::State::default();
+    state.start_dead_letters(dead_letters.position());
     let intake = intake::Intake {
         config: config.clone(),
         decoder,
@@ -195,12 +212,12 @@ async fn run_with_source(
         tables,
         routes,
         source,
-        seals: seal_tx,
-        in_flight: Arc::new(tokio::sync::Semaphore::new(1)),
+        handoffs: handoff_tx,
+        uncommitted,
         reports: report_rx,
         control: control_rx,
         runtime: tokio::runtime::Handle::current(),
-        state: intake::State::default(),
+        state,
     };
     let intake = tokio::task::spawn_blocking(move || intake.run());
 

@@ -1,15 +1,19 @@
-//! Sink stage: the table writer. Parquet data files (and, in upsert mode, position
-//! deletes) for one table, handed to [`crate::commit`] as one snapshot.
+//! Sink stage: the table writer. Rows stream into Parquet data files as they arrive;
+//! every commit interval the files written since the last commit (and, in upsert mode,
+//! the deletes of the rows they replace) are handed to [`crate::commit`] as one snapshot.
 //!
-//! - `table`: loads or creates the target table, evolves its schema, writes Parquet files
-//!   and commits them as one snapshot that carries the Kafka offsets.
+//! - `table`: loads or creates the target table, evolves its schema, streams rows into
+//!   files and commits them as one snapshot that carries the Kafka offsets.
+//! - `stream`: the open data files of a table (row groups flushed to storage as they
+//!   fill, files rolled at the target size, a bounded number open).
 //! - `upsert`: one row per key: key index, last-per-key reduction, position deletes or
 //!   deletion vectors.
 //! - `partition`: the partition spec of created tables; the check that a table's spec
 //!   can be written.
-//! - `writer`: Parquet data files, fanned out by partition one partition at a time.
+//! - `writer`: Parquet data files written in one go (compaction), one partition at a time.
 
 pub mod partition;
+pub mod stream;
 mod table;
 pub mod upsert;
 pub mod writer;
@@ -18,7 +22,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-pub use table::{CommitOutcome, Staged, TableSink};
+pub use table::{CommitOutcome, TableSink};
 
 /// `[pipelines.sink]`: target table and commit policy.
 #[derive(Debug, Clone, Deserialize)]
@@ -50,28 +54,47 @@ pub struct SinkConfig {
     /// each); past it the pipeline stops with an error. Default 10,000,000.
     #[serde(default = "default_max_keys")]
     pub max_keys: usize,
-    /// How often buffered records are committed as one snapshot (default 60s, at least 1s).
+    /// How often the files written since the last commit are committed as one snapshot
+    /// (default 60s, at least 1s): a table gets one snapshot per interval.
     #[serde(
         default = "default_commit_interval",
         deserialize_with = "crate::config::duration::deserialize"
     )]
     pub commit_interval: Duration,
-    /// Commit early once this many bytes are buffered (default 32MiB). At most two
-    /// buffers are in memory: the one being committed and the one filling.
+    /// Commit before the interval is up once this much data (records as read: values
+    /// and keys) is written to files but not committed (default 4GiB). While the catalog
+    /// cannot be reached the agent keeps writing files up to this bound, then stops
+    /// reading until a commit lands.
     #[serde(
-        default = "default_flush_bytes",
+        default = "default_max_uncommitted_bytes",
         deserialize_with = "crate::config::size::deserialize"
     )]
-    pub flush_bytes: u64,
-    /// Commit early once this many records are buffered (default 1,000,000).
-    #[serde(default = "default_flush_records")]
-    pub flush_records: usize,
+    pub max_uncommitted_bytes: u64,
+    /// No longer used: rows stream into files and commits follow `commit_interval` (and
+    /// `max_uncommitted_bytes`). Accepted with a warning so older configs still load.
+    #[serde(default, deserialize_with = "crate::config::size::deserialize_option")]
+    pub flush_bytes: Option<u64>,
+    /// No longer used (see `flush_bytes`).
+    #[serde(default)]
+    pub flush_records: Option<usize>,
     /// Roll to a new Parquet file past this size (default 512MiB).
     #[serde(
         default = "default_target_file_size",
         deserialize_with = "crate::config::size::deserialize"
     )]
     pub target_file_size: u64,
+    /// A Parquet row group is flushed to storage past this size (default 32MiB): what an
+    /// open file holds in memory.
+    #[serde(
+        default = "default_row_group_bytes",
+        deserialize_with = "crate::config::size::deserialize"
+    )]
+    pub row_group_bytes: u64,
+    /// Data files open at once per table (one per partition written to; default 8).
+    /// Past it the least recently written one is closed early
+    /// (`floe_files_closed_early_total`).
+    #[serde(default = "default_max_open_files")]
+    pub max_open_files: usize,
     /// Partition spec of a table the agent creates, e.g. `["day(ts)", "bucket(16, id)"]`
     /// (see [`partition`]); a table that exists keeps its own spec.
     #[serde(default)]
@@ -109,28 +132,51 @@ fn default_max_keys() -> usize {
 fn default_commit_interval() -> Duration {
     Duration::from_secs(60)
 }
-fn default_flush_bytes() -> u64 {
+fn default_max_uncommitted_bytes() -> u64 {
+    4 * 1024 * 1024 * 1024
+}
+fn default_row_group_bytes() -> u64 {
     32 * 1024 * 1024
 }
-fn default_flush_records() -> usize {
-    1_000_000
+fn default_max_open_files() -> usize {
+    8
 }
 fn default_target_file_size() -> u64 {
     512 * 1024 * 1024
 }
 
 impl SinkConfig {
+    /// Settings that still load but no longer do anything, as `(field, message)` pairs.
+    pub fn warnings(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for (field, set) in [
+            ("flush_bytes", self.flush_bytes.is_some()),
+            ("flush_records", self.flush_records.is_some()),
+        ] {
+            if set {
+                out.push((
+                    field.to_string(),
+                    "no longer used: rows stream into data files and a table gets one snapshot per commit_interval (or past max_uncommitted_bytes); remove it".to_string(),
+                ));
+            }
+        }
+        out
+    }
+
     /// Problems serde cannot see, as `(field, message)` pairs.
     pub fn problems(&self) -> Vec<(String, String)> {
         let mut out = Vec::new();
         if self.commit_interval < Duration::from_secs(1) {
             out.push(("commit_interval".into(), "must be at least 1s".into()));
         }
-        if self.flush_bytes == 0 {
-            out.push(("flush_bytes".into(), "must be positive".into()));
+        if self.max_uncommitted_bytes == 0 {
+            out.push(("max_uncommitted_bytes".into(), "must be positive".into()));
         }
-        if self.flush_records == 0 {
-            out.push(("flush_records".into(), "must be positive".into()));
+        if self.row_group_bytes < 64 * 1024 {
+            out.push(("row_group_bytes".into(), "must be at least 64KiB".into()));
+        }
+        if self.max_open_files == 0 {
+            out.push(("max_open_files".into(), "must be at least 1".into()));
         }
         match self.mode {
             Mode::Upsert if self.key.is_empty() => out.push((
@@ -282,11 +328,12 @@ mod tests {
         let c: SinkConfig =
             toml::from_str("catalog = \"local\"\nnamespace = \"a.b\"\ntable = \"t\"").unwrap();
         assert_eq!(c.commit_interval, Duration::from_secs(60));
-        assert_eq!(c.flush_bytes, 32 << 20);
+        assert_eq!(c.max_uncommitted_bytes, 4 << 30);
+        assert_eq!((c.row_group_bytes, c.max_open_files), (32 << 20, 8));
         assert!(!c.create_table);
-        assert!(c.problems().is_empty());
-        let c: SinkConfig = toml::from_str("catalog = \"l\"\nnamespace = \"a..b\"\ntable = \"t\"\ncommit_interval = \"500ms\"\nflush_bytes = \"1KiB\"").unwrap();
-        assert_eq!(c.flush_bytes, 1024);
+        assert!(c.problems().is_empty() && c.warnings().is_empty());
+        let c: SinkConfig = toml::from_str("catalog = \"l\"\nnamespace = \"a..b\"\ntable = \"t\"\ncommit_interval = \"500ms\"\nmax_uncommitted_bytes = \"1KiB\"").unwrap();
+        assert_eq!(c.max_uncommitted_bytes, 1024);
         let fields: Vec<_> = c.problems().into_iter().map(|p| p.0).collect();
         assert_eq!(fields, ["commit_interval", "namespace"]);
         let e = toml::from_str::<SinkConfig>(
@@ -294,5 +341,17 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("invalid duration"), "{e}");
+    }
+
+    /// A config written for the size-triggered commits still loads, with a warning.
+    #[test]
+    fn flush_settings_load_with_a_warning() {
+        let c: SinkConfig = toml::from_str(
+            "catalog = \"l\"\nnamespace = \"n\"\ntable = \"t\"\nflush_bytes = \"32MiB\"\nflush_records = 1000",
+        )
+        .unwrap();
+        assert!(c.problems().is_empty());
+        let fields: Vec<_> = c.warnings().into_iter().map(|w| w.0).collect();
+        assert_eq!(fields, ["flush_bytes", "flush_records"]);
     }
 }

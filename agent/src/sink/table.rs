@@ -1,16 +1,26 @@
-//! The target table: load or create, evolve the schema, write Parquet, commit.
+//! The target table: load or create, evolve the schema, stream rows into data files,
+//! commit them.
+//!
+//! Rows arrive in chunks ([`TableSink::write_rows`]) and stream into open files
+//! ([`super::stream`]). A *generation* is what one commit adds: [`TableSink::cut`]
+//! closes the open files at the end of a commit interval, and [`TableSink::commit`]
+//! commits every generation cut since the last commit (several after a catalog outage)
+//! as one snapshot. In upsert mode each generation keeps an [`Overlay`] of the keys it
+//! wrote; deletes of committed rows are computed at commit time from the key index,
+//! caught up to the exact parent the snapshot commits on.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow_array::{ArrayRef, BooleanArray, RecordBatch, StringArray};
-use iceberg::spec::{DataFile, FormatVersion, Schema};
+use iceberg::spec::{DataFile, FormatVersion, Schema, Struct};
 use iceberg::table::Table;
 use iceberg::{NamespaceIdent, TableCreation, TableIdent};
 use uuid::Uuid;
 
-use super::upsert::{self, KeyHash, KeyIndex, KeySpec, OP_COLUMN, Plan};
-use super::{Mode, SinkConfig, SinkError, partition, writer};
+use super::stream::{OpenFiles, RowPlace, StreamLimits};
+use super::upsert::{self, DeleteTarget, KeyHash, KeyIndex, KeySpec, OP_COLUMN, Overlay, Plan};
+use super::{Mode, SinkConfig, SinkError, partition};
 use crate::batch::{self, Buffered};
 use crate::catalog::CatalogHandle;
 use crate::commit::{self, CommitFailure, CommitOptions, Committed, Fence, StagedSnapshot};
@@ -31,6 +41,14 @@ pub struct TableSink {
     pipeline: String,
     writer_id: String,
     upsert: Option<UpsertState>,
+    /// The generation being written: its open files, the files it closed, its overlay.
+    current: Option<Current>,
+    /// Generations cut and not committed yet, oldest first.
+    cut: Vec<Generation>,
+    /// The schema the uncommitted files' commit sets, when it adds to the table's.
+    pending_schema: Option<Schema>,
+    /// The table schema (id, last column id) `pending_schema` was derived from.
+    written_on: Option<(i32, i32)>,
 }
 
 /// Upsert mode's key and index (rebuilt from the table when missing).
@@ -39,32 +57,20 @@ struct UpsertState {
     index: Option<KeyIndex>,
 }
 
-/// Files written for one commit, not yet committed.
-#[derive(Default)]
-pub struct Staged {
-    data: Vec<DataFile>,
-    /// The partition spec the data files were written in.
-    spec_id: i32,
-    /// The schema the files were written with when it is not the table's current one:
-    /// the commit sets it (new columns, widened types) in the same snapshot.
-    new_schema: Option<Schema>,
-    /// The table schema (id, last column id) the files' schema was derived from.
-    written_on: Option<(i32, i32)>,
-    /// Upsert mode: keys touched and where the new rows are (index into `data`, position).
-    touched: Vec<KeyHash>,
-    placed: Vec<(KeyHash, usize, u64)>,
+/// The generation being written.
+struct Current {
+    files: OpenFiles,
+    /// Files it closed already (a schema change, a partition past `max_open_files`).
+    closed: Vec<DataFile>,
+    overlay: Overlay,
 }
 
-impl Staged {
-    /// Nothing to add: a commit that only moves offsets.
-    pub fn empty() -> Self {
-        Staged::default()
-    }
-
-    /// Bytes of the data files written (for `floe_bytes_committed_total`).
-    pub fn data_bytes(&self) -> u64 {
-        self.data.iter().map(DataFile::file_size_in_bytes).sum()
-    }
+/// Files one commit adds (a commit interval's worth), with the keys they wrote.
+#[derive(Default)]
+struct Generation {
+    /// Data files with the id of the partition spec they were written in.
+    files: Vec<(i32, DataFile)>,
+    overlay: Overlay,
 }
 
 /// What a commit did.
@@ -109,6 +115,10 @@ impl TableSink {
                 spec: KeySpec::from_config(&config.key),
                 index: None,
             }),
+            current: None,
+            cut: Vec::new(),
+            pending_schema: None,
+            written_on: None,
         };
         sink.reload().await?;
         if sink.table.is_none() && !config.create_table {
@@ -214,8 +224,8 @@ impl TableSink {
 
     /// Creates the table if it does not exist (returns true when it did). A new table
     /// starts with a snapshot carrying `initial` offsets (the pipeline's position before
-    /// this commit), so that a crash before its first data commit makes the pipeline
-    /// read that data again.
+    /// the records that made it), so that a crash before its first data commit makes the
+    /// pipeline read that data again.
     pub async fn ensure_table(
         &mut self,
         tracker: &SchemaTracker,
@@ -226,46 +236,260 @@ impl TableSink {
         }
         self.create(tracker).await?;
         let expected = initial.0.keys().map(|tp| (tp.clone(), None)).collect();
-        self.commit(Staged::empty(), &expected, initial, HashMap::new())
+        let mut nothing = Vec::new();
+        self.commit_generations(&mut nothing, &expected, initial, HashMap::new())
             .await?;
         Ok(true)
     }
 
-    /// The schema rows admitted by `tracker` are written with: the table's current one,
-    /// or the one a commit evolves it to. Rows admitted against columns another writer
-    /// has since given an incompatible type cannot be written without loss: that is
-    /// [`SinkError::Fenced`], and the pipeline reads them again against the table.
-    fn write_schema(
+    /// The schema rows admitted by `tracker` are written with, derived from `base` (the
+    /// schema of the uncommitted files, or the table's): `Some` when it changes. Rows
+    /// admitted against columns another writer has since given an incompatible type
+    /// cannot be written without loss: that is [`SinkError::Fenced`], and the pipeline
+    /// reads them again against the table.
+    fn evolve(
         &self,
         table: &Table,
+        base: &Schema,
         tracker: &SchemaTracker,
-    ) -> Result<(Arc<Schema>, Option<Schema>), SinkError> {
-        let metadata = table.metadata();
-        let current = metadata.current_schema();
-        if let Some(conflict) = tracker.conflict_with(current) {
+    ) -> Result<Option<Schema>, SinkError> {
+        if let Some(conflict) = tracker
+            .conflict_with(table.metadata().current_schema())
+            .or_else(|| tracker.conflict_with(base))
+        {
             return Err(SinkError::Fenced(format!(
                 "the schema of {} changed under buffered rows ({conflict}); re-reading them against the table's schema",
                 self.ident
             )));
         }
-        let evolved = tracker.evolved_schema(current, metadata.last_column_id())?;
-        if let Some(next) = &evolved {
+        // New ids go above every id the table ever assigned and every id written.
+        let last = table
+            .metadata()
+            .last_column_id()
+            .max(base.highest_field_id());
+        let next = tracker.evolved_schema(base, last)?;
+        if let Some(next) = &next {
             let changed: Vec<String> = next
                 .field_id_to_name_map()
                 .iter()
                 .filter(|(id, _)| {
-                    current.field_by_id(**id).map(|f| &f.field_type)
+                    base.field_by_id(**id).map(|f| &f.field_type)
                         != next.field_by_id(**id).map(|f| &f.field_type)
                 })
                 .map(|(_, name)| name.clone())
                 .collect();
-            tracing::info!(pipeline = %self.pipeline, table = %self.ident, columns = ?changed, "schema changes with this commit");
+            tracing::info!(pipeline = %self.pipeline, table = %self.ident, columns = ?changed, "schema changes with the next commit");
         }
-        let schema = match &evolved {
+        Ok(next)
+    }
+
+    /// Whether rows were written since the last commit.
+    pub fn has_uncommitted(&self) -> bool {
+        self.current.is_some() || !self.cut.is_empty()
+    }
+
+    /// Files closed early because too many were open (for the metric), reset.
+    pub fn take_closed_early(&mut self) -> u64 {
+        self.current
+            .as_mut()
+            .map_or(0, |c| std::mem::take(&mut c.files.closed_early))
+    }
+
+    /// Streams buffered rows into the open files of this generation, in the schema the
+    /// next commit sets (the table's, plus what `tracker` learned: derived from the
+    /// uncommitted files' schema, so field ids never change under written files). In
+    /// upsert mode only the last row per key of the chunk is written (none for a
+    /// tombstone); the rows they replace are deleted at commit. Encoding runs on a
+    /// blocking thread, off the async workers.
+    pub async fn write_rows(
+        &mut self,
+        buffered: &Buffered,
+        tracker: &SchemaTracker,
+    ) -> Result<(), SinkError> {
+        if buffered.rows == 0 {
+            return Ok(());
+        }
+        let table = self
+            .table
+            .clone()
+            .ok_or_else(|| SinkError::MissingTable(self.ident.to_string()))?;
+        let base = match &self.pending_schema {
             Some(s) => Arc::new(s.clone()),
-            None => current.clone(),
+            None => table.metadata().current_schema().clone(),
         };
-        Ok((schema, evolved))
+        let evolved = self.evolve(&table, &base, tracker)?;
+        let schema = match &evolved {
+            Some(next) => {
+                self.written_on.get_or_insert((
+                    table.metadata().current_schema_id(),
+                    table.metadata().last_column_id(),
+                ));
+                self.pending_schema = Some(next.clone());
+                Arc::new(next.clone())
+            }
+            None => base,
+        };
+        let limits = StreamLimits {
+            target_file_size: self.config.target_file_size,
+            row_group_bytes: self.config.row_group_bytes,
+            max_open_files: self.config.max_open_files,
+        };
+        // Open files keep one schema: a new one closes them first.
+        let mut current = match self.current.take() {
+            Some(mut c) if c.files.schema().as_struct() != schema.as_struct() => {
+                c.files
+                    .close_all()
+                    .await
+                    .map_err(|e| self.err("write", e))?;
+                c.closed.extend(c.files.take_closed());
+                c.files = OpenFiles::new(&table, schema.clone(), &self.pipeline, limits)
+                    .map_err(|e| self.err("write", e))?;
+                c
+            }
+            Some(c) => c,
+            None => Current {
+                files: OpenFiles::new(&table, schema.clone(), &self.pipeline, limits)
+                    .map_err(|e| self.err("write", e))?,
+                closed: Vec::new(),
+                overlay: Overlay::default(),
+            },
+        };
+        let plan = match &self.upsert {
+            None => None,
+            Some(_) => {
+                self.ensure_index().await?;
+                let exists = |k: &KeyHash| self.key_is_live(&current.overlay, k);
+                Some(Plan::new(&buffered.keys, exists))
+            }
+        };
+        let handle = tokio::runtime::Handle::current();
+        let batches = buffered.batches.clone();
+        let ident = self.ident.to_string();
+        let (files, written) = tokio::task::spawn_blocking(move || {
+            let mut files = current.files;
+            let result = (|| {
+                let arrow = files.arrow_schema().clone();
+                let mut conformed = Vec::with_capacity(batches.len());
+                for b in &batches {
+                    conformed.push(batch::conform(b, &arrow).map_err(batch::BatchError::from)?);
+                }
+                if let Some(plan) = &plan {
+                    conformed = apply_plan(conformed, plan)?;
+                }
+                let mut places = plan.as_ref().map(|_| Vec::new());
+                for b in conformed {
+                    handle
+                        .block_on(files.write(b, places.as_mut()))
+                        .map_err(|e| SinkError::Iceberg {
+                            operation: "write",
+                            table: ident.clone(),
+                            source: Box::new(e),
+                        })?;
+                }
+                Ok::<_, SinkError>((plan, places))
+            })();
+            current.files = files;
+            (current, result)
+        })
+        .await
+        .map_err(|e| SinkError::Internal(format!("writer thread: {e}")))?;
+        let mut current = files;
+        let written = match written {
+            Ok(w) => w,
+            Err(e) => {
+                // The open files may be broken mid-row-group: this generation is dropped
+                // and its records read again (the caller rewinds).
+                self.discard();
+                return Err(e);
+            }
+        };
+        if let (Some(plan), Some(places)) = written {
+            self.record_writes(&mut current.overlay, &plan, places)?;
+        }
+        self.current = Some(current);
+        Ok(())
+    }
+
+    /// Whether `key` has a live row: in the uncommitted generations (newest first), else
+    /// in the table.
+    fn key_is_live(&self, current: &Overlay, key: &KeyHash) -> bool {
+        match self.uncommitted_row(current, key) {
+            Some(row) => row.is_some(),
+            None => self
+                .upsert
+                .as_ref()
+                .and_then(|u| u.index.as_ref())
+                .is_some_and(|i| i.get(key).is_some()),
+        }
+    }
+
+    /// `key`'s newest row in the uncommitted generations: `Some(None)` for a tombstone,
+    /// `None` when they did not write it.
+    fn uncommitted_row<'a>(
+        &'a self,
+        current: &'a Overlay,
+        key: &KeyHash,
+    ) -> Option<&'a Option<RowPlace>> {
+        std::iter::once(current)
+            .chain(self.cut.iter().rev().map(|g| &g.overlay))
+            .find_map(|o| o.writes.get(key))
+    }
+
+    /// Records in `overlay` where a chunk's rows went and which uncommitted rows they
+    /// replace.
+    fn record_writes(
+        &self,
+        overlay: &mut Overlay,
+        plan: &Plan,
+        places: Vec<RowPlace>,
+    ) -> Result<(), SinkError> {
+        if places.len() != plan.row_keys.len() {
+            return Err(SinkError::Internal(format!(
+                "{} rows placed, {} written",
+                places.len(),
+                plan.row_keys.len()
+            )));
+        }
+        let written: HashMap<KeyHash, RowPlace> =
+            plan.row_keys.iter().copied().zip(places).collect();
+        for key in &plan.touched {
+            let replaced = self.uncommitted_row(overlay, key).cloned().flatten();
+            if let Some(place) = replaced {
+                overlay.superseded.push(place);
+            }
+            overlay.writes.insert(*key, written.get(key).cloned());
+        }
+        Ok(())
+    }
+
+    /// Ends the generation being written: its open files are closed and it waits for
+    /// the next commit. Returns whether there is anything to commit.
+    pub async fn cut(&mut self) -> Result<bool, SinkError> {
+        if let Some(mut c) = self.current.take() {
+            let closed = c.files.close_all().await;
+            if let Err(e) = closed {
+                self.discard();
+                return Err(self.err("write", e));
+            }
+            let spec_id = c.files.spec_id();
+            let mut files: Vec<(i32, DataFile)> =
+                c.closed.into_iter().map(|f| (spec_id, f)).collect();
+            files.extend(c.files.take_closed().into_iter().map(|f| (spec_id, f)));
+            self.cut.push(Generation {
+                files,
+                overlay: c.overlay,
+            });
+        }
+        Ok(!self.cut.is_empty())
+    }
+
+    /// Drops everything not committed: open files, cut generations, the pending schema
+    /// (their files are never referenced; orphan cleanup removes them).
+    pub fn discard(&mut self) {
+        self.current = None;
+        self.cut.clear();
+        self.pending_schema = None;
+        self.written_on = None;
     }
 
     async fn create(&mut self, tracker: &SchemaTracker) -> Result<(), SinkError> {
@@ -361,121 +585,37 @@ impl TableSink {
         Ok(())
     }
 
-    /// Writes buffered rows as Parquet data files in the schema the commit sets: the
-    /// table's current one plus what `tracker` learned (derived from the table as it is
-    /// now, so a retry after a reload never loses a column). In upsert mode only the last
-    /// row per key is written (none for a tombstone), and the rows they replace are
-    /// deleted at commit. Encoding runs on a blocking thread, off the async workers.
-    pub async fn write(
-        &mut self,
-        buffered: &Buffered,
-        tracker: &SchemaTracker,
-    ) -> Result<Staged, SinkError> {
-        let table = self
-            .table
-            .clone()
-            .ok_or_else(|| SinkError::MissingTable(self.ident.to_string()))?;
-        if buffered.rows == 0 {
-            return Ok(Staged::default());
-        }
-        let (schema, new_schema) = self.write_schema(&table, tracker)?;
-        let written_on = Some((
-            table.metadata().current_schema_id(),
-            table.metadata().last_column_id(),
-        ));
-        let plan = match &self.upsert {
-            None => None,
-            Some(_) => {
-                self.ensure_index().await?;
-                let index = self
-                    .upsert
-                    .as_ref()
-                    .and_then(|u| u.index.as_ref())
-                    .ok_or_else(|| SinkError::MissingTable(self.ident.to_string()))?;
-                Some(Plan::new(&buffered.keys, index))
-            }
-        };
-        let prefix = self.pipeline.clone();
-        let target = self.config.target_file_size;
-        let ident = self.ident.to_string();
-        let handle = tokio::runtime::Handle::current();
-        let sealed = buffered.batches.clone();
-        let (written, plan) = tokio::task::spawn_blocking(move || {
-            let arrow = batch::table_arrow_schema(&schema)?;
-            let mut batches = Vec::with_capacity(sealed.len());
-            for b in &sealed {
-                batches.push(batch::conform(b, &arrow).map_err(batch::BatchError::from)?);
-            }
-            if let Some(plan) = &plan {
-                batches = apply_plan(batches, plan)?;
-            }
-            let written = handle
-                .block_on(writer::write_data_files(
-                    &table, schema, batches, &prefix, target,
-                ))
-                .map_err(|e| SinkError::Iceberg {
-                    operation: "write",
-                    table: ident,
-                    source: Box::new(e),
-                })?;
-            Ok::<_, SinkError>((written, plan))
-        })
-        .await
-        .map_err(|e| SinkError::Internal(format!("writer thread: {e}")))??;
-        let writer::Written {
-            files: data,
-            spec_id,
-            order,
-        } = written;
-        let Some(plan) = plan else {
-            return Ok(Staged {
-                data,
-                spec_id,
-                new_schema,
-                written_on,
-                ..Staged::default()
-            });
-        };
-        // Row positions of the new rows: files hold the rows in the writer's order.
-        let total: u64 = data.iter().map(|f| f.record_count()).sum();
-        if total != plan.row_keys.len() as u64 {
-            return Err(SinkError::Internal(format!(
-                "data files hold {total} rows, {} were written",
-                plan.row_keys.len()
-            )));
-        }
-        let mut placed = Vec::with_capacity(plan.row_keys.len());
-        let mut at = 0usize;
-        for (i, file) in data.iter().enumerate() {
-            for pos in 0..file.record_count() {
-                let row = order.as_ref().map_or(at, |o| o[at] as usize);
-                placed.push((plan.row_keys[row], i, pos));
-                at += 1;
-            }
-        }
-        Ok(Staged {
-            data,
-            spec_id,
-            new_schema,
-            written_on,
-            touched: plan.touched,
-            placed,
-        })
-    }
-
-    /// Commits staged files (possibly none) as one snapshot that moves this pipeline's
-    /// offsets to `offsets`, if the table still stores `expected` for each partition the
-    /// commit covers (the offsets of other partitions are carried forward as found).
-    /// `extra` adds summary properties. In upsert mode the position deletes are computed
-    /// here, against the exact parent the snapshot commits on, with the key index caught
-    /// up to that parent first.
+    /// Commits every cut generation (possibly none) as one snapshot that moves this
+    /// pipeline's offsets to `offsets`, if the table still stores `expected` for each
+    /// partition the commit covers (the offsets of other partitions are carried forward
+    /// as found). `extra` adds summary properties. In upsert mode the position deletes
+    /// are computed here, against the exact parent the snapshot commits on. On failure
+    /// the generations stay for the next attempt.
     ///
     /// A stale table view (files of it removed by another writer's expiry or compaction)
     /// or, in upsert mode, a parent whose data changed, is reloaded and the commit
     /// prepared again, a bounded number of times.
     pub async fn commit(
         &mut self,
-        staged: Staged,
+        expected: &PartitionMap<Option<i64>>,
+        offsets: &OffsetMap,
+        extra: HashMap<String, String>,
+    ) -> Result<CommitOutcome, SinkError> {
+        let mut generations = std::mem::take(&mut self.cut);
+        let result = self
+            .commit_generations(&mut generations, expected, offsets, extra)
+            .await;
+        if result.is_err() {
+            // Kept for the next attempt (a rewind discards them).
+            generations.append(&mut self.cut);
+            self.cut = generations;
+        }
+        result
+    }
+
+    async fn commit_generations(
+        &mut self,
+        generations: &mut Vec<Generation>,
         expected: &PartitionMap<Option<i64>>,
         offsets: &OffsetMap,
         extra: HashMap<String, String>,
@@ -497,7 +637,7 @@ impl TableSink {
                 .clone()
                 .ok_or_else(|| SinkError::MissingTable(self.ident.to_string()))?;
             let error = match self
-                .commit_on(table, &staged, &fence, &props, offsets)
+                .commit_on(table, generations, &fence, &props, offsets)
                 .await
             {
                 Ok(outcome) => return Ok(outcome),
@@ -526,23 +666,25 @@ impl TableSink {
     async fn commit_on(
         &mut self,
         table: Table,
-        staged: &Staged,
+        generations: &mut Vec<Generation>,
         fence: &Fence,
         props: &HashMap<String, String>,
         offsets: &OffsetMap,
     ) -> Result<CommitOutcome, Attempt> {
         self.catch_up_index(&table).await.map_err(Attempt::from)?;
-        let deletes = self.deletes(&table, staged).await.map_err(Attempt::from)?;
-        let delete_files = deletes.files.len();
-        let data = staged
-            .data
+        let data: Vec<(i32, DataFile)> = generations
             .iter()
-            .map(|f| (staged.spec_id, f.clone()))
+            .flat_map(|g| g.files.iter().cloned())
             .collect();
+        let targets = self.delete_targets(generations, &data);
+        let deletes = upsert::write_deletes(&table, &self.pipeline, targets)
+            .await
+            .map_err(|e| Attempt::from(SinkError::from(e)))?;
+        let delete_files = deletes.files.len();
         let mut snapshot = StagedSnapshot::write(
             &table,
-            staged.new_schema.as_ref(),
-            data,
+            self.pending_schema.as_ref(),
+            data.clone(),
             deletes.files.clone(),
         )
         .await
@@ -551,8 +693,8 @@ impl TableSink {
         let options = CommitOptions {
             properties: props,
             offsets,
-            new_schema: staged.new_schema.as_ref(),
-            written_on: staged.written_on,
+            new_schema: self.pending_schema.as_ref(),
+            written_on: self.written_on,
             fence,
             exact_parent: self.upsert.is_some(),
         };
@@ -567,7 +709,11 @@ impl TableSink {
         match committed {
             Ok(Committed { table, snapshot_id }) => {
                 self.table = Some(table);
-                if let Err(e) = self.apply_to_index(staged, &deletes, snapshot_id) {
+                // The schema is the table's now; files still being written keep its ids.
+                self.pending_schema = None;
+                self.written_on = None;
+                let done = std::mem::take(generations);
+                if let Err(e) = self.apply_to_index(&done, &data, &deletes, snapshot_id) {
                     // The table holds the commit; an index that missed part of it is
                     // rebuilt before its next use.
                     if let Some(u) = &mut self.upsert {
@@ -577,9 +723,9 @@ impl TableSink {
                 }
                 Ok(CommitOutcome {
                     snapshot_id,
-                    files: staged.data.len(),
+                    files: data.len(),
                     delete_files,
-                    bytes: staged.data_bytes(),
+                    bytes: data.iter().map(|(_, f)| f.file_size_in_bytes()).sum(),
                 })
             }
             Err(CommitFailure::Stale(table)) => Err(Attempt::Stale(Some(table))),
@@ -621,24 +767,83 @@ impl TableSink {
         Ok(())
     }
 
-    /// Upsert: the delete files removing the older rows of every key the commit touches
-    /// (position deletes per partition, or deletion vectors on a v3 table).
-    async fn deletes(
+    /// Upsert: the rows a commit of `generations` deletes: the committed rows (in the
+    /// key index, caught up to the parent) of every key they wrote, and the rows of their
+    /// own files that later writes replaced.
+    fn delete_targets(
         &self,
-        table: &Table,
-        staged: &Staged,
-    ) -> Result<upsert::CommitDeletes, SinkError> {
+        generations: &[Generation],
+        data: &[(i32, DataFile)],
+    ) -> Vec<DeleteTarget> {
         let Some(index) = self.upsert.as_ref().and_then(|u| u.index.as_ref()) else {
-            return Ok(upsert::CommitDeletes::default());
+            return Vec::new();
         };
-        let rows = upsert::rows_to_delete(&staged.touched, index);
-        Ok(upsert::write_deletes(table, &self.pipeline, index, rows).await?)
+        let ours: HashMap<&str, (i32, &Struct)> = data
+            .iter()
+            .map(|(spec, f)| (f.file_path(), (*spec, f.partition())))
+            .collect();
+        let mut targets: HashMap<Arc<str>, DeleteTarget> = HashMap::new();
+        let mut add =
+            |path: Arc<str>, spec_id: i32, partition: &Struct, dv: Option<DataFile>, pos: u64| {
+                targets
+                    .entry(path.clone())
+                    .or_insert_with(|| DeleteTarget {
+                        path,
+                        spec_id,
+                        partition: partition.clone(),
+                        dv,
+                        positions: Vec::new(),
+                    })
+                    .positions
+                    .push(pos);
+            };
+        for g in generations {
+            for key in g.overlay.writes.keys() {
+                if let Some((id, pos)) = index.get(key) {
+                    let info = index.file(id);
+                    add(
+                        info.path.clone(),
+                        info.spec_id,
+                        &info.partition,
+                        info.dv.clone(),
+                        pos,
+                    );
+                }
+            }
+            for (path, pos) in &g.overlay.superseded {
+                match ours.get(path.as_ref()) {
+                    Some((spec, partition)) => add(path.clone(), *spec, partition, None, *pos),
+                    // A file of an earlier generation committed since: in the index.
+                    None => {
+                        if let Some(id) = index.file_id(path) {
+                            let info = index.file(id);
+                            add(
+                                path.clone(),
+                                info.spec_id,
+                                &info.partition,
+                                info.dv.clone(),
+                                *pos,
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        let mut out: Vec<DeleteTarget> = targets.into_values().collect();
+        for t in &mut out {
+            t.positions.sort_unstable();
+            t.positions.dedup();
+        }
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        out
     }
 
-    /// Records a landed commit in the upsert index, which then reflects `snapshot_id`.
+    /// Records a landed commit of `generations` in the upsert index, which then reflects
+    /// `snapshot_id`.
     fn apply_to_index(
         &mut self,
-        staged: &Staged,
+        generations: &[Generation],
+        data: &[(i32, DataFile)],
         deletes: &upsert::CommitDeletes,
         snapshot_id: i64,
     ) -> Result<(), SinkError> {
@@ -646,19 +851,26 @@ impl TableSink {
             return Ok(());
         };
         index.set_snapshot(Some(snapshot_id));
-        for (id, dv) in &deletes.vectors {
-            index.set_dv(*id, dv.clone());
+        for (spec, f) in data {
+            index.register_file(f.file_path(), *spec, f.partition());
         }
-        for k in &staged.touched {
-            index.remove(k);
+        for (path, dv) in &deletes.vectors {
+            if let Some(id) = index.file_id(path) {
+                index.set_dv(id, dv.clone());
+            }
         }
-        let ids: Vec<u32> = staged
-            .data
-            .iter()
-            .map(|f| index.register_file(f.file_path(), staged.spec_id, f.partition()))
-            .collect();
-        for (k, file, pos) in &staged.placed {
-            index.put(*k, ids[*file], *pos)?;
+        for g in generations {
+            for (key, row) in &g.overlay.writes {
+                match row {
+                    Some((path, pos)) => {
+                        let id = index.file_id(path).ok_or_else(|| {
+                            SinkError::Internal(format!("row of {path} in no committed file"))
+                        })?;
+                        index.put(*key, id, *pos)?;
+                    }
+                    None => index.remove(key),
+                }
+            }
         }
         Ok(())
     }

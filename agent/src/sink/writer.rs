@@ -31,7 +31,7 @@ use parquet::file::properties::WriterProperties;
 use uuid::Uuid;
 
 /// Rows copied into the writer at a time.
-const CHUNK_ROWS: usize = 8192;
+pub(crate) const CHUNK_ROWS: usize = 8192;
 
 /// Rows per Parquet row group: the writer holds one encoded row group in memory.
 pub const ROW_GROUP_ROWS: usize = 128 * 1024;
@@ -119,9 +119,9 @@ pub async fn write_in_spec(
 
 /// Rows of `batches` grouped by partition, partitions in order of first appearance, rows
 /// in input order: `(batch index, row index)`.
-type Groups = Vec<(Struct, Vec<(usize, usize)>)>;
+pub(crate) type Groups = Vec<(Struct, Vec<(usize, usize)>)>;
 
-fn group_rows(
+pub(crate) fn group_rows(
     spec: &PartitionSpec,
     schema: &Schema,
     batches: &[RecordBatch],

@@ -55,6 +55,8 @@ pub const DEAD_LETTERS: &str = "floe_dead_letters_total";
 pub const COMMITS: &str = "floe_commits_total";
 /// `floe_data_files_total{pipeline}`.
 pub const DATA_FILES: &str = "floe_data_files_total";
+/// `floe_files_closed_early_total{pipeline}`.
+pub const FILES_CLOSED_EARLY: &str = "floe_files_closed_early_total";
 /// `floe_bytes_committed_total{pipeline}`.
 pub const BYTES_COMMITTED: &str = "floe_bytes_committed_total";
 /// `floe_commit_seconds{pipeline}`.
@@ -121,6 +123,12 @@ pub const METRICS: &[MetricDef] = &[
         kind: MetricKind::Counter,
         labels: P,
         help: "Snapshots committed.",
+    },
+    MetricDef {
+        name: FILES_CLOSED_EARLY,
+        kind: MetricKind::Counter,
+        labels: P,
+        help: "Data files closed before their commit because more partitions were written than max_open_files allows (each such file ends smaller than it could).",
     },
     MetricDef {
         name: DATA_FILES,
@@ -286,6 +294,11 @@ pub fn seconds_since_last_commit(pipeline: &str, seconds: f64) {
 pub fn committed(pipeline: &str, files: usize) {
     metrics::counter!(COMMITS, &pipeline_label(pipeline)).increment(1);
     metrics::counter!(DATA_FILES, &pipeline_label(pipeline)).increment(files as u64);
+}
+
+/// Data files closed early: more partitions written than `max_open_files`.
+pub fn files_closed_early(pipeline: &str, n: u64) {
+    metrics::counter!(FILES_CLOSED_EARLY, &pipeline_label(pipeline)).increment(n);
 }
 
 /// Bytes of the data files a commit added (their `file_size_in_bytes`).

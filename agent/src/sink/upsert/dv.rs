@@ -1,5 +1,5 @@
-//! Deletion vectors (format v3): one Puffin file per commit holding one
-//! `deletion-vector-v1` blob per data file with deleted rows.
+//! Deletion vectors (format v3): one Puffin file per data file with deleted rows, each
+//! holding its `deletion-vector-v1` blob.
 //!
 //! Blob layout (Iceberg Puffin spec): the length of magic + vector as 4 bytes big-endian,
 //! the magic `D1 D3 39 64`, the vector as a portable 64-bit roaring bitmap (8-byte
@@ -107,17 +107,29 @@ pub struct Target {
     pub positions: RoaringTreemap,
 }
 
-/// Writes one Puffin file with a deletion vector per target; returns their entries with
-/// the partition spec ids.
+/// Writes one Puffin file per target, holding its deletion vector; returns their entries
+/// with the partition spec ids, in the targets' order.
+///
+/// One vector per file, although Puffin allows many: some readers (DuckDB's iceberg
+/// extension 1.5.5) apply the first vector of a file to every data file that names it.
 pub async fn write(
     table: &Table,
     name_prefix: &str,
     mut targets: Vec<Target>,
 ) -> Result<Vec<(i32, DataFile)>, UpsertError> {
     targets.retain(|t| !t.positions.is_empty());
-    if targets.is_empty() {
-        return Ok(Vec::new());
+    let mut out = Vec::with_capacity(targets.len());
+    for t in targets {
+        out.push(write_one(table, name_prefix, t).await?);
     }
+    Ok(out)
+}
+
+async fn write_one(
+    table: &Table,
+    name_prefix: &str,
+    t: Target,
+) -> Result<(i32, DataFile), UpsertError> {
     let path = format!(
         "{}/data/{name_prefix}-{}-dv.puffin",
         table.metadata().location(),
@@ -133,47 +145,37 @@ pub async fn write(
         false,
     )
     .await?;
-    let mut offset = PUFFIN_HEADER;
-    let mut placed = Vec::with_capacity(targets.len());
-    for t in &targets {
-        let data = serialize(&t.positions);
-        let length = data.len() as u64;
-        let blob = Blob::builder()
-            .r#type(DELETION_VECTOR_V1.to_string())
-            .fields(vec![ROW_POSITION_ID])
-            // -1: inherited from the snapshot that commits it.
-            .snapshot_id(-1)
-            .sequence_number(-1)
-            .data(data)
-            .properties(HashMap::from([
-                ("referenced-data-file".to_string(), t.data_file.clone()),
-                ("cardinality".to_string(), t.positions.len().to_string()),
-            ]))
-            .build();
-        writer.add(blob, CompressionCodec::None).await?;
-        placed.push((offset, length));
-        offset += length;
-    }
+    let data = serialize(&t.positions);
+    let length = data.len() as u64;
+    let blob = Blob::builder()
+        .r#type(DELETION_VECTOR_V1.to_string())
+        .fields(vec![ROW_POSITION_ID])
+        // -1: inherited from the snapshot that commits it.
+        .snapshot_id(-1)
+        .sequence_number(-1)
+        .data(data)
+        .properties(HashMap::from([
+            ("referenced-data-file".to_string(), t.data_file.clone()),
+            ("cardinality".to_string(), t.positions.len().to_string()),
+        ]))
+        .build();
+    writer.add(blob, CompressionCodec::None).await?;
     writer.close().await?;
     let size = table.file_io().new_input(&path)?.metadata().await?.size;
-    let mut out = Vec::with_capacity(targets.len());
-    for (t, (offset, length)) in targets.into_iter().zip(placed) {
-        let file = DataFileBuilder::default()
-            .content(DataContentType::PositionDeletes)
-            .file_path(path.clone())
-            .file_format(DataFileFormat::Puffin)
-            .partition(t.partition)
-            .partition_spec_id(t.spec_id)
-            .record_count(t.positions.len())
-            .file_size_in_bytes(size)
-            .referenced_data_file(Some(t.data_file))
-            .content_offset(Some(offset as i64))
-            .content_size_in_bytes(Some(length as i64))
-            .build()
-            .map_err(|e| UpsertError::Unsupported(format!("deletion vector metadata: {e}")))?;
-        out.push((t.spec_id, file));
-    }
-    Ok(out)
+    let file = DataFileBuilder::default()
+        .content(DataContentType::PositionDeletes)
+        .file_path(path)
+        .file_format(DataFileFormat::Puffin)
+        .partition(t.partition)
+        .partition_spec_id(t.spec_id)
+        .record_count(t.positions.len())
+        .file_size_in_bytes(size)
+        .referenced_data_file(Some(t.data_file))
+        .content_offset(Some(PUFFIN_HEADER as i64))
+        .content_size_in_bytes(Some(length as i64))
+        .build()
+        .map_err(|e| UpsertError::Unsupported(format!("deletion vector metadata: {e}")))?;
+    Ok((t.spec_id, file))
 }
 
 #[cfg(test)]

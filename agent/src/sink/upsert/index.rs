@@ -115,6 +115,11 @@ impl KeyIndex {
         id
     }
 
+    /// The id of a registered data file.
+    pub fn file_id(&self, path: &str) -> Option<u32> {
+        self.file_ids.get(path).copied()
+    }
+
     /// Records the live deletion vector of data file `id`.
     pub fn set_dv(&mut self, id: u32, dv: DataFile) {
         self.files[id as usize].dv = Some(dv);

@@ -57,7 +57,7 @@ pub enum UpsertError {
     Unsupported(String),
 }
 
-/// One commit's worth of upserts, after "last message per key wins".
+/// One chunk's worth of upserts, after "last message per key wins".
 #[derive(Debug, Default)]
 pub struct Plan {
     /// Per buffered row: whether it is written.
@@ -71,9 +71,9 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Plans buffered rows with their `keys` (`live`: false for a tombstone) against
-    /// the current index.
-    pub fn new(keys: &[(KeyHash, bool)], index: &KeyIndex) -> Plan {
+    /// Plans buffered rows with their `keys` (`live`: false for a tombstone); `exists`
+    /// says whether a key has a live row already (its new row is an `update`).
+    pub fn new(keys: &[(KeyHash, bool)], exists: impl Fn(&KeyHash) -> bool) -> Plan {
         let mut last: HashMap<KeyHash, usize, RandomState> =
             HashMap::with_capacity_and_hasher(keys.len(), RandomState::default());
         for (i, (k, _)) in keys.iter().enumerate() {
@@ -94,21 +94,27 @@ impl Plan {
             plan.keep.push(keep);
             if keep {
                 plan.row_keys.push(*key);
-                plan.ops.push(if index.get(key).is_some() {
-                    "update"
-                } else {
-                    "insert"
-                });
+                plan.ops.push(if exists(key) { "update" } else { "insert" });
             }
         }
         plan
     }
 }
 
-/// The rows in older files that a commit touching `touched` keys replaces or deletes:
-/// (file id in the index, row position).
-pub fn rows_to_delete(touched: &[KeyHash], index: &KeyIndex) -> Vec<(u32, u64)> {
-    touched.iter().filter_map(|k| index.get(k)).collect()
+/// The rows of one data file a commit deletes: a file of the table (with its live
+/// deletion vector, which a new one replaces on format v3) or one this commit adds.
+#[derive(Debug, Clone)]
+pub struct DeleteTarget {
+    /// The data file's path.
+    pub path: Arc<str>,
+    /// Its partition spec id.
+    pub spec_id: i32,
+    /// Its partition tuple (a delete file for it carries the same).
+    pub partition: iceberg::spec::Struct,
+    /// Format v3: its live deletion vector.
+    pub dv: Option<iceberg::spec::DataFile>,
+    /// Positions to delete.
+    pub positions: Vec<u64>,
 }
 
 /// The delete files of one upsert commit.
@@ -118,50 +124,48 @@ pub struct CommitDeletes {
     pub files: Vec<(i32, iceberg::spec::DataFile)>,
     /// Format v3: the deletion vectors the new ones replace (removed by the commit).
     pub replaced: Vec<crate::commit::manifests::FileKey>,
-    /// Format v3: per data file (index id), its new deletion vector.
-    pub vectors: Vec<(u32, iceberg::spec::DataFile)>,
+    /// Format v3: per data file path, its new deletion vector.
+    pub vectors: Vec<(Arc<str>, iceberg::spec::DataFile)>,
 }
 
-/// Writes the delete files removing `rows` (from [`rows_to_delete`]): position-delete
-/// files, one per partition (format v2), or deletion vectors merged with each data
-/// file's current one (format v3).
+/// Writes the delete files removing the rows of `targets`: position-delete files, one per
+/// partition (format v2), or deletion vectors merged with each data file's current one
+/// (format v3).
 pub async fn write_deletes(
     table: &iceberg::table::Table,
     name_prefix: &str,
-    index: &KeyIndex,
-    rows: Vec<(u32, u64)>,
+    targets: Vec<DeleteTarget>,
 ) -> Result<CommitDeletes, UpsertError> {
-    let mut by_file: std::collections::BTreeMap<u32, Vec<u64>> = Default::default();
-    for (file, pos) in rows {
-        by_file.entry(file).or_default().push(pos);
-    }
     let mut out = CommitDeletes::default();
-    if by_file.is_empty() {
+    let targets: Vec<DeleteTarget> = targets
+        .into_iter()
+        .filter(|t| !t.positions.is_empty())
+        .collect();
+    if targets.is_empty() {
         return Ok(out);
     }
     if table.metadata().format_version() >= FormatVersion::V3 {
-        let mut targets = Vec::with_capacity(by_file.len());
-        let mut ids = Vec::with_capacity(by_file.len());
-        for (id, positions) in by_file {
-            let info = index.file(id);
-            let mut all: roaring::RoaringTreemap = positions.into_iter().collect();
-            if let Some(old) = &info.dv {
+        let mut vectors = Vec::with_capacity(targets.len());
+        let mut paths = Vec::with_capacity(targets.len());
+        for t in targets {
+            let mut all: roaring::RoaringTreemap = t.positions.iter().copied().collect();
+            if let Some(old) = &t.dv {
                 all |= dv::read(table, old).await?;
                 out.replaced
                     .push(crate::commit::manifests::FileKey::of(old));
             }
-            targets.push(dv::Target {
-                data_file: info.path.to_string(),
-                spec_id: info.spec_id,
-                partition: info.partition.clone(),
+            vectors.push(dv::Target {
+                data_file: t.path.to_string(),
+                spec_id: t.spec_id,
+                partition: t.partition,
                 positions: all,
             });
-            ids.push(id);
+            paths.push(t.path);
         }
-        let written = dv::write(table, name_prefix, targets).await?;
-        // `write` keeps the targets' order (none is empty: each has a new position).
-        for (id, (spec, file)) in ids.into_iter().zip(written) {
-            out.vectors.push((id, file.clone()));
+        let written = dv::write(table, name_prefix, vectors).await?;
+        // `write` keeps the targets' order (none is empty: each has a position).
+        for (path, (spec, file)) in paths.into_iter().zip(written) {
+            out.vectors.push((path, file.clone()));
             out.files.push((spec, file));
         }
         return Ok(out);
@@ -169,10 +173,9 @@ pub async fn write_deletes(
     // One position-delete file per partition (spec id and partition tuple).
     type Rows = Vec<(String, u64)>;
     let mut by_partition: Vec<((i32, iceberg::spec::Struct), Rows)> = Vec::new();
-    for (id, positions) in by_file {
-        let info = index.file(id);
-        let key = (info.spec_id, info.partition.clone());
-        let rows = positions.into_iter().map(|p| (info.path.to_string(), p));
+    for t in targets {
+        let key = (t.spec_id, t.partition.clone());
+        let rows = t.positions.into_iter().map(|p| (t.path.to_string(), p));
         match by_partition.iter_mut().find(|(k, _)| *k == key) {
             Some((_, v)) => v.extend(rows),
             None => by_partition.push((key, rows.collect())),
@@ -183,6 +186,25 @@ pub async fn write_deletes(
         out.files.push((spec, file));
     }
     Ok(out)
+}
+
+/// What an upsert writer did since its last commit, in one generation of files (the
+/// files one commit adds): where each key it wrote now lives (`None`: deleted by a
+/// tombstone), and the rows of its own uncommitted files that later writes replaced.
+/// Deletes of committed rows are found at commit time from the key index.
+#[derive(Debug, Default)]
+pub struct Overlay {
+    /// Per key written: its newest row, or `None` for a tombstone.
+    pub writes: HashMap<KeyHash, Option<crate::sink::stream::RowPlace>, RandomState>,
+    /// Rows of uncommitted files replaced by a later write of the same key.
+    pub superseded: Vec<crate::sink::stream::RowPlace>,
+}
+
+impl Overlay {
+    /// Whether nothing was written.
+    pub fn is_empty(&self) -> bool {
+        self.writes.is_empty()
+    }
 }
 
 /// Turns a new table's schema into an upsert table's: key columns required and set as
@@ -262,7 +284,7 @@ mod tests {
         index.put(3, old, 6).unwrap();
         // Rows 0..5 with keys 1, 2, 1, 3 (tombstone), 4.
         let keys = [(1, true), (2, true), (1, true), (3, false), (4, true)];
-        let plan = Plan::new(&keys, &index);
+        let plan = Plan::new(&keys, |k| index.get(k).is_some());
         assert_eq!(
             plan.keep,
             [false, true, true, false, true],
@@ -270,9 +292,6 @@ mod tests {
         );
         assert_eq!(plan.row_keys, [2, 1, 4]);
         assert_eq!(plan.ops, ["update", "insert", "insert"]);
-        let mut deletes = rows_to_delete(&plan.touched, &index);
-        deletes.sort();
-        assert_eq!(deletes, [(old, 5), (old, 6)]);
     }
 
     #[test]
