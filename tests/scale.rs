@@ -10,7 +10,7 @@
 //! `FLOE_SCALE_RECORDS` sets the record count (default 24,000 in CI; the issue's full
 //! run is `FLOE_SCALE_RECORDS=200000`, see scripts/scale.sh).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
@@ -120,13 +120,14 @@ fn signal(agent: &AgentProcess, sig: &str) -> Result<()> {
     Ok(())
 }
 
-/// The record with sequence number `i`: spread over partitions by its message key; the
-/// upsert key `id` repeats every `KEYS` records, so a key's versions land on many
-/// partitions (and so on many agents).
+/// The record with sequence number `i`. The upsert key `id` repeats every `KEYS` records
+/// and is also the message key, so all versions of a key are in one partition (the
+/// last one is well defined) while partitions, and so keys, move between agents.
 fn message(i: i64) -> Message {
-    let value = json!({"seq": i, "id": i % KEYS, "version": i / KEYS});
+    let id = i % KEYS;
+    let value = json!({"seq": i, "id": id, "version": i / KEYS, "note": format!("n{i}")});
     (
-        Some(format!("m{i}").into_bytes()),
+        Some(format!("k{id}").into_bytes()),
         Some(value.to_string().into_bytes()),
     )
 }
@@ -173,8 +174,10 @@ async fn stored(lake: &Lake, table: &str, pipeline: &str) -> Result<BTreeMap<i32
         .collect())
 }
 
-/// Checks both tables against what was produced, with both readers.
-async fn check_tables(lake: &Lake, n: i64) -> Result<()> {
+/// Checks both tables against what the broker holds, every column of every row, with
+/// both readers: every record once in `events`, the last version of every key in
+/// `latest`.
+async fn check_tables(lake: &Lake, broker: &Broker, topic: &str, n: i64) -> Result<()> {
     let catalog = lake.catalog().await?;
     for (table, pipeline) in [("events", "append"), ("latest", "upsert")] {
         wait_for_messages(
@@ -194,51 +197,34 @@ async fn check_tables(lake: &Lake, n: i64) -> Result<()> {
         );
         ensure!(offsets.values().sum::<i64>() == n, "{table}: {offsets:?}");
     }
+    let records = floe_tests::reference::read_topic(
+        &broker.bootstrap,
+        topic,
+        n as usize,
+        Duration::from_secs(120),
+    )?;
+    let events = floe_tests::reference::append_rows(&records);
+    let latest = floe_tests::reference::upsert_rows(
+        &records,
+        &floe_tests::reference::UpsertKey::Field("id".into()),
+    );
     for reader in ["pyiceberg", "duckdb"] {
-        let append = lake.read(reader, "events", "seq")?;
-        let seqs: Vec<i64> = append
-            .rows()
-            .iter()
-            .map(|r| r["seq"].as_i64().expect("seq"))
-            .collect();
-        let unique: BTreeSet<i64> = seqs.iter().copied().collect();
-        ensure!(
-            seqs.len() as i64 == n && unique.len() as i64 == n,
-            "{reader}: events has {} rows, {} distinct, expected {n}",
-            seqs.len(),
-            unique.len()
-        );
-        ensure!(
-            unique == (0..n).collect(),
-            "{reader}: events misses records"
-        );
-        let latest = lake.read(reader, "latest", "id")?;
-        let mut per_key: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
-        for r in latest.rows() {
-            per_key
-                .entry(r["id"].as_i64().expect("id"))
-                .or_default()
-                .push(r["version"].as_i64().expect("version"));
-        }
-        let keys = KEYS.min(n);
-        ensure!(
-            per_key.len() as i64 == keys,
-            "{reader}: latest has {} keys, expected {keys}",
-            per_key.len()
-        );
-        for (id, versions) in &per_key {
-            ensure!(
-                versions.len() == 1,
-                "{reader}: key {id} has {} live rows: {versions:?}",
-                versions.len()
-            );
-            let produced_versions = (n - 1 - id) / KEYS + 1;
-            ensure!(
-                (0..produced_versions).contains(&versions[0]),
-                "{reader}: key {id} holds version {} which was never produced",
-                versions[0]
-            );
-        }
+        let dump = lake.read(reader, "events", "seq")?;
+        floe_tests::reference::assert_rows(
+            &format!("{reader}: events"),
+            &dump,
+            &events,
+            &["_kafka_partition", "_kafka_offset"],
+            &[],
+        )?;
+        let dump = lake.read(reader, "latest", "id")?;
+        floe_tests::reference::assert_rows(
+            &format!("{reader}: latest"),
+            &dump,
+            &latest,
+            &["id"],
+            &["_op"],
+        )?;
     }
     Ok(())
 }
@@ -277,7 +263,7 @@ async fn come_and_go(lake: &Lake, n: i64) -> Result<()> {
     settle(&[&c, &d], "after B left and D joined").await?;
     wait_produced(&produced, 2 * n / 3).await;
     producing.await??;
-    if let Err(e) = check_tables(lake, n).await {
+    if let Err(e) = check_tables(lake, &broker, "events", n).await {
         bail!(
             "{e}\nstored offsets: events {:?}, latest {:?}\n--- agent C:\n{}\n--- agent D:\n{}",
             stored(lake, "events", "append").await,
@@ -318,7 +304,7 @@ async fn two_agents_in_a_steady_state_both_advance() -> Result<()> {
     let produced = Arc::new(AtomicI64::new(0));
     let producing = producer(&broker, "steady", n, produced.clone());
     producing.await??;
-    check_tables(&lake, n).await?;
+    check_tables(&lake, &broker, "steady", n).await?;
     let committed = |agent: &Agent| -> Result<(f64, f64)> {
         let m = scrape_metrics(&agent.metrics)?;
         Ok((
@@ -456,7 +442,7 @@ async fn a_zombie_resumed_after_its_session_cannot_commit() -> Result<()> {
     // The zombie wakes up and tries to commit what it read before the pause.
     signal(&zombie.process, "-CONT")?;
     tokio::time::sleep(Duration::from_secs(8)).await;
-    check_tables(&lake, 1800).await?;
+    check_tables(&lake, &broker, "zombie", 1800).await?;
     heir.process.terminate()?;
     let _ = zombie.process.terminate();
     Ok(())
@@ -471,4 +457,161 @@ fn tail(log: &str) -> String {
         .filter(|l| !l.contains(" committed pipeline=") && !l.contains("commit did not land"))
         .collect();
     lines[lines.len().saturating_sub(60)..].join("\n")
+}
+
+/// Produces `messages` to explicit partitions: `(partition, key, value)`.
+async fn produce_to_partitions(
+    bootstrap: &str,
+    topic: &str,
+    messages: &[(i32, Message)],
+) -> Result<()> {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let producer: FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create()?;
+    let mut deliveries = Vec::new();
+    for (partition, (key, value)) in messages {
+        let mut record: FutureRecord<'_, [u8], [u8]> =
+            FutureRecord::to(topic).partition(*partition);
+        if let Some(k) = key {
+            record = record.key(k.as_slice());
+        }
+        if let Some(v) = value {
+            record = record.payload(v.as_slice());
+        }
+        deliveries.push(producer.send_result(record).map_err(|(e, _)| e)?);
+    }
+    for d in deliveries {
+        d.await?
+            .map_err(|(e, _)| anyhow::anyhow!("delivery: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Maintenance on aggressive settings (every 2 s: compaction, expiry keeping 3
+/// snapshots with no age grace) by two agents on one table. For a while only partition
+/// 0 receives records, so the agent that does not own it stays quiet while the other's
+/// commits and expiries delete every file of the table view it cached; then records
+/// arrive for every partition and agents are killed and restarted. No pipeline stops,
+/// and every value of both tables (append, and upsert on format v3 with deletion
+/// vectors) is exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quiet_agents_survive_aggressive_maintenance_and_kills() -> Result<()> {
+    let full = std::env::var_os("FLOE_SCALE_FULL").is_some_and(|v| v == "1");
+    let (quiet_for, kills, rounds) = if full {
+        (Duration::from_secs(60), 6, 30)
+    } else {
+        (Duration::from_secs(15), 2, 8)
+    };
+    let partitions = PARTITIONS;
+    let broker = Broker::start()?;
+    broker.create_topic("busy", partitions).await?;
+    let lake = scale_lake(false)?;
+    let ws = &lake.ws;
+    let d = ws.dir.path().display();
+    let maintenance = "[pipelines.sink.maintenance]\ninterval = \"2s\"\nkeep_snapshots = 3\nmax_snapshot_age = \"0s\"\nmin_input_files = 2";
+    let pipeline = |name: &str, table: &str, extra: &str, n: usize| {
+        format!(
+            r#"
+[[pipelines]]
+name = "{name}"
+[pipelines.source]
+bootstrap_servers = "{bootstrap}"
+group_id = "floe-{name}"
+topics = ["busy"]
+[pipelines.source.properties]
+"session.timeout.ms" = "6000"
+"heartbeat.interval.ms" = "1000"
+"max.poll.interval.ms" = "20000"
+[pipelines.sink]
+catalog = "local"
+namespace = "scale"
+table = "{table}"
+create_table = true
+commit_interval = "1s"
+{extra}
+{maintenance}
+[pipelines.dead_letter]
+path = "{d}/dead-letter-{name}-{n}.ndjson"
+"#,
+            bootstrap = broker.bootstrap,
+        )
+    };
+    let start = |n: usize| -> Result<Agent> {
+        let metrics = format!("127.0.0.1:{}", free_port());
+        let text = format!(
+            "[metrics]\nlisten = \"{metrics}\"\n{}\n{}{}",
+            lake.catalog_toml(),
+            pipeline("append", "events", "", n),
+            pipeline(
+                "upsert",
+                "latest",
+                "mode = \"upsert\"\nkey = [\"id\"]\nformat_version = 3",
+                n
+            ),
+        );
+        let path = ws.path(&format!("agent-{n}.toml"));
+        std::fs::write(&path, text)?;
+        Ok(Agent {
+            process: AgentProcess::start(&path, &[])?,
+            metrics,
+        })
+    };
+    // Record `seq` with key `id` goes to partition id % 12: a key's versions stay in order.
+    let record = |seq: i64, id: i64| -> (i32, Message) {
+        let value = json!({"seq": seq, "id": id, "version": seq, "at": format!("t{seq}")});
+        (
+            (id % i64::from(partitions)) as i32,
+            (
+                Some(format!("k{id}").into_bytes()),
+                Some(value.to_string().into_bytes()),
+            ),
+        )
+    };
+    let mut agents = vec![start(1)?, start(2)?];
+    settle(&[&agents[0], &agents[1]], "at start").await?;
+
+    // Only partition 0 for a while (keys 0, 12, 24, ...): one agent stays quiet.
+    let mut seq = 0i64;
+    let quiet_until = Instant::now() + quiet_for;
+    while Instant::now() < quiet_until {
+        let batch: Vec<(i32, Message)> =
+            (seq..seq + 40).map(|s| record(s, 12 * (s % 100))).collect();
+        produce_to_partitions(&broker.bootstrap, "busy", &batch).await?;
+        seq += 40;
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    // Every partition now, with kills and restarts.
+    let mut next = 3;
+    for round in 0..rounds {
+        let batch: Vec<(i32, Message)> = (seq..seq + 100).map(|s| record(s, s % 1200)).collect();
+        produce_to_partitions(&broker.bootstrap, "busy", &batch).await?;
+        seq += 100;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if kills > 0 && round % (rounds / kills).max(1) == 1 {
+            let victim = agents.remove(round % agents.len());
+            victim.process.kill9()?;
+            agents.push(start(next)?);
+            next += 1;
+        }
+    }
+    let produced = seq;
+    let refs: Vec<&Agent> = agents.iter().collect();
+    settle(&refs, "after the kills").await?;
+    let result = check_tables(&lake, &broker, "busy", produced).await;
+    let mut stopped = Vec::new();
+    for a in agents {
+        let out = a.process.terminate().unwrap_or_else(|e| e.to_string());
+        if out.contains("pipeline stopped") {
+            stopped.push(tail(&out));
+        }
+    }
+    ensure!(
+        stopped.is_empty(),
+        "a pipeline stopped:\n{}",
+        stopped.join("\n---\n")
+    );
+    result
 }

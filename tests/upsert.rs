@@ -334,7 +334,9 @@ async fn randomised(lake: Lake, format_version: u8) -> Result<()> {
             topic: "state",
             table: "state",
             key: r#"["_kafka_key"]"#,
-            sink_extra: &format!("flush_records = 4000\nformat_version = {format_version}"),
+            sink_extra: &format!(
+                "row_group_bytes = \"64KiB\"\nmax_uncommitted_bytes = \"256KiB\"\nformat_version = {format_version}"
+            ),
         }],
         "floe.toml",
     )?;

@@ -39,6 +39,8 @@ pub struct Faults {
 struct State {
     /// Data-file writes to fail (paths under `/data/`).
     fail_writes: u32,
+    /// Table-metadata writes to fail (`*.metadata.json`: creating or committing a table).
+    fail_metadata_writes: u32,
     /// Reads of data or metadata files to fail.
     fail_reads: u32,
     /// Commits to answer as lost after applying them.
@@ -60,6 +62,11 @@ impl Faults {
     /// The next `n` data-file writes fail (a transient storage error).
     pub fn fail_writes(&self, n: u32) {
         self.state.lock().unwrap().fail_writes = n;
+    }
+
+    /// The next `n` table-metadata writes fail (a table creation, say).
+    pub fn fail_metadata_writes(&self, n: u32) {
+        self.state.lock().unwrap().fail_metadata_writes = n;
     }
 
     /// The next `n` file reads fail.
@@ -150,7 +157,9 @@ pub struct FaultyStorage {
 
 impl FaultyStorage {
     fn write_fails(&self, path: &str) -> bool {
-        path.contains("/data/") && faults_of(self.faults).take(|s| &mut s.fail_writes)
+        let faults = faults_of(self.faults);
+        (path.contains("/data/") && faults.take(|s| &mut s.fail_writes))
+            || (path.ends_with(".metadata.json") && faults.take(|s| &mut s.fail_metadata_writes))
     }
 
     fn read_fails(&self) -> bool {
