@@ -328,6 +328,18 @@ impl Intake {
             }
             SourceEvent::Revoked(tps) => {
                 let revoked: HashSet<TopicPartition> = tps.into_iter().collect();
+                // Rows of a revoked partition may already be in open data files: they
+                // cannot be taken out, so they are committed now with the offsets they
+                // cover (or fenced, if the new owner commits first). Rows still
+                // buffered are simply dropped otherwise.
+                let read_since_mark =
+                    |tp: &TopicPartition| self.state.next.get(tp) != self.state.last_marked.get(tp);
+                if self.state.handed_rows
+                    && !self.state.rewinding
+                    && revoked.iter().any(read_since_mark)
+                {
+                    self.mark(false)?;
+                }
                 for t in &mut self.tables {
                     t.buffer
                         .retain(|tp| !revoked.contains(tp))
