@@ -5,12 +5,16 @@
 //! Used by the crash tests to SIGKILL the agent at exact moments of a commit.
 //! With `FLOE_FAILPOINT_RESUME=<file>` also set, it waits for that file instead, deletes
 //! it and goes on (used to let another writer commit at an exact moment).
+//! With `FLOE_FAILPOINT_SKIP=<n>` the first `n` hits pass (to stop mid-stream, with a
+//! file partly written).
 
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Before any data file of a commit is written.
+/// Before a chunk of rows is written into the open data files.
 pub const BEFORE_WRITE: &str = "before_write";
-/// After the data files are written, before the Iceberg commit.
+/// After a chunk is written into the open data files (a file may be half written:
+/// some row groups in storage, not closed), before the Iceberg commit.
 pub const AFTER_WRITE: &str = "after_write";
 /// After the Iceberg commit, before the consumer-group offset commit.
 pub const AFTER_COMMIT: &str = "after_commit";
@@ -25,7 +29,18 @@ pub fn hit(name: &str) {
             .ok()
             .filter(|s| !s.is_empty())
     });
+    static SKIP: OnceLock<u64> = OnceLock::new();
+    static HITS: AtomicU64 = AtomicU64::new(0);
     if armed.as_deref() == Some(name) {
+        let skip = *SKIP.get_or_init(|| {
+            std::env::var("FLOE_FAILPOINT_SKIP")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0)
+        });
+        if HITS.fetch_add(1, Ordering::Relaxed) < skip {
+            return;
+        }
         eprintln!("FLOE_FAILPOINT {name} reached");
         if let Some(file) = std::env::var_os("FLOE_FAILPOINT_FILE") {
             let _ = std::fs::write(file, name);

@@ -3,6 +3,7 @@
 //!
 //! - [`open_catalog`]: opens a catalog and checks that it answers (lists namespaces).
 //! - `rest`: the Iceberg REST client (OAuth2, vended credentials, S3).
+//! - `object_store`: listing and deleting a table's files on S3 (orphan cleanup).
 //! - [`CatalogHandle`]: what the other stages use: the `iceberg::Catalog` for loads and
 //!   creation, and the commit backend of [`crate::commit`].
 
@@ -15,6 +16,7 @@ use iceberg::{Catalog, CatalogBuilder};
 use iceberg_catalog_sql::SqlCatalogBuilder;
 use serde::Deserialize;
 
+pub mod object_store;
 pub mod probe;
 pub mod rest;
 mod timed;

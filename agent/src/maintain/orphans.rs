@@ -8,8 +8,9 @@
 //! age keeps files of commits still in progress (a commit retries for up to about an
 //! hour) out of reach; the config refuses less than an hour.
 //!
-//! Listing needs the file system: this job runs on local (`file://`) warehouses. On
-//! object stores it reports that it skipped (iceberg-rust's FileIO cannot list).
+//! Local (`file://`) warehouses are walked on the file system; S3 warehouses are listed
+//! through [`crate::catalog::object_store`] with the table's own storage settings and
+//! credentials.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -18,6 +19,7 @@ use std::time::{Duration, SystemTime};
 use iceberg::table::Table;
 
 use super::MaintainError;
+use crate::catalog::object_store::ObjectStore;
 use crate::commit::manifests;
 
 /// The local directory of a `file://` (or plain path) location, `None` for object stores.
@@ -41,14 +43,56 @@ pub async fn remove_orphans(
     age: Duration,
     dry_run: bool,
 ) -> Result<String, MaintainError> {
-    let Some(root) = local_dir(table.metadata().location()) else {
-        return Ok("skipped: listing files is only supported on local (file://) warehouses".into());
-    };
-    let referenced = referenced(table).await?;
+    let location = table.metadata().location();
     let cutoff = SystemTime::now()
         .checked_sub(age)
         .unwrap_or(SystemTime::UNIX_EPOCH);
-    let (found, deleted, bytes) = tokio::task::spawn_blocking(move || {
+    let (found, deleted, bytes) = if let Some(root) = local_dir(location) {
+        let referenced = referenced(table).await?;
+        remove_local(root, referenced, cutoff, dry_run).await?
+    } else {
+        let props = table.file_io().config().props();
+        let Some(store) = ObjectStore::open(location, props).map_err(MaintainError::Other)? else {
+            return Ok(format!(
+                "skipped: listing files is not supported for {location}"
+            ));
+        };
+        // Listed first: a file written after the listing is never a candidate.
+        let listed = store.list().await.map_err(MaintainError::Other)?;
+        let referenced = referenced(table).await?;
+        let mut deleted = 0;
+        let mut bytes = 0;
+        for f in &listed {
+            let old = f.modified.is_some_and(|m| m < cutoff);
+            if old && !referenced.contains(&f.location) {
+                if !dry_run {
+                    store
+                        .delete(&f.location)
+                        .await
+                        .map_err(MaintainError::Other)?;
+                }
+                deleted += 1;
+                bytes += f.size;
+            }
+        }
+        (listed.len(), deleted, bytes)
+    };
+    Ok(format!(
+        "{} {deleted} unreferenced files older than {} ({}) of {found}",
+        if dry_run { "would delete" } else { "deleted" },
+        humantime::format_duration(age),
+        super::size(bytes)
+    ))
+}
+
+/// Walks the local directory `root`: (files found, deleted, bytes deleted).
+async fn remove_local(
+    root: PathBuf,
+    referenced: HashSet<String>,
+    cutoff: SystemTime,
+    dry_run: bool,
+) -> Result<(usize, usize, u64), MaintainError> {
+    tokio::task::spawn_blocking(move || {
         let mut found = 0usize;
         let mut orphans = Vec::new();
         walk(&root, &mut |path: &Path, meta: &std::fs::Metadata| {
@@ -70,16 +114,10 @@ pub async fn remove_orphans(
     })
     .await
     .map_err(|e| MaintainError::Other(e.to_string()))?
-    .map_err(|e| MaintainError::Other(format!("listing the table's files: {e}")))?;
-    Ok(format!(
-        "{} {deleted} unreferenced files older than {} ({}) of {found}",
-        if dry_run { "would delete" } else { "deleted" },
-        humantime::format_duration(age),
-        super::size(bytes)
-    ))
+    .map_err(|e| MaintainError::Other(format!("listing the table's files: {e}")))
 }
 
-/// Every file the table's metadata references, as local paths.
+/// Every file the table's metadata references (local paths for local tables).
 async fn referenced(table: &Table) -> Result<HashSet<String>, MaintainError> {
     let metadata = table.metadata();
     let mut out = HashSet::new();

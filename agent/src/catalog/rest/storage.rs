@@ -18,6 +18,7 @@ use tokio::sync::Mutex;
 use super::config::{AccessDelegation, S3Settings};
 use super::error::RestError;
 use super::session::RestSession;
+use crate::catalog::object_store::{self, SharedCredentials};
 
 /// Vended credentials without an expiry time are fetched again after this long
 /// (STS session credentials live at least 15 minutes).
@@ -55,14 +56,17 @@ pub(crate) fn table_file_io(
     if delegated {
         match vended(location, config, credentials) {
             Some(credential) => {
-                let provider = VendedCredentials {
+                let provider: SharedCredentials = Arc::new(VendedCredentials {
                     session: session.clone(),
                     table_path: table_path.to_string(),
                     location: location.to_string(),
                     current: Mutex::new(Some(credential)),
-                };
-                factory =
-                    factory.with_s3_credential_loader(CustomAwsCredentialLoader::new(provider));
+                });
+                // Orphan cleanup lists the table's files with the same credentials.
+                object_store::register_credentials(location, provider.clone());
+                factory = factory.with_s3_credential_loader(CustomAwsCredentialLoader::new(
+                    object_store::Shared(provider),
+                ));
             }
             None => {
                 tracing::warn!(
