@@ -68,9 +68,9 @@ struct Args {
     /// drifts within minutes, so a ratio is taken between runs a few seconds apart).
     #[arg(long, default_value_t = 3)]
     rounds: usize,
-    /// `flush_bytes` of the `floe run` scenarios (c) and (d).
-    #[arg(long, default_value = "32MiB")]
-    flush_bytes: String,
+    /// `commit_interval` of the `floe run` scenarios (c) and (d).
+    #[arg(long, default_value = "10s")]
+    commit_interval: String,
     /// `transform_threads` of the `floe run` scenarios (c) and (d); unset, the agent's
     /// default (one less than the cores, at least 1).
     #[arg(long)]
@@ -244,7 +244,7 @@ fn read_only(
 /// Parquet and commit, fed from memory by a scripted source.
 /// With `upsert`: the same in upsert mode keyed by `id` (values repeat ids), which adds
 /// the key index, last-per-key reduction and position-delete files.
-async fn encode_limit(values: &[Vec<u8>], flush_bytes: u64, upsert: bool) -> Result<Figures> {
+async fn encode_limit(values: &[Vec<u8>], upsert: bool) -> Result<Figures> {
     let ws = Workspace::new()?;
     let d = ws.dir.path().display();
     let mode = if upsert {
@@ -269,7 +269,6 @@ namespace = "bench"
 table = "encode"
 create_table = true
 commit_interval = "600s"
-flush_bytes = {flush_bytes}
 {mode}"#
     );
     let path = ws.path("floe.toml");
@@ -415,7 +414,7 @@ const RUNS: [Run; 4] = [
 
 /// Pipeline settings of the `floe run` scenarios, from the command line.
 struct Tuning {
-    flush_bytes: String,
+    commit_interval: String,
     transform_threads: Option<usize>,
 }
 
@@ -429,7 +428,7 @@ async fn floe_run(
     tuning: &Tuning,
 ) -> Result<Figures> {
     let ws = Workspace::new()?;
-    let flush_bytes = &tuning.flush_bytes;
+    let commit_interval = &tuning.commit_interval;
     let threads = tuning
         .transform_threads
         .map(|n| format!("transform_threads = {n}\n"))
@@ -459,8 +458,7 @@ catalog = "local"
 namespace = "bench"
 table = "events"
 create_table = true
-commit_interval = "10s"
-flush_bytes = "{flush_bytes}"
+commit_interval = "{commit_interval}"
 "#,
         cache = std::env::temp_dir().join("floe-bench-wasm-cache").display(),
         bootstrap = broker.bootstrap,
@@ -596,7 +594,6 @@ namespace = "bench"
 table = "events"
 create_table = true
 commit_interval = "10s"
-flush_bytes = "32MiB"
 "#,
             bootstrap = broker.bootstrap,
         );
@@ -917,7 +914,7 @@ async fn bench(args: Args) -> Result<()> {
             return Ok(());
         }
     }
-    results.push(encode_limit(&values, 32 << 20, false).await?);
+    results.push(encode_limit(&values, false).await?);
     println!("{:?}", results.last().map(|f| (&f.scenario, f.rate())));
     // Upsert: the same records with ids repeating ten times (n/10 keys), 16 MiB commits.
     let distinct = (args.records / 10).max(1);
@@ -928,18 +925,18 @@ async fn bench(args: Args) -> Result<()> {
             v.to_string().into_bytes()
         })
         .collect();
-    results.push(encode_limit(&upsert_values, 16 << 20, true).await?);
+    results.push(encode_limit(&upsert_values, true).await?);
     println!("{:?}", results.last().map(|f| (&f.scenario, f.rate())));
     drop(upsert_values);
     drop(values);
     let rounds: Vec<usize> = (1..=args.rounds.max(1)).collect();
     let tuning = Tuning {
-        flush_bytes: args.flush_bytes.clone(),
+        commit_interval: args.commit_interval.clone(),
         transform_threads: args.transform_threads,
     };
     println!(
-        "floe run: flush_bytes {}, transform_threads {}",
-        tuning.flush_bytes,
+        "floe run: commit_interval {}, transform_threads {}",
+        tuning.commit_interval,
         tuning.transform_threads.map_or_else(
             || format!("default ({})", floe::config::default_transform_threads()),
             |n| n.to_string()
