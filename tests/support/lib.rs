@@ -82,7 +82,7 @@ impl Broker {
     pub fn start() -> Result<Broker> {
         let mut last = None;
         for _ in 0..5 {
-            match Broker::start_on(free_port()) {
+            match Broker::start_on(free_port(), None) {
                 Ok(b) => return Ok(b),
                 Err(e) => last = Some(e),
             }
@@ -90,9 +90,17 @@ impl Broker {
         Err(last.expect("tried at least once"))
     }
 
-    fn start_on(port: u16) -> Result<Broker> {
+    /// Starts a broker that advertises `advertised` (`host:port` of a proxy in front of
+    /// it, such as the TLS and SASL edge proxy): every client then goes through it.
+    /// `bootstrap` is still the broker's own address.
+    pub fn start_advertising(advertised: &str) -> Result<Broker> {
+        Broker::start_on(free_port(), Some(advertised))
+    }
+
+    fn start_on(port: u16, advertised: Option<&str>) -> Result<Broker> {
         let dir = tempfile::tempdir()?;
         let url = format!("tcp://127.0.0.1:{port}");
+        let advertised = advertised.map_or_else(|| url.clone(), |a| format!("tcp://{a}"));
         let log = std::fs::File::create(dir.path().join("broker.log"))?;
         let child = Command::new(tool("FLOE_TANSU"))
             .args([
@@ -100,7 +108,7 @@ impl Broker {
                 "--listener-url",
                 &url,
                 "--advertised-listener-url",
-                &url,
+                &advertised,
                 "--storage-engine",
                 "memory://tansu/",
             ])

@@ -86,6 +86,20 @@ struct Context {
 }
 
 impl ClientContext for Context {
+    /// librdkafka retries a refused login or a failed TLS handshake forever; those need a
+    /// fix in the settings, so the pipeline stops with what to check.
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        match super::security_failure(&error) {
+            Some(what) => {
+                tracing::error!(pipeline = %self.pipeline, error = %reason, "{what}");
+                self.push(SourceEvent::Failed(format!("{what} ({reason})")));
+            }
+            None => {
+                tracing::warn!(pipeline = %self.pipeline, error = %reason, "Kafka client error")
+            }
+        }
+    }
+
     fn stats(&self, statistics: rdkafka::Statistics) {
         for (topic, t) in &statistics.topics {
             for (partition, p) in &t.partitions {
@@ -620,7 +634,11 @@ impl Poller {
                 }
                 Some(Err(e)) => {
                     if is_fatal(&e) {
-                        self.queue(SourceEvent::Failed(e.to_string()));
+                        let message = match super::security_failure(&e) {
+                            Some(what) => format!("{what} ({e})"),
+                            None => e.to_string(),
+                        };
+                        self.queue(SourceEvent::Failed(message));
                         self.stop.store(true, Ordering::SeqCst);
                         break;
                     }

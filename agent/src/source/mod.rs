@@ -44,6 +44,8 @@ pub struct SourceConfig {
     pub security_protocol: SecurityProtocol,
     /// SASL credentials, required with the SASL protocols.
     pub sasl: Option<SaslConfig>,
+    /// TLS settings for `SSL` and `SASL_SSL` (without it, the system's CA certificates).
+    pub tls: Option<TlsConfig>,
     /// Extra librdkafka properties, passed through as they are (e.g. `ssl.ca.location`).
     #[serde(default)]
     /// Values may hold secrets (`sasl.jaas.config`, `ssl.key.password`): `Debug`
@@ -98,6 +100,42 @@ impl std::fmt::Debug for SaslConfig {
             .field("mechanism", &self.mechanism)
             .field("username", &self.username)
             .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
+/// TLS to the brokers.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM file of the CA certificates that sign the brokers' certificates.
+    pub ca_file: Option<String>,
+    /// PEM client certificate, for brokers that require one (mutual TLS).
+    pub cert_file: Option<String>,
+    /// PEM private key of `cert_file`.
+    pub key_file: Option<String>,
+    /// Password of `key_file`, if it is encrypted.
+    pub key_password: Option<String>,
+    /// Check that the broker's certificate names the host connected to (default true).
+    #[serde(default = "yes")]
+    pub verify_hostname: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl std::fmt::Debug for TlsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsConfig")
+            .field("ca_file", &self.ca_file)
+            .field("cert_file", &self.cert_file)
+            .field("key_file", &self.key_file)
+            .field(
+                "key_password",
+                &self.key_password.as_ref().map(|_| "<redacted>"),
+            )
+            .field("verify_hostname", &self.verify_hostname)
             .finish()
     }
 }
@@ -158,6 +196,31 @@ impl SourceConfig {
                 "only used with SASL_PLAINTEXT or SASL_SSL".into(),
             ));
         }
+        if let Some(tls) = &self.tls {
+            if !matches!(
+                self.security_protocol,
+                SecurityProtocol::Ssl | SecurityProtocol::SaslSsl
+            ) {
+                out.push((
+                    "tls".into(),
+                    "only used with security_protocol SSL or SASL_SSL".into(),
+                ));
+            }
+            if tls.cert_file.is_some() != tls.key_file.is_some() {
+                out.push(("tls".into(), "cert_file and key_file go together".into()));
+            }
+            for (key, file) in [
+                ("tls.ca_file", &tls.ca_file),
+                ("tls.cert_file", &tls.cert_file),
+                ("tls.key_file", &tls.key_file),
+            ] {
+                if let Some(f) = file
+                    && !std::path::Path::new(f).is_file()
+                {
+                    out.push((key.into(), format!("no such file: {f}")));
+                }
+            }
+        }
         for (key, _) in &self.properties {
             if let Some(why) = managed_property(key) {
                 out.push((format!("properties.{key}"), why.to_string()));
@@ -207,6 +270,23 @@ impl SourceConfig {
             c.set("sasl.mechanism", mechanism)
                 .set("sasl.username", &sasl.username)
                 .set("sasl.password", &sasl.password);
+        }
+        if let Some(tls) = &self.tls {
+            let files = [
+                ("ssl.ca.location", &tls.ca_file),
+                ("ssl.certificate.location", &tls.cert_file),
+                ("ssl.key.location", &tls.key_file),
+                ("ssl.key.password", &tls.key_password),
+            ];
+            for (key, value) in files {
+                if let Some(v) = value {
+                    c.set(key, v);
+                }
+            }
+            c.set(
+                "ssl.endpoint.identification.algorithm",
+                if tls.verify_hostname { "https" } else { "none" },
+            );
         }
         for (k, v) in &self.properties {
             c.set(k, v);
@@ -356,18 +436,27 @@ pub fn resume_position(stored: &[Option<i64>], exists: &[bool]) -> Option<i64> {
 /// Keeps the last known offsets per partition for the lookup to fall back on.
 pub type KnownOffsets = std::sync::Mutex<PartitionMap<Vec<Option<i64>>>>;
 
-pub(crate) fn is_fatal(e: &KafkaError) -> bool {
+/// What to tell the user when the brokers refuse the client's identity or the TLS
+/// handshake fails: settings to fix, not a broker outage to wait out.
+pub(crate) fn security_failure(e: &KafkaError) -> Option<&'static str> {
     use rdkafka::error::RDKafkaErrorCode as C;
-    matches!(
-        e.rdkafka_error_code(),
-        Some(
-            C::Fatal
-                | C::SaslAuthenticationFailed
-                | C::TopicAuthorizationFailed
-                | C::GroupAuthorizationFailed
-                | C::Authentication
-        )
-    )
+    match e.rdkafka_error_code()? {
+        C::Authentication | C::SaslAuthenticationFailed => Some(
+            "the brokers refused the credentials: check [sasl] mechanism, username and password",
+        ),
+        C::SSL => Some(
+            "the TLS handshake with a broker failed: check tls.ca_file (the CA that signed the broker's certificate), the host name in bootstrap_servers and the client certificate",
+        ),
+        C::TopicAuthorizationFailed | C::GroupAuthorizationFailed => {
+            Some("the brokers deny this identity access to the topic or consumer group (ACLs)")
+        }
+        _ => None,
+    }
+}
+
+pub(crate) fn is_fatal(e: &KafkaError) -> bool {
+    security_failure(e).is_some()
+        || e.rdkafka_error_code() == Some(rdkafka::error::RDKafkaErrorCode::Fatal)
 }
 
 #[cfg(test)]

@@ -9,6 +9,42 @@ use crate::probe::{Outcome, Steps};
 
 const BROKER_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Keeps the first security failure librdkafka reports while probing.
+#[derive(Default)]
+struct ProbeContext {
+    refused: std::sync::Mutex<Option<String>>,
+}
+
+impl rdkafka::ClientContext for ProbeContext {
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        if let Some(what) = super::security_failure(&error)
+            && let Ok(mut refused) = self.refused.lock()
+        {
+            refused.get_or_insert_with(|| format!("{what} ({reason})"));
+        }
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for ProbeContext {}
+
+/// A transport error hides why: a refused login or a failed handshake says it, in the
+/// error events that polling delivers.
+fn why_refused(consumer: &BaseConsumer<ProbeContext>) -> Option<String> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while std::time::Instant::now() < deadline {
+        if let Some(Err(e)) = consumer.poll(Duration::from_millis(100))
+            && let Some(what) = super::security_failure(&e)
+        {
+            return Some(format!("{what} ({e})"));
+        }
+        let refused = consumer.context().refused.lock().ok()?.clone();
+        if refused.is_some() {
+            return refused;
+        }
+    }
+    None
+}
+
 /// Asks the brokers for metadata and checks the configured topics.
 pub async fn probe(source: &SourceConfig, report: &mut Steps) {
     check_broker(source, report).await
@@ -19,10 +55,12 @@ async fn check_broker(source: &SourceConfig, report: &mut Steps) {
     let topics = source.topics.clone();
     let pattern = source.topic_pattern.clone();
     let result = tokio::task::spawn_blocking(move || {
-        let consumer: BaseConsumer = config.create().map_err(|e| e.to_string())?;
+        let consumer: BaseConsumer<ProbeContext> = config
+            .create_with_context(ProbeContext::default())
+            .map_err(|e| e.to_string())?;
         let metadata = consumer
             .fetch_metadata(None, BROKER_TIMEOUT)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| why_refused(&consumer).unwrap_or_else(|| e.to_string()))?;
         let present: Vec<String> = metadata
             .topics()
             .iter()
