@@ -1,4 +1,6 @@
-//! Malformed messages go to the dead-letter file with their bytes; the pipeline keeps running.
+//! Malformed messages go to the dead-letter file with their bytes, and to the
+//! dead-letter topic with their key, value and the reason in headers; the pipeline keeps
+//! running.
 
 use std::time::Duration;
 
@@ -12,6 +14,7 @@ use floe_tests::{Broker, PipelineSpec, Workspace, spawn_agent};
 async fn bad_records_are_dead_lettered_and_good_ones_committed() -> Result<()> {
     let broker = Broker::start()?;
     broker.create_topic("mixed", 1).await?;
+    broker.create_topic("mixed.dlq", 1).await?;
     let values: Vec<&[u8]> = vec![
         br#"{"id": 0, "name": "a"}"#,
         b"this is not json",
@@ -21,7 +24,11 @@ async fn bad_records_are_dead_lettered_and_good_ones_committed() -> Result<()> {
         b"\xff\xfe\x00binary",
         br#"{"id": 6, "name": "d"}"#,
     ];
-    let batch: Vec<_> = values.iter().map(|v| (None, Some(v.to_vec()))).collect();
+    let batch: Vec<_> = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| (Some(format!("key-{i}").into_bytes()), Some(v.to_vec())))
+        .collect();
     broker.produce("mixed", &batch).await?;
 
     let ws = Workspace::new()?;
@@ -33,6 +40,11 @@ async fn bad_records_are_dead_lettered_and_good_ones_committed() -> Result<()> {
         table: "mixed",
         commit_interval: "1s",
     })?;
+    let text = std::fs::read_to_string(&config)?.replace(
+        "[pipelines.dead_letter]\n",
+        "[pipelines.dead_letter]\ntopic = \"mixed.dlq\"\n",
+    );
+    std::fs::write(&config, text)?;
     let agent = spawn_agent(&config)?;
     ws.wait_for_rows("ns", "mixed", 3, Duration::from_secs(60))
         .await?;
@@ -83,6 +95,27 @@ async fn bad_records_are_dead_lettered_and_good_ones_committed() -> Result<()> {
         letters[0].reason
     );
     assert!(letters[1].reason.contains("array"), "{}", letters[1].reason);
+
+    // The topic holds the same records: original key and value, the file's reason.
+    let topic = read_dead_letter_topic(&broker.bootstrap, "mixed.dlq", letters.len())?;
+    assert_eq!(topic.len(), letters.len(), "{topic:?}");
+    for (t, l) in topic.iter().zip(&letters) {
+        let value = B64.decode(l.value_base64.as_deref().unwrap_or_default())?;
+        assert_eq!(t.value.as_deref(), Some(value.as_slice()));
+        assert_eq!(t.key, Some(format!("key-{}", l.offset).into_bytes()));
+        let h = |k: &str| {
+            t.headers
+                .iter()
+                .find(|(n, _)| n == k)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(h("floe.error.stage"), Some(l.stage.as_str()));
+        assert_eq!(h("floe.error.reason"), Some(l.reason.as_str()));
+        assert_eq!(h("floe.error.topic"), Some("mixed"));
+        assert_eq!(h("floe.error.partition"), Some("0"));
+        assert_eq!(h("floe.error.offset"), Some(l.offset.to_string().as_str()));
+        assert_eq!(h("floe.error.pipeline"), Some("mixed"));
+    }
     assert!(
         letters[2].reason.contains("field `id`: column is long"),
         "{}",
@@ -103,4 +136,53 @@ async fn bad_records_are_dead_lettered_and_good_ones_committed() -> Result<()> {
         .collect();
     assert_eq!(offsets, [0, 3, 6, 7, 8, 9]);
     Ok(())
+}
+
+/// A record read from the dead-letter topic.
+#[derive(Debug)]
+struct TopicLetter {
+    key: Option<Vec<u8>>,
+    value: Option<Vec<u8>>,
+    headers: Vec<(String, String)>,
+}
+
+/// Reads partition 0 of `topic` from the start until `n` records arrived (30 s at most).
+fn read_dead_letter_topic(bootstrap: &str, topic: &str, n: usize) -> Result<Vec<TopicLetter>> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::{Headers, Message};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "dlq-reader")
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition_offset(topic, 0, rdkafka::Offset::Beginning)?;
+    consumer.assign(&tpl)?;
+    let mut out = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while out.len() < n && std::time::Instant::now() < deadline {
+        let Some(m) = consumer.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let m = m?;
+        let headers = m
+            .headers()
+            .map(|hs| {
+                hs.iter()
+                    .map(|h| {
+                        (
+                            h.key.to_string(),
+                            String::from_utf8_lossy(h.value.unwrap_or_default()).to_string(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.push(TopicLetter {
+            key: m.key().map(<[u8]>::to_vec),
+            value: m.payload().map(<[u8]>::to_vec),
+            headers,
+        });
+    }
+    Ok(out)
 }

@@ -22,6 +22,8 @@
 //!   without a sidecar the current file (bounded by rotation) is read.
 //! - A full disk (ENOSPC, EDQUOT) is [`DeadLetterError::DiskFull`]: the pipeline stops
 //!   before any commit moves past a record it could not keep, and loses nothing.
+//! - With `topic` set, each record the file takes is also produced to that Kafka topic
+//!   ([`topic`]): original key and value, the reason in headers.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -35,6 +37,10 @@ use base64::engine::general_purpose::STANDARD as B64;
 use serde::Deserialize;
 
 use crate::record::{Message, PartitionMap, TopicPartition};
+
+pub mod topic;
+
+pub use topic::DeadLetterTopic;
 
 /// Default size past which the file is rotated.
 pub const DEFAULT_MAX_FILE_SIZE: u64 = 128 * 1024 * 1024;
@@ -59,6 +65,10 @@ pub struct DeadLetterConfig {
     /// Rotated files kept (`<path>.1` .. `<path>.N`, default 10); the oldest is deleted.
     #[serde(default = "default_max_files")]
     pub max_files: u32,
+    /// A Kafka topic (on the source's brokers, with its security settings) each dead
+    /// letter is also produced to: original key and value, the reason in headers.
+    #[serde(default)]
+    pub topic: Option<String>,
 }
 
 fn default_max_file_size() -> u64 {
@@ -83,6 +93,7 @@ impl DeadLetterConfig {
             path,
             max_file_size: DEFAULT_MAX_FILE_SIZE,
             max_files: DEFAULT_MAX_FILES,
+            topic: None,
         }
     }
 
@@ -91,6 +102,9 @@ impl DeadLetterConfig {
         let mut out = Vec::new();
         if self.max_file_size < 4096 {
             out.push(("max_file_size".into(), "must be at least 4KiB".into()));
+        }
+        if self.topic.as_deref().is_some_and(|t| t.trim().is_empty()) {
+            out.push(("topic".into(), "must not be empty".into()));
         }
         if self.max_files == 0 {
             out.push((
@@ -136,6 +150,9 @@ pub enum DeadLetterError {
         /// The cause.
         source: std::io::Error,
     },
+    /// The dead-letter topic could not be produced to (after librdkafka's retries).
+    #[error("{0}")]
+    Topic(String),
 }
 
 impl DeadLetterError {
@@ -271,6 +288,8 @@ pub struct DeadLetterWriter {
     pending: usize,
     /// What the sidecar on disk says.
     sidecar: Sidecar,
+    /// The dead-letter topic, if configured.
+    topic: Option<DeadLetterTopic>,
 }
 
 impl DeadLetterWriter {
@@ -338,7 +357,14 @@ impl DeadLetterWriter {
             written,
             pending: 0,
             sidecar,
+            topic: None,
         })
+    }
+
+    /// Also produces every record the file takes to `topic`.
+    pub fn with_topic(mut self, topic: DeadLetterTopic) -> DeadLetterWriter {
+        self.topic = Some(topic);
+        self
     }
 
     /// Records one rejected message. Returns false if the file already had it.
@@ -375,11 +401,21 @@ impl DeadLetterWriter {
         self.written.insert(key, Place::At(self.len));
         self.len += line.len() as u64;
         self.pending += 1;
+        if let Some(topic) = &self.topic {
+            topic
+                .send(&self.pipeline, record, stage, reason)
+                .map_err(|e| {
+                    DeadLetterError::Topic(format!("dead-letter topic {}: {e}", topic.topic()))
+                })?;
+        }
         Ok(true)
     }
 
     /// Makes every written line durable. Called before each Iceberg commit.
     pub fn sync(&mut self) -> Result<(), DeadLetterError> {
+        if let Some(topic) = &self.topic {
+            topic.flush().map_err(DeadLetterError::Topic)?;
+        }
         if self.pending == 0 {
             return Ok(());
         }

@@ -41,7 +41,7 @@ pub use errors::PipelineError;
 
 use crate::catalog::CatalogHandle;
 use crate::config::PipelineConfig;
-use crate::dead_letter::DeadLetterWriter;
+use crate::dead_letter::{DeadLetterError, DeadLetterTopic, DeadLetterWriter};
 use crate::decode::{Decoder, InvalidPolicy};
 use crate::schema::{OnIncompatible, SchemaTracker, TableSchema};
 use crate::sink::TableSink;
@@ -155,13 +155,21 @@ async fn run_with_source(
             ));
         }
     };
-    let dead_letters =
-        DeadLetterWriter::open(&config.name, &config.dead_letter).map_err(|source| {
-            PipelineError::DeadLetter {
-                pipeline: name.clone(),
-                source: Box::new(source),
-            }
-        })?;
+    let dl_err = |source| PipelineError::DeadLetter {
+        pipeline: name.clone(),
+        source: Box::new(source),
+    };
+    let mut dead_letters =
+        DeadLetterWriter::open(&config.name, &config.dead_letter).map_err(dl_err)?;
+    if let Some(topic) = &config.dead_letter.topic {
+        let producer =
+            DeadLetterTopic::new(topic, config.source.producer_config()).map_err(|e| {
+                dl_err(DeadLetterError::Topic(format!(
+                    "dead-letter topic {topic}: {e}"
+                )))
+            })?;
+        dead_letters = dead_letters.with_topic(producer);
+    }
     let options = Arc::new(config.schema.options());
     let mut routes = HashMap::new();
     for (i, stream) in config.sink.streams.keys().enumerate() {

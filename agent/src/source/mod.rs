@@ -229,6 +229,27 @@ impl SourceConfig {
         out
     }
 
+    /// A client configuration for producing to the same brokers (the dead-letter
+    /// topic): the brokers and security settings, without the consumer's.
+    pub fn producer_config(&self) -> ClientConfig {
+        let mut c = self.client_config();
+        for key in [
+            "group.id",
+            "enable.auto.commit",
+            "enable.auto.offset.store",
+            "enable.partition.eof",
+            "isolation.level",
+            "statistics.interval.ms",
+            "partition.assignment.strategy",
+            "auto.offset.reset",
+            "queued.max.messages.kbytes",
+            "fetch.queue.backoff.ms",
+        ] {
+            c.remove(key);
+        }
+        c
+    }
+
     /// The librdkafka client configuration for this source.
     pub fn client_config(&self) -> ClientConfig {
         let mut c = ClientConfig::new();
