@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Benchmarks (not part of the test run): builds Floe and the bench in release, installs
 # the tools, builds the plugins, then runs tests/bench (a local broker, 1M JSON records of
-# about 144 bytes by default) and prints a table; results also go to bench-results.json.
+# about 134 bytes by default) and prints a table; results also go to bench-results.json.
 #   scripts/bench.sh [--records N] [--partitions N] [--out FILE] [--skip-peer]
 #                    [--rounds N] [--only-maintenance | --skip-maintenance]
 #                    [--maintenance-commits N]

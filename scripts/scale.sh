@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The full scale-out scenario of issue 13 (not part of the test run): three agents on
-# one table while one is killed, one stopped and one started, with 200,000 records
-# (CI runs the same test with 24,000), then the steady-state and zombie tests.
+# The full scale-out scenario (not part of the test run): three agents on one table
+# while one is killed, one stopped and one started, with 200,000 records (CI runs the
+# same test with 24,000), then the steady-state and zombie tests.
 #   scripts/scale.sh [RECORDS]
 set -euo pipefail
 root="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)"

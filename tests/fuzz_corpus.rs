@@ -1,7 +1,7 @@
-//! Replays the stored fuzz corpus (`fuzz/corpus/<target>/*`, inputs found by
-//! `scripts/fuzz.sh`, and `fuzz/seeds/<target>/*`, hand-written seeds) through the
-//! fuzz targets in `floe_tests::fuzzing`: every input that once crashed or grew
-//! coverage must still run clean. Quick: no fuzzing here, only the stored inputs.
+//! Replays the fuzz inputs through the fuzz targets in `floe_tests::fuzzing`:
+//! `fuzz/seeds/<target>/*` (hand-written seeds and every crash input, committed) and,
+//! when present locally, `fuzz/corpus/<target>/*` (what `scripts/fuzz.sh` kept;
+//! git-ignored). Each must run clean. Quick: no fuzzing here, only the stored inputs.
 
 use std::path::Path;
 

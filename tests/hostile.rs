@@ -1,7 +1,7 @@
-//! Hostile input through real services (issue 14): each record that once crashed the
-//! agent, crash-looped it or failed a whole batch is dead-lettered on its own, the
-//! pipeline (and the other pipeline beside it) keeps committing, the agent restarts
-//! fine and both readers read the table.
+//! Hostile input through real services: records that would crash the agent, crash-loop
+//! it or fail a whole batch if mishandled are each dealt with on their own
+//! (dead-lettered, or committed), the pipeline (and the other pipeline beside it) keeps
+//! committing, the agent restarts fine and both readers read the table.
 
 use std::time::Duration;
 
@@ -171,7 +171,7 @@ async fn timestamps_chrono_used_to_accept_are_rejected_at_admission() -> Result<
         "24-01-01T00:00:00Z",        // %Y with 2 digits
         " 2024-01-01T00:00:00Z",     // leading space
         "2024-01-01T23:59:60Z",      // leap second
-        "2024-01-01T23:59:6\u{41d}", // a multi-byte character at byte 19 (found by fuzzing)
+        "2024-01-01T23:59:6\u{41d}", // a multi-byte character at byte 19
     ];
     // The first value makes `at` a timestamptz column, committed (its type is locked).
     let first = vec![json!({"id": 0, "at": "2024-01-01T00:00:00Z"}).to_string()];
@@ -249,7 +249,8 @@ async fn a_registry_schema_the_avro_library_panics_on_is_dead_lettered() -> Resu
     let registry = Registry::start(None)?;
     let good = r#"{"type":"record","name":"r","fields":[{"name":"id","type":"long"}]}"#;
     registry.produce_avro(&broker.bootstrap, "badname", good, &[json!({"id": 0})])?;
-    // Schema id 2: a record name apache-avro 0.21 panics on (found by fuzzing).
+    // Schema id 2: a record name apache-avro 0.21 panics on (as in
+    // `fuzz/seeds/registry_response/crash-invalid-record-name.json`).
     let bad = r#"{"type":"record","name":"nod-e","fields":[{"name":"id","type":"long"}]}"#;
     let addr = registry.url.trim_start_matches("http://");
     let (status, body) = floe_tests::rest::http(
@@ -285,8 +286,8 @@ async fn a_registry_schema_the_avro_library_panics_on_is_dead_lettered() -> Resu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_new_name_in_two_committed_structs_commits() -> Result<()> {
-    // Found by fuzzing (json_admission): `j` added to two structs after they were
-    // committed.
+    // The same new field `j` added in one batch to two structs that are already
+    // committed (as in `fuzz/seeds/json_admission/two-structs-same-new-name.ndjson`).
     let broker = Broker::start()?;
     broker.create_topic("twins", 1).await?;
     broker
@@ -323,8 +324,9 @@ async fn the_same_new_name_in_two_committed_structs_commits() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_name_colliding_under_an_empty_parent_name_is_dead_lettered() -> Result<()> {
-    // Found by fuzzing (json_admission): `{"": {"k": 1}}` has the Iceberg full name `.k`,
-    // as does a top-level `.k`; the collision used to fail the batch after admission.
+    // `{"": {"k": 1}}` has the Iceberg full name `.k`, as does a top-level `.k`:
+    // admission must refuse the second record, or the batch fails when the schema is
+    // built.
     let broker = Broker::start()?;
     broker.create_topic("empty", 1).await?;
     broker

@@ -438,7 +438,8 @@ fn dashboard_and_alert_rules_use_only_exported_metrics() -> Result<()> {
     for m in METRICS {
         assert!(used.contains(m.name), "{} is not on the dashboard", m.name);
     }
-    // The panels the issue asks for, and the commit-age threshold the alert uses.
+    // The panels an operator needs first (throughput, lag, commit age, ...), and the
+    // commit-age threshold the alert uses.
     for title in [
         "Throughput",
         "Consumer lag",

@@ -7,7 +7,7 @@
 //! The same come-and-go scenario runs against a REST catalog (rustberg over moto S3), where
 //! the agents' commits race through the catalog's conditional updates.
 //!
-//! `FLOE_SCALE_RECORDS` sets the record count (default 24,000 in CI; the full
+//! `FLOE_SCALE_RECORDS` sets the record count (default 24,000, what CI runs; the full
 //! run is `FLOE_SCALE_RECORDS=200000`, see scripts/scale.sh).
 
 use std::collections::BTreeMap;
@@ -50,8 +50,9 @@ fn scale_lake(rest: bool) -> Result<Lake> {
 ///
 /// `max.poll.interval.ms` is also the rebalance timeout: when a member leaves while
 /// another has died but is not yet expired, the test broker waits that long for the
-/// dead one to rejoin (seen: 8 of 12 partitions unassigned for the whole 180 s wait
-/// with the default 300 s). Floe's poll thread never pauses for long, so 20 s is safe.
+/// dead one to rejoin, with partitions unassigned meanwhile (with the default 300 s,
+/// longer than the test waits). Floe's poll thread never pauses for long, so 20 s is
+/// safe.
 fn agent_config(
     lake: &Lake,
     broker: &Broker,
@@ -331,11 +332,10 @@ async fn two_agents_in_a_steady_state_both_advance() -> Result<()> {
 /// Waits until `agents` hold every partition in both pipelines, each some.
 ///
 /// The test broker does not expire a killed member while a rebalance waits for it:
-/// a member leaving before a killed one's session had expired left 8 of 12
-/// partitions unassigned for minutes (once in CI, 3 times in 10 runs here with a CPU
-/// hog alongside, in either group; the agents kept polling and saw no new
-/// assignment). Real brokers expire members during a rebalance too. So membership
-/// changes come one at a time here; records keep flowing throughout.
+/// a member leaving before a killed one's session has expired can leave partitions
+/// unassigned for minutes, with the agents polling and seeing no new assignment. Real
+/// brokers expire members during a rebalance too. So membership changes come one at a
+/// time here; records keep flowing throughout.
 async fn settle(agents: &[&Agent], when: &str) -> Result<()> {
     for pipeline in ["append", "upsert"] {
         wait_assigned(agents, pipeline, PARTITIONS as f64, Duration::from_secs(90))

@@ -99,7 +99,8 @@ impl Patch {
     }
 
     /// The op buffer, with room for a few ops from the first one on (growing from
-    /// empty cost several reallocations per patch; an unused patch allocates nothing).
+    /// empty would reallocate several times per patch; an unused patch allocates
+    /// nothing).
     /// It is the buffer of the patch answered before when there is one: a plugin
     /// builds a patch per record, and an allocation inside WebAssembly is costly.
     fn ops(&mut self) -> &mut Vec<u8> {

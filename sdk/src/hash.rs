@@ -1,9 +1,10 @@
 //! Hashing done by the agent in native code.
 //!
-//! SHA-256 compiled to WebAssembly runs without the CPU's SHA instructions: in the
-//! `redact` plugin it was half of the WebAssembly instructions run per record (16,077
-//! with it, 7,936 through the agent). So the agent offers it as a host call (contract
-//! 0.2.1). Natively (in tests) the same digest comes from the `sha2` crate.
+//! SHA-256 compiled to WebAssembly runs without the CPU's SHA instructions and takes
+//! thousands of WebAssembly instructions per hashed value, more than the rest of a
+//! typical plugin's work on a record. So the agent offers it as a host call (since
+//! contract 0.2.1) and hashes in native code. Natively (in tests) the same digest comes
+//! from the `sha2` crate.
 //!
 //! ```
 //! let digest = floe_sdk::hash::sha256(b"abc");
@@ -49,8 +50,8 @@ pub fn hex(digest: &[u8; 32]) -> String {
 /// Writes `digest` as lowercase hexadecimal ASCII into `out`, without allocating (for
 /// code that hashes every record).
 pub fn hex_into(digest: &[u8; 32], out: &mut [u8; 64]) {
-    // Four bytes to eight digits at a time in one 64-bit word: a table lookup per
-    // digit cost 28 WebAssembly instructions per byte.
+    // Four bytes to eight digits at a time in one 64-bit word, with no table lookup
+    // per digit: this runs for every hashed value, inside WebAssembly.
     for (eight, four) in out.chunks_exact_mut(8).zip(digest.chunks_exact(4)) {
         let four = u32::from_le_bytes(four.try_into().expect("four bytes"));
         eight.copy_from_slice(&hex_word(four).to_le_bytes());

@@ -712,8 +712,9 @@ fn name_is(raw: &[u8], escaped: bool, key: &str) -> bool {
 }
 
 /// `a == b`, eight bytes at a time: names and short strings are compared in a few
-/// instructions (a call to `memcmp` cost a WebAssembly guest over a hundred, and the
-/// agent's patches a call per field). Shared with the agent; not part of the plugin API.
+/// instructions, without a call to `memcmp` (an out-of-line call in a WebAssembly guest,
+/// and one per field in the agent's patches). Shared with the agent; not part of the
+/// plugin API.
 #[doc(hidden)]
 #[inline]
 pub fn bytes_eq(a: &[u8], b: &[u8]) -> bool {

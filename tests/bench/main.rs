@@ -1,15 +1,18 @@
 //! `floe-bench`: throughput, CPU per record and memory of Floe, side by side with the
 //! limits around it and with a peer a user would write instead.
 //!
-//! Workload (like OLake's public Kafka benchmark): JSON records of about 144 bytes,
+//! Workload (like OLake's public Kafka benchmark): JSON records of about 134 bytes,
 //! produced to a real local broker before timing starts. Scenarios:
 //! (a) the broker read-only rate with rdkafka (the Kafka-side limit);
 //! (b) JSON -> Arrow -> Parquet -> Iceberg commit on the same records without Kafka;
-//! (c) Floe, no plugin; (d) Floe with 1 and 3 passthrough plugins (the `floe` binary,
-//! measured from outside: CPU from /proc, peak RSS from VmHWM);
+//! (b') the same in upsert mode keyed by `id` (ids repeat: key index, position deletes);
+//! (c) Floe, no plugin; (d) Floe with 1 and 3 passthrough plugins and with a real chain
+//! (filter + redact + rename) (the `floe` binary, measured from outside: CPU from
+//! /proc, peak RSS from VmHWM);
 //! (e) a Python consumer (confluent-kafka) batching into pyarrow and appending with PyIceberg;
 //! (f) a long-lived upsert table (1,000 commits over 10k keys), maintenance off vs on
-//! (`maintenance.rs`; alone with `--only-maintenance`).
+//! (`maintenance.rs`; alone with `--only-maintenance`);
+//! (g) with `--agents`, 1, 2 and 3 `floe` processes in one consumer group on one table.
 //!
 //! The `floe` scenarios run `--rounds` times in turn (default 3); each plugin ratio to
 //! (c) is the median of the rounds' own ratios, every round's figures are printed.
@@ -72,7 +75,7 @@ struct Args {
     #[arg(long, default_value = "10s")]
     commit_interval: String,
     /// `transform_threads` of the `floe run` scenarios (c) and (d); unset, the agent's
-    /// default (one less than the cores, at least 1).
+    /// default (one less than the cores, 1 to 4).
     #[arg(long)]
     transform_threads: Option<usize>,
     /// Also run 1, 2 and 3 agents (separate processes, one consumer group) on one table.

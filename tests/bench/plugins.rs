@@ -2,7 +2,7 @@
 //! in-process (no broker, no table: only the chain the pipeline calls), and how long a
 //! component takes to load cold and from the compilation cache.
 //!
-//! Records are shaped like the end-to-end bench's (about 150 bytes of JSON). Each
+//! Records are shaped like the end-to-end bench's (about 134 bytes of JSON). Each
 //! scenario runs every record through `TransformChain::run` in calls of `--batch`
 //! records, `--rounds` times; the best round counts. Run in release:
 //!

@@ -104,7 +104,8 @@ pub fn http(method: &str, addr: &str, path: &str, body: &str) -> Result<(u16, St
 
 /// Creates bucket `bucket` in the moto at `addr`, which has just started listening: the
 /// request is made again for up to 10 s while the connection is refused or reset (moto
-/// reset one made right as it started, once in CI); any HTTP answer but 200 fails.
+/// may reset a connection made right as it starts listening); any HTTP answer but 200
+/// fails.
 pub fn create_bucket(addr: &str, bucket: &str) -> Result<()> {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let (status, body) = loop {

@@ -205,7 +205,7 @@ impl CommitBackend for RestBackend {
             "updates": updates,
         });
         let path = RestCatalog::table_path(ident);
-        // Named like the README says, so a 403 reads "commit to table ns.t: ...".
+        // Named like docs/catalogs.md says, so a 403 reads "commit to table ns.t: ...".
         let operation = format!("commit to table {ident}");
         let answer = match self
             .session

@@ -406,8 +406,9 @@ pub fn default_transform_threads() -> usize {
 /// The default `transform_threads` on `cores` cores: one core is left to the rest of the
 /// pipeline (the intake thread, which decodes, buffers the plugins' outputs and overlaps
 /// them; the consumer; Parquet encoding) and to a broker next to it. On two cores a
-/// second plugin thread only competed with them: `scripts/bench.sh` runs were slower
-/// and far noisier with it (docs/benchmarks.md, eleventh session).
+/// second plugin thread competes with them for the same cores: it buys no wall time and
+/// costs CPU (measurements: docs/benchmarks-investigations.md, "One plugin thread on two
+/// cores").
 pub fn transform_threads_for(cores: usize) -> usize {
     cores.saturating_sub(1).clamp(1, 4)
 }

@@ -1,5 +1,5 @@
 //! Writing the JSON text of decoded records directly into a byte buffer (no DOM), with
-//! the value conventions of the Avro path (`decode/avro.rs`, `docs/types.md`): bytes as
+//! the value conventions of the Avro path (`decode/avro/`, `docs/types.md`): bytes as
 //! lowercase hex, timestamps as ISO-8601 UTC with `Z` and 6 fraction digits, exact
 //! decimals as strings, NaN and infinities as the strings `"NaN"`, `"inf"`, `"-inf"`.
 

@@ -86,7 +86,8 @@ pub fn parse_timestamp_nanos(s: &str, with_offset: bool) -> Option<i64> {
 fn parse_timestamp_parts(s: &str) -> Option<(i64, Option<i64>)> {
     let b = s.as_bytes();
     // Byte 19 must start a character: text such as `2024-01-01T23:59:6Н` would
-    // otherwise be cut inside a character (a panic; found by fuzzing).
+    // otherwise be cut inside a character, which panics (and a record that panics the
+    // intake is read again at every restart).
     if b.len() < 19 || !matches!(b[10], b'T' | b' ') || !s.is_char_boundary(19) {
         return None;
     }
@@ -247,7 +248,8 @@ mod tests {
 
     #[test]
     fn text_with_a_multibyte_character_where_the_seconds_end_is_not_a_timestamp() {
-        // Found by fuzzing (json_admission): this used to panic slicing inside `Н`.
+        // Slicing at byte 19 would cut inside `Н` (the input of
+        // `fuzz/seeds/json_admission/crash-timestamp-char-boundary.ndjson`).
         for s in [
             "2024-01-01T23:59:6\u{41d}",
             "2024-01-01T23:59:\u{41d}Z",

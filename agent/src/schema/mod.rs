@@ -586,7 +586,8 @@ fn push_path(path: &mut String, name: &str) -> usize {
 
 /// Appends `name` to an Iceberg full name: names are joined with '.' below the root,
 /// also after a parent whose name is empty (`{"": {"k": 1}}` is `.k`, which collides
-/// with a top-level `.k`; found by fuzzing).
+/// with a top-level `.k`): admission must see that collision, or the whole batch fails
+/// when the table schema is built.
 fn push_full(full: &mut String, name: &str, root: bool) -> usize {
     let len = full.len();
     if !root {

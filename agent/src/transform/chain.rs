@@ -432,11 +432,10 @@ pub struct Releaser(Option<Arc<rayon::ThreadPool>>);
 
 impl Releaser {
     /// Frees `values` on a plugin thread, or here for a chain without threads. The
-    /// records a plugin changed were allocated on its thread; freed on the pipeline's
-    /// thread they cost it a fifth of its time in glibc's `free` in the chain
-    /// benchmark's profile (15 % with this; docs/benchmarks.md). On the plugin thread
-    /// their buffers are kept for the next records patched there
-    /// ([`JsonObject::recycle`]).
+    /// records a plugin changed were allocated on its thread. Freeing them there keeps
+    /// that work (glibc's cross-thread `free`) off the pipeline thread, which is the
+    /// chain's bottleneck, and lets the plugin thread reuse their buffers for the next
+    /// records it patches ([`JsonObject::recycle`]).
     pub fn release(&self, values: Vec<JsonObject>) {
         match &self.0 {
             Some(pool) if !values.is_empty() => {

@@ -136,9 +136,9 @@ impl TransformEngine {
     }
 
     /// [`TransformEngine::new`], counting fuel when `fuel` is true: what a config
-    /// needs when one of its plugins sets `limits.fuel`. Counting
-    /// fuel is compiled into every plugin of the engine and slows them all (by about
-    /// a fifth in `floe-plugin-bench`), so it is off unless asked for; the wall-clock
+    /// needs when one of its plugins sets `limits.fuel`. Counting fuel is compiled into
+    /// every plugin of the engine (wasmtime checks the counter throughout the generated
+    /// code) and slows them all, so it is off unless asked for; the wall-clock
     /// `limits.timeout` bounds every call either way.
     pub fn counting_fuel(
         plugins: &PluginsConfig,

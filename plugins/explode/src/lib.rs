@@ -8,7 +8,7 @@
 //!
 //! ```toml
 //! [[pipelines.transforms]]
-//! uses = "plugins/dist/explode.wasm"
+//! uses = "explode"   # explode.wasm in the plugin path (docs/plugins.md)
 //! [pipelines.transforms.with]
 //! field = "items"          # dotted path of the array
 //! as = "item"              # optional: where each element goes, default `field` itself

@@ -5,7 +5,7 @@
 //!
 //! ```toml
 //! [[pipelines.transforms]]
-//! uses = "plugins/dist/filter.wasm"
+//! uses = "filter"   # filter.wasm in the plugin path (docs/plugins.md)
 //! [pipelines.transforms.with]
 //! # Every condition of `all` must hold...
 //! all = [

@@ -7,7 +7,7 @@
 //!
 //! ```toml
 //! [[pipelines.transforms]]
-//! uses = "plugins/dist/flatten.wasm"
+//! uses = "flatten"   # flatten.wasm in the plugin path (docs/plugins.md)
 //! [pipelines.transforms.with]
 //! separator = "_"   # optional, default "_"
 //! max_depth = 2     # optional, default unlimited

@@ -4,7 +4,7 @@
 //!
 //! ```toml
 //! [[pipelines.transforms]]
-//! uses = "plugins/dist/redact.wasm"
+//! uses = "redact"   # redact.wasm in the plugin path (docs/plugins.md)
 //! [pipelines.transforms.with]
 //! drop = ["email", "user.ssn"]   # remove these fields
 //! hash = ["user_id"]             # replace with hex SHA-256 of salt + value
@@ -150,7 +150,8 @@ pub fn hash_text(salt: &str, text: &str) -> String {
 /// [`hash_text`] as a JSON string (the hex in quotes: it needs no escaping), built
 /// without allocating: what a patch sets.
 fn quoted_hash(salt: &str, text: &[u8]) -> [u8; 66] {
-    // The agent hashes (`floe_sdk::hash`): compiled in, SHA-256 doubled our instructions.
+    // The agent hashes (`floe_sdk::hash`) in native code: compiled into the plugin,
+    // SHA-256 would be most of its work per record.
     let digest = floe_sdk::hash::sha256_parts(&[salt.as_bytes(), text]);
     let mut out = [b'"'; 66];
     let hex = (&mut out[1..65]).try_into().expect("64 bytes");

@@ -4,7 +4,7 @@
 //!
 //! ```toml
 //! [[pipelines.transforms]]
-//! uses = "plugins/dist/rename.wasm"
+//! uses = "rename"   # rename.wasm in the plugin path (docs/plugins.md)
 //! [pipelines.transforms.with]
 //! fields = { "old" = "new", "user.name" = "user_name", "lat" = "geo.lat" }
 //! overwrite = false   # optional, default false

@@ -5,7 +5,7 @@
 //!
 //! ```toml
 //! [[pipelines.transforms]]
-//! uses = "plugins/dist/route.wasm"
+//! uses = "route"   # route.wasm in the plugin path (docs/plugins.md)
 //! [pipelines.transforms.with]
 //! field = "geo.region"                                  # dotted path
 //! routes = { eu = "events_eu", us = "events_us", 7 = "events_seven" }

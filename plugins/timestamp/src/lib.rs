@@ -6,7 +6,7 @@
 //!
 //! ```toml
 //! [[pipelines.transforms]]
-//! uses = "plugins/dist/timestamp.wasm"
+//! uses = "timestamp"   # timestamp.wasm in the plugin path (docs/plugins.md)
 //! [pipelines.transforms.with]
 //! field = "event.time"            # dotted path of the value to parse
 //! format = "%d/%m/%Y %H:%M:%S"    # or "epoch_seconds", "epoch_millis", "epoch_micros", "rfc2822"

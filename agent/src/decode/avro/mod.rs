@@ -62,9 +62,9 @@ impl WriterSchema {
             id,
             reason: e.to_string(),
         };
-        // apache-avro 0.21 panics on some invalid schemas (an invalid record name such as
-        // "a-b" is unwrapped; found by fuzzing): a schema from a registry must not take
-        // the pipeline down, so a panic is a bad schema like any other.
+        // apache-avro 0.21 panics on some invalid schemas (it unwraps an invalid record
+        // name such as "a-b"): a schema from a registry must not take the pipeline down,
+        // so a panic is a bad schema like any other.
         let parsed = std::panic::catch_unwind(|| {
             if references.is_empty() {
                 AvroSchema::parse_str(text).map(|s| (s, Vec::new()))

@@ -370,7 +370,8 @@ proptest! {
 
 #[test]
 fn a_schema_the_avro_library_panics_on_is_a_bad_schema() {
-    // Found by fuzzing (registry_response): apache-avro 0.21 unwraps the record name.
+    // apache-avro 0.21 unwraps the record name (as in
+    // `fuzz/seeds/registry_response/crash-invalid-record-name.json`).
     let text = r#"{"type":"record","name":"nod-e","fields":[{"name":"v","type":"int"}]}"#;
     match WriterSchema::parse(Some(3), text) {
         Err(DecodeError::BadSchema { id, reason }) => {

@@ -112,8 +112,9 @@ impl<'a> Mapper<'a> {
             AvroSchema::TimeMillis | AvroSchema::TimeMicros => p(P::Time),
             AvroSchema::TimestampMillis | AvroSchema::TimestampMicros => p(P::Timestamptz),
             AvroSchema::LocalTimestampMillis | AvroSchema::LocalTimestampMicros => p(P::Timestamp),
-            // Nanosecond timestamps need Iceberg format v3; the tables are v2, so the
-            // value is kept exactly as its Avro base type.
+            // Iceberg's nanosecond timestamp types need format v3 and Floe's tables may
+            // be v2, so on every table the value is kept exactly as its Avro base type
+            // (`long`).
             AvroSchema::TimestampNanos | AvroSchema::LocalTimestampNanos => p(P::Long),
             AvroSchema::Array(a) => Ok(self.map(&a.items, seen)?.map(|t| {
                 Type::List(ListType::new(Arc::new(NestedField::list_element(

@@ -1,10 +1,10 @@
 //! `legacy`: a test-only passthrough plugin built against the previous plugin contract,
 //! `floe-plugin:transform@0.1.0` (a copy of its WIT is in `wit/`), the way `floe-sdk`
 //! 0.1 built plugins: a list of records in, one outcome with whole JSON objects per
-//! record out. The agent no longer loads this contract; the tests check that it
-//! refuses such a plugin with a message saying how to rebuild it. It prints to stdout
-//! on every batch, which made an agent of that contract panic under `floe run`
-//! ("Cannot start a runtime from within a runtime"). Not shipped.
+//! record out. The agent refuses this contract; the tests check that it does so with a
+//! message saying how to rebuild the plugin. It prints to stdout on every batch, which
+//! made an agent of that contract panic under `floe run` ("Cannot start a runtime from
+//! within a runtime"). Not shipped.
 
 #[cfg(target_arch = "wasm32")]
 mod guest {
