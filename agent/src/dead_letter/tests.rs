@@ -125,6 +125,7 @@ fn rotates_past_the_size_limit_and_keeps_max_files() {
         path: dir.path().join("p.ndjson"),
         max_file_size: 4096,
         max_files: 2,
+        topic: None,
     };
     let mut w = DeadLetterWriter::open("p", &config).unwrap();
     let payload = vec![b'x'; 1000];
@@ -211,6 +212,7 @@ fn re_deliverable_records_of_a_rotated_file_are_still_known() {
         path: dir.path().join("p.ndjson"),
         max_file_size: 4096,
         max_files: 3,
+        topic: None,
     };
     let mut w = DeadLetterWriter::open("p", &config).unwrap();
     let payload = vec![b'y'; 5000];

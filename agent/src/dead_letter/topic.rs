@@ -64,7 +64,7 @@ impl DeadLetterTopic {
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("linger.ms", "5")
-            .set("message.timeout.ms", &FLUSH_TIMEOUT.as_millis().to_string());
+            .set("message.timeout.ms", FLUSH_TIMEOUT.as_millis().to_string());
         Ok(DeadLetterTopic {
             topic: topic.to_string(),
             producer: client.create_with_context(Deliveries::default())?,
