@@ -201,3 +201,67 @@ async fn keyed_json_messages_reach_both_readers_and_new_fields_add_columns() -> 
     }
     Ok(())
 }
+
+/// `table = "raw_{topic}"`: each listed topic lands in its own table, every value of
+/// every row right, and each table stores the offsets of the pipeline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_per_topic_holds_exactly_its_topics_records() -> Result<()> {
+    let broker = Broker::start()?;
+    let topics = ["orders.eu", "orders-us"];
+    for t in topics {
+        broker.create_topic(t, 2).await?;
+    }
+    let lake = floe_tests::lake::Lake::embedded()?;
+    let pipeline = lake
+        .pipeline_toml("split", &broker.bootstrap, "orders.eu", "raw_{topic}", "")
+        .replace(
+            "topics = [\"orders.eu\"]",
+            "topics = [\"orders.eu\", \"orders-us\"]",
+        );
+    let config = lake.write_config("floe.toml", &[pipeline])?;
+    let mut counts = Vec::new();
+    for (i, t) in topics.iter().enumerate() {
+        let n = 200 + 100 * i as i64;
+        let batch: Vec<_> = (0..n)
+            .map(|k| {
+                let v = json!({"id": k, "region": t, "amount": k as f64 / 8.0});
+                (
+                    Some(format!("c{}", k % 5).into_bytes()),
+                    Some(v.to_string().into_bytes()),
+                )
+            })
+            .collect();
+        broker.produce(t, &batch).await?;
+        counts.push(n);
+    }
+    let agent = floe_tests::AgentProcess::start(&config, &[])?;
+    lake.wait_for_messages("raw_orders_eu", "split", counts[0] + counts[1])
+        .await?;
+    lake.wait_for_messages("raw_orders_us", "split", counts[0] + counts[1])
+        .await?;
+    agent.terminate()?;
+    for ((t, table), n) in topics
+        .iter()
+        .zip(["raw_orders_eu", "raw_orders_us"])
+        .zip(&counts)
+    {
+        let records = floe_tests::reference::read_topic(
+            &broker.bootstrap,
+            t,
+            *n as usize,
+            Duration::from_secs(30),
+        )?;
+        let expected = floe_tests::reference::append_rows(&records);
+        for reader in ["pyiceberg", "duckdb"] {
+            let dump = lake.read(reader, table, "id")?;
+            floe_tests::reference::assert_rows(
+                &format!("{reader}: {table}"),
+                &dump,
+                &expected,
+                &["_kafka_partition", "_kafka_offset"],
+                &[],
+            )?;
+        }
+    }
+    Ok(())
+}

@@ -379,6 +379,25 @@ fn pipeline(
     {
         errors.push(err(&format!("{path}.dead_letter.{field}"), &message));
     }
+    if let (Some(sink), Some(source)) = (&sink, &source)
+        && sink.table_per_topic()
+    {
+        if source.topics.is_empty() {
+            errors.push(err(
+                &format!("{path}.sink.table"),
+                "a table per topic (`{topic}`) needs the topics listed in `topics` (not `topic_pattern`): tables are opened at start",
+            ));
+        }
+        let mut seen = std::collections::HashMap::new();
+        for topic in &source.topics {
+            if let Some(other) = seen.insert(sink.table_for_topic(topic), topic) {
+                errors.push(err(
+                    &format!("{path}.sink.table"),
+                    &format!("topics {other} and {topic} would write to the same table"),
+                ));
+            }
+        }
+    }
     // Sections that parsed are kept even with problems, so cross-section checks still run.
     Some(PipelineConfig {
         name: name?,

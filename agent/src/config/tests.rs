@@ -205,3 +205,22 @@ fn plugin_threads_leave_a_core_to_the_rest_of_the_pipeline() {
         2
     );
 }
+
+#[test]
+fn a_table_per_topic_needs_listed_topics_that_map_to_distinct_tables() {
+    let per_topic = GOOD
+        .replace("table = \"events\"", "table = \"raw_{topic}\"")
+        .replace("topics = [\"events\"]", "topics = [\"a.b\", \"c-d\"]");
+    let c = Config::parse(&per_topic, &env).unwrap();
+    let sink = &c.pipelines[0].sink;
+    assert_eq!(
+        (sink.table_for_topic("a.b"), sink.table_for_topic("c-d")),
+        ("raw_a_b".to_string(), "raw_c_d".to_string())
+    );
+    let colliding = per_topic.replace("\"c-d\"", "\"a-b\"");
+    let e = Config::parse(&colliding, &env).unwrap_err().to_string();
+    assert!(e.contains("would write to the same table"), "{e}");
+    let pattern = per_topic.replace("topics = [\"a.b\", \"c-d\"]", "topic_pattern = \"a.*\"");
+    let e = Config::parse(&pattern, &env).unwrap_err().to_string();
+    assert!(e.contains("needs the topics listed"), "{e}");
+}

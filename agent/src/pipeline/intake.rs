@@ -125,6 +125,8 @@ pub(super) struct Intake {
     pub dead_letters: DeadLetterWriter,
     pub tables: Vec<IntakeTable>,
     pub routes: HashMap<String, usize>,
+    /// With a table per topic: each topic's table (else every record's table is 0).
+    pub by_topic: HashMap<Arc<str>, usize>,
     pub source: Box<dyn Source>,
     pub handoffs: mpsc::Sender<Handoff>,
     /// Bytes the committer wrote and has not committed (an early mark past the bound).
@@ -408,8 +410,9 @@ impl Intake {
             let Some(bytes) = &m.value else {
                 // A tombstone is a row with only the Kafka columns; plugins never see it.
                 let key = key.as_deref().or_else(|| utf8_key(m));
+                let table = self.home(m);
                 self.offer(
-                    0,
+                    table,
                     Candidate {
                         message: m,
                         key,
@@ -423,9 +426,10 @@ impl Intake {
             if fast {
                 // The hot path: one parse into a reused tape, straight into the buffer.
                 let mut tape = std::mem::take(&mut self.state.tape);
+                let table = self.home(m);
                 let result = match tape.parse(bytes) {
                     Ok(view) => self.offer(
-                        0,
+                        table,
                         Candidate {
                             message: m,
                             key: utf8_key(m),
@@ -474,6 +478,12 @@ impl Intake {
         result
     }
 
+    /// The table a record goes to unless a plugin routes it: its topic's with a table
+    /// per topic, else the pipeline's table.
+    fn home(&self, m: &Message) -> usize {
+        self.by_topic.get(&m.topic).copied().unwrap_or(0)
+    }
+
     /// Offers decoded records as they are (no plugins).
     fn offer_all(
         &mut self,
@@ -483,8 +493,9 @@ impl Intake {
     ) -> Result<(), PipelineError> {
         for p in decoded {
             let m = &messages[p.message];
+            let table = self.home(m);
             self.offer(
-                0,
+                table,
                 Candidate {
                     message: m,
                     key: p.key.as_deref().or_else(|| utf8_key(m)),
@@ -686,7 +697,7 @@ impl Intake {
             let p = &decoded[out.origin];
             let m = &messages[p.message];
             let table = match &out.route {
-                None => 0,
+                None => self.home(m),
                 Some(stream) => match self.routes.get(stream) {
                     Some(&t) => t,
                     None => {

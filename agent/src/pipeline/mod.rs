@@ -108,8 +108,17 @@ async fn open_tables(
     Ok(tables)
 }
 
-/// The pipeline's table names, default table first.
+/// The pipeline's table names: the default table first, then one per stream; or one per
+/// topic, in the order of `topics`.
 fn table_names(config: &PipelineConfig) -> Vec<String> {
+    if config.sink.table_per_topic() {
+        return config
+            .source
+            .topics
+            .iter()
+            .map(|t| config.sink.table_for_topic(t))
+            .collect();
+    }
     let mut names = vec![config.sink.table.clone()];
     names.extend(config.sink.streams.values().cloned());
     names
@@ -175,6 +184,12 @@ async fn run_with_source(
     for (i, stream) in config.sink.streams.keys().enumerate() {
         routes.insert(stream.clone(), i + 1);
     }
+    let mut by_topic = HashMap::new();
+    if config.sink.table_per_topic() {
+        for (i, topic) in config.source.topics.iter().enumerate() {
+            by_topic.insert(Arc::<str>::from(topic.as_str()), i);
+        }
+    }
     let mut tables = Vec::with_capacity(sinks.len());
     for sink in &sinks {
         let tracker = sink.tracker().with_options(options.clone());
@@ -219,6 +234,7 @@ async fn run_with_source(
         dead_letters,
         tables,
         routes,
+        by_topic,
         source,
         handoffs: handoff_tx,
         uncommitted,

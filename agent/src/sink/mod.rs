@@ -24,6 +24,9 @@ use serde::Deserialize;
 
 pub use table::{CommitOutcome, TableSink};
 
+/// The placeholder in `table` that names a table after each topic.
+pub const TOPIC_PLACEHOLDER: &str = "{topic}";
+
 /// `[pipelines.sink]`: target table and commit policy.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -32,7 +35,9 @@ pub struct SinkConfig {
     pub catalog: String,
     /// Namespace; dots separate levels (`analytics.raw`).
     pub namespace: String,
-    /// Table name.
+    /// Table name. With `{topic}` in it, each topic of `topics` gets its own table:
+    /// `table = "raw_{topic}"` writes topic `orders.eu` to `raw_orders_eu` (characters
+    /// other than letters, digits and `_` become `_`).
     pub table: String,
     /// Tables of named output streams (plugins route records with `Emit::to(stream, ...)`):
     /// `streams = { eu = "events_eu" }`, in the same namespace. A record routed to a
@@ -146,6 +151,26 @@ fn default_target_file_size() -> u64 {
 }
 
 impl SinkConfig {
+    /// Whether each topic gets its own table (`{topic}` in `table`).
+    pub fn table_per_topic(&self) -> bool {
+        self.table.contains(TOPIC_PLACEHOLDER)
+    }
+
+    /// The table of `topic` when each topic gets its own table.
+    pub fn table_for_topic(&self, topic: &str) -> String {
+        let name: String = topic
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        self.table.replace(TOPIC_PLACEHOLDER, &name)
+    }
+
     /// Settings that still load but no longer do anything, as `(field, message)` pairs.
     pub fn warnings(&self) -> Vec<(String, String)> {
         let mut out = Vec::new();
@@ -199,6 +224,12 @@ impl SinkConfig {
         }
         if self.table.trim().is_empty() {
             out.push(("table".into(), "must not be empty".into()));
+        }
+        if self.table_per_topic() && !self.streams.is_empty() {
+            out.push((
+                "streams".into(),
+                "cannot be combined with a table per topic (`{topic}` in `table`)".into(),
+            ));
         }
         for (stream, table) in &self.streams {
             if table.trim().is_empty() {
