@@ -265,3 +265,46 @@ async fn a_table_per_topic_holds_exactly_its_topics_records() -> Result<()> {
     }
     Ok(())
 }
+
+/// Messages of nearly a megabyte (the broker's default limit) among small ones: they
+/// flow through decode and the writer, every value exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_of_nearly_a_megabyte_land_whole() -> Result<()> {
+    let broker = Broker::start()?;
+    broker.create_topic("big", 1).await?;
+    let lake = floe_tests::lake::Lake::embedded()?;
+    let config = lake.write_config(
+        "floe.toml",
+        &[lake.pipeline_toml("big", &broker.bootstrap, "big", "big", "")],
+    )?;
+    let batch: Vec<_> = (0..24i64)
+        .map(|i| {
+            let size = if i % 3 == 0 { 900_000 } else { 40 };
+            let text: String = (0..size)
+                .map(|k| char::from(b'a' + ((k * 7 + i as usize) % 26) as u8))
+                .collect();
+            let v = json!({"id": i, "doc": text});
+            (None, Some(v.to_string().into_bytes()))
+        })
+        .collect();
+    for chunk in batch.chunks(4) {
+        broker.produce("big", chunk).await?;
+    }
+    let agent = floe_tests::AgentProcess::start(&config, &[])?;
+    lake.wait_for_messages("big", "big", 24).await?;
+    agent.terminate()?;
+    let records =
+        floe_tests::reference::read_topic(&broker.bootstrap, "big", 24, Duration::from_secs(30))?;
+    let expected = floe_tests::reference::append_rows(&records);
+    for reader in ["pyiceberg", "duckdb"] {
+        let dump = lake.read(reader, "big", "id")?;
+        floe_tests::reference::assert_rows(
+            &format!("{reader}: big"),
+            &dump,
+            &expected,
+            &["_kafka_partition", "_kafka_offset"],
+            &[],
+        )?;
+    }
+    Ok(())
+}

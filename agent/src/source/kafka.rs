@@ -28,10 +28,14 @@ use super::{
 };
 use crate::record::{Message, PartitionMap, TopicPartition};
 
-/// How many records one event carries at most.
+/// How many records one event carries at most...
 const MAX_EVENT_RECORDS: usize = 4096;
+/// ... and how many bytes of keys and values: with megabyte messages a record count
+/// alone would put gigabytes in one event.
+const MAX_EVENT_BYTES: usize = 4 * 1024 * 1024;
 
-/// Events queued for the pipeline before the thread waits (about 4 MiB of records).
+/// Events queued for the pipeline before the thread waits (a few MiB of usual records,
+/// at most this many times `MAX_EVENT_BYTES`).
 const EVENT_QUEUE: usize = 8;
 
 /// How long the thread waits for room in the pipeline's channel before it pauses the
@@ -625,11 +629,14 @@ impl Poller {
         // step by step copies each of them about twice more.
         let mut batch = Vec::with_capacity(self.last_batch);
         let mut timeout = Duration::from_millis(100);
-        while batch.len() < MAX_EVENT_RECORDS {
+        let mut bytes = 0;
+        while batch.len() < MAX_EVENT_RECORDS && bytes < MAX_EVENT_BYTES {
             match self.consumer.poll(timeout) {
                 None => break,
                 Some(Ok(m)) => {
                     let message = self.message(&m);
+                    bytes += message.key.as_ref().map_or(0, Vec::len)
+                        + message.value.as_ref().map_or(0, Vec::len);
                     batch.push(message);
                 }
                 Some(Err(e)) => {
