@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The full fault-injection run (not part of CI, which runs the short version of the same
 # tests): 30 s broker and S3 outages, 60 s of catalog 503, 3 broker restarts, 20 SIGKILLs
-# at random moments, a full disk under the dead-letter file. Each scenario ends with both
+# at random moments, a full disk under the dead-letter file; then the model-based test
+# with 20 seeds of 60 steps. Each fault scenario ends with both
 # readers checked against the reference; one JSON line per scenario and reader goes to
 # $FLOE_FAULTS_REPORT (default .floe/faults-report.jsonl) and a summary is printed.
 #
@@ -43,6 +44,11 @@ started=$(date +%s)
 status=0
 cargo test --locked -p floe-tests --test faults -- --test-threads 1 ${1:+"$1"} || status=$?
 echo "full fault run: $(( $(date +%s) - started )) s, exit $status"
+# The model-based test at length: more seeds and steps than CI's 2 x 18.
+if [[ -z "${1:-}" ]]; then
+    FLOE_MODEL_SEEDS="${FLOE_MODEL_SEEDS:-1-20}" FLOE_MODEL_STEPS="${FLOE_MODEL_STEPS:-60}" \
+        cargo test --locked -p floe-tests --test model || status=$?
+fi
 "$FLOE_PYTHON" - "$FLOE_FAULTS_REPORT" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
