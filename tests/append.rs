@@ -245,23 +245,13 @@ async fn a_table_per_topic_holds_exactly_its_topics_records() -> Result<()> {
         .zip(["raw_orders_eu", "raw_orders_us"])
         .zip(&counts)
     {
-        let records = floe_tests::reference::read_topic(
+        floe_tests::reference::assert_append_table(
             &broker.bootstrap,
             t,
             *n as usize,
-            Duration::from_secs(30),
+            table,
+            |r| lake.read(r, table, "id"),
         )?;
-        let expected = floe_tests::reference::append_rows(&records);
-        for reader in ["pyiceberg", "duckdb"] {
-            let dump = lake.read(reader, table, "id")?;
-            floe_tests::reference::assert_rows(
-                &format!("{reader}: {table}"),
-                &dump,
-                &expected,
-                &["_kafka_partition", "_kafka_offset"],
-                &[],
-            )?;
-        }
     }
     Ok(())
 }
@@ -293,18 +283,8 @@ async fn messages_of_nearly_a_megabyte_land_whole() -> Result<()> {
     let agent = floe_tests::AgentProcess::start(&config, &[])?;
     lake.wait_for_messages("big", "big", 24).await?;
     agent.terminate()?;
-    let records =
-        floe_tests::reference::read_topic(&broker.bootstrap, "big", 24, Duration::from_secs(30))?;
-    let expected = floe_tests::reference::append_rows(&records);
-    for reader in ["pyiceberg", "duckdb"] {
-        let dump = lake.read(reader, "big", "id")?;
-        floe_tests::reference::assert_rows(
-            &format!("{reader}: big"),
-            &dump,
-            &expected,
-            &["_kafka_partition", "_kafka_offset"],
-            &[],
-        )?;
-    }
+    floe_tests::reference::assert_append_table(&broker.bootstrap, "big", 24, "big", |r| {
+        lake.read(r, "big", "id")
+    })?;
     Ok(())
 }

@@ -110,22 +110,8 @@ async fn sustained(lake: Lake) -> Result<()> {
         );
     }
 
-    let records = floe_tests::reference::read_topic(
-        &broker.bootstrap,
-        "c",
-        n as usize,
-        Duration::from_secs(120),
-    )?;
-    let expected = floe_tests::reference::append_rows(&records);
-    for reader in ["pyiceberg", "duckdb"] {
-        let dump = lake.read(reader, "c", "n")?;
-        floe_tests::reference::assert_rows(
-            &format!("{reader}: c"),
-            &dump,
-            &expected,
-            &["_kafka_partition", "_kafka_offset"],
-            &[],
-        )?;
-    }
+    floe_tests::reference::assert_append_table(&broker.bootstrap, "c", n as usize, "c", |r| {
+        lake.read(r, "c", "n")
+    })?;
     Ok(())
 }

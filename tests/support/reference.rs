@@ -366,6 +366,30 @@ fn normalize(v: &Value) -> Value {
     v.clone()
 }
 
+/// Reads `topic` (at least `n` records) and fails unless the append-mode table that
+/// `read(reader)` dumps holds exactly its rows, every column, through PyIceberg and
+/// DuckDB; `what` names the table in the message.
+pub fn assert_append_table(
+    bootstrap: &str,
+    topic: &str,
+    n: usize,
+    what: &str,
+    read: impl Fn(&str) -> Result<TableDump>,
+) -> Result<()> {
+    let records = read_topic(bootstrap, topic, n, Duration::from_secs(120))?;
+    let expected = append_rows(&records);
+    for reader in ["pyiceberg", "duckdb"] {
+        assert_rows(
+            &format!("{reader}: {what}"),
+            &read(reader)?,
+            &expected,
+            &["_kafka_partition", "_kafka_offset"],
+            &[],
+        )?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;

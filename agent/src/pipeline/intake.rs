@@ -481,6 +481,10 @@ impl Intake {
     /// The table a record goes to unless a plugin routes it: its topic's with a table
     /// per topic, else the pipeline's table.
     fn home(&self, m: &Message) -> usize {
+        if self.by_topic.is_empty() {
+            // The usual case: no per-record hashing of the topic name.
+            return 0;
+        }
         self.by_topic.get(&m.topic).copied().unwrap_or(0)
     }
 
