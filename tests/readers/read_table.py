@@ -9,6 +9,9 @@ Spark (3.5 with Iceberg's runtime 1.10, local tables only) runs tests/readers/re
 with $FLOE_SPARK_PYTHON and $FLOE_SPARK_JARS (scripts/env.sh), which writes the rows it
 reads as Parquet; those are converted here like the other readers' rows.
 
+A SQL catalog on Postgres is read the same way with --catalog-uri postgresql://... instead
+of --catalog-db (PyIceberg's SqlCatalog through psycopg2).
+
   read_table.py --reader pyiceberg --plan-filter "day >= '2024-01-02'" ...
 
 prints instead the data files a PyIceberg scan with that row filter plans, and every
@@ -59,7 +62,6 @@ import math
 import os
 import shutil
 import site
-import sqlite3
 import struct
 import sys
 import tempfile
@@ -314,12 +316,19 @@ def load_metadata_json(path):
     return json.loads(raw)
 
 
+def sql_uri(args):
+    """SQLAlchemy URI of the SQL catalog: the sqlite file, or Postgres through psycopg2."""
+    if args.catalog_uri:
+        return "postgresql+psycopg2://" + args.catalog_uri.split("://", 1)[1]
+    return f"sqlite:///{args.catalog_db}"
+
+
 def read_pyiceberg(args):
     from pyiceberg.catalog.sql import SqlCatalog
 
     catalog = SqlCatalog(
         args.catalog_name,
-        uri=f"sqlite:///{args.catalog_db}",
+        uri=sql_uri(args),
         warehouse=f"file://{args.warehouse}",
         init_catalog_tables="false",
     )
@@ -344,17 +353,21 @@ def duckdb_extension_file(name):
 def local_metadata(args):
     """(path, parsed JSON) of a table's current metadata file, from the SQL catalog."""
     ns, name = split_table(args.table)
+    query = ("SELECT metadata_location FROM iceberg_tables "
+             "WHERE catalog_name = :c AND table_namespace = :n AND table_name = :t")
     try:
-        con = sqlite3.connect(f"file:{args.catalog_db}?mode=ro", uri=True)
+        import sqlalchemy
+
+        engine = sqlalchemy.create_engine(
+            sql_uri(args) if args.catalog_uri else f"sqlite:///file:{args.catalog_db}?mode=ro&uri=true")
         try:
-            found = con.execute(
-                "SELECT metadata_location FROM iceberg_tables "
-                "WHERE catalog_name = ? AND table_namespace = ? AND table_name = ?",
-                (args.catalog_name, ns, name)).fetchall()
+            with engine.connect() as con:
+                found = con.execute(sqlalchemy.text(query),
+                                    {"c": args.catalog_name, "n": ns, "t": name}).fetchall()
         finally:
-            con.close()
-    except sqlite3.Error as e:
-        raise ReadError(f"reading catalog {args.catalog_db}: {e}") from e
+            engine.dispose()
+    except sqlalchemy.exc.SQLAlchemyError as e:
+        raise ReadError(f"reading catalog {args.catalog_uri or args.catalog_db}: {e}") from e
     if not found:
         raise ReadError(f"table {args.table!r} not found in catalog {args.catalog_name!r} ({args.catalog_db})")
     if not found[0][0]:
@@ -396,7 +409,7 @@ def plan_filter(args):
 
     catalog = SqlCatalog(
         args.catalog_name,
-        uri=f"sqlite:///{args.catalog_db}",
+        uri=sql_uri(args),
         warehouse=f"file://{args.warehouse}",
         init_catalog_tables="false",
     )
@@ -538,6 +551,7 @@ def main():
     ap.add_argument("--reader", required=True, choices=["pyiceberg", "duckdb", "spark"])
     ap.add_argument("--plan-filter", default="", help="print the files a PyIceberg scan with this row filter plans")
     ap.add_argument("--catalog-db", help="sqlite file of the SQL catalog")
+    ap.add_argument("--catalog-uri", help="postgresql:// URI of a SQL catalog (instead of --catalog-db)")
     ap.add_argument("--catalog-name", default="local")
     ap.add_argument("--warehouse", help="warehouse directory")
     ap.add_argument("--rest-uri", help="Iceberg REST catalog URI (instead of --catalog-db)")
@@ -550,13 +564,14 @@ def main():
     args = ap.parse_args()
 
     if not args.rest_uri:
-        if not (args.catalog_db and args.warehouse):
-            ap.error("--catalog-db and --warehouse are required without --rest-uri")
-        args.catalog_db = os.path.abspath(args.catalog_db)
+        if not ((args.catalog_db or args.catalog_uri) and args.warehouse):
+            ap.error("--catalog-db (or --catalog-uri) and --warehouse are required without --rest-uri")
+        if args.catalog_db:
+            args.catalog_db = os.path.abspath(args.catalog_db)
         args.warehouse = os.path.abspath(args.warehouse)
     order_by = [c.strip() for c in args.order_by.split(",") if c.strip()]
     try:
-        if not args.rest_uri and not os.path.isfile(args.catalog_db):
+        if not args.rest_uri and args.catalog_db and not os.path.isfile(args.catalog_db):
             raise ReadError(f"catalog db {args.catalog_db} does not exist")
         split_table(args.table)
         if args.plan_filter:

@@ -25,6 +25,7 @@ pub mod faults;
 pub mod fuzzing;
 pub mod inject;
 pub mod lake;
+pub mod postgres;
 pub mod reference;
 pub mod rest;
 pub mod scripted;

@@ -1,5 +1,5 @@
-//! Catalog access: the configured catalog (embedded SQLite file or Iceberg REST), opened
-//! once per agent and shared by its pipelines.
+//! Catalog access: the configured catalog (embedded SQLite file, a SQL catalog on
+//! Postgres, or Iceberg REST), opened once per agent and shared by its pipelines.
 //!
 //! - [`open_catalog`]: opens a catalog and checks that it answers (lists namespaces).
 //! - `rest`: the Iceberg REST client (OAuth2, vended credentials, S3).
@@ -82,6 +82,17 @@ pub enum CatalogConfig {
         /// Directory holding table data and metadata (created if missing).
         warehouse: PathBuf,
     },
+    /// A SQL catalog in a Postgres database, shared by agents on several machines: the
+    /// Iceberg JDBC/SQL catalog layout, which Spark's `JdbcCatalog`, PyIceberg's
+    /// `SqlCatalog` and Trino's JDBC catalog open too.
+    Sql {
+        /// `postgresql://user@host:port/database`; the password from the URI or the
+        /// `PGPASSWORD` environment variable; `?sslmode=require` for TLS.
+        uri: String,
+        /// Directory holding table data and metadata, mounted at the same path by every
+        /// agent and reader (created if missing).
+        warehouse: PathBuf,
+    },
     /// An Iceberg REST catalog (Polaris, Lakekeeper, Nessie, ...), tables on S3.
     Rest(Box<RestCatalogConfig>),
 }
@@ -91,6 +102,16 @@ impl CatalogConfig {
     pub fn problems(&self) -> Vec<(String, String)> {
         match self {
             CatalogConfig::Embedded { .. } => Vec::new(),
+            CatalogConfig::Sql { uri, .. } => {
+                if uri.starts_with("postgres://") || uri.starts_with("postgresql://") {
+                    Vec::new()
+                } else {
+                    vec![(
+                        "uri".into(),
+                        "must start with postgresql:// (the SQL catalog runs on Postgres)".into(),
+                    )]
+                }
+            }
             CatalogConfig::Rest(rest) => rest.problems(),
         }
     }
@@ -108,47 +129,47 @@ pub async fn open_catalog(
                 message,
             };
             let db = absolute(path).map_err(local)?;
-            let wh = absolute(warehouse).map_err(local)?;
+            let wh = local_warehouse(name, warehouse)?;
             if let Some(dir) = db.parent() {
                 std::fs::create_dir_all(dir)
                     .map_err(|e| local(format!("cannot create {}: {e}", dir.display())))?;
             }
-            std::fs::create_dir_all(&wh)
-                .map_err(|e| local(format!("cannot create {}: {e}", wh.display())))?;
-            let detail = format!("sqlite file {}", db.display());
-            let unreachable = |source| CatalogError::Unreachable {
-                catalog: name.to_string(),
-                detail: detail.clone(),
-                source: Box::new(source),
-            };
-            let props = HashMap::from([
-                (
-                    "uri".to_string(),
-                    format!("sqlite://{}?mode=rwc", db.display()),
-                ),
-                ("warehouse".to_string(), format!("file://{}", wh.display())),
-                ("sql_bind_style".to_string(), "QMark".to_string()),
+            let sql = SqlDatabase {
+                uri: format!("sqlite://{}?mode=rwc", db.display()),
+                detail: format!("sqlite file {}", db.display()),
+                bind_style: "QMark",
                 // SQLite allows one writer; a small pool avoids lock errors.
-                ("pool.max-connections".to_string(), "1".to_string()),
-            ]);
-            let catalog = SqlCatalogBuilder::default()
-                .with_storage_factory(Arc::new(LocalFsStorageFactory))
-                .load(name, props)
-                .await
-                .map_err(unreachable)?;
-            catalog.list_namespaces(None).await.map_err(unreachable)?;
-            let committer = SqlBackend::open(&db, name)
-                .await
-                .map_err(|e| unreachable(iceberg::Error::new(iceberg::ErrorKind::Unexpected, e)))?;
-            Ok(CatalogHandle {
-                catalog: Arc::new(Timed::new(
-                    Arc::new(catalog),
-                    &format!("catalog {name:?}"),
-                    CALL_TIMEOUT,
-                )),
-                committer,
-                rest: None,
-            })
+                connections: 1,
+            };
+            let committer = SqlBackend::open(&db, name);
+            open_sql(name, &sql, &wh, committer).await
+        }
+        CatalogConfig::Sql { uri, warehouse } => {
+            let wh = local_warehouse(name, warehouse)?;
+            let sql = SqlDatabase {
+                uri: uri.clone(),
+                detail: format!("postgres at {}", without_credentials(uri)),
+                bind_style: "DollarNumeric",
+                connections: 4,
+            };
+            // Agents starting together race to create the catalog's tables; the loser
+            // fails on Postgres's catalog of types and succeeds when it tries again.
+            let mut attempt = 0;
+            loop {
+                let committer = SqlBackend::connect_postgres(uri, name);
+                match open_sql(name, &sql, &wh, committer).await {
+                    Err(e) if attempt < 3 && e.to_string().contains("duplicate key") => {
+                        attempt += 1;
+                        tokio::time::sleep(crate::error::backoff(
+                            attempt,
+                            std::time::Duration::from_millis(200),
+                            std::time::Duration::from_secs(2),
+                        ))
+                        .await;
+                    }
+                    opened => return opened,
+                }
+            }
         }
         CatalogConfig::Rest(rest) => {
             let failed = |source| CatalogError::Rest {
@@ -178,6 +199,85 @@ pub async fn open_catalog(
     }
 }
 
+/// A database holding a catalog in the SQL catalog layout.
+struct SqlDatabase {
+    /// Connection URI, as sqlx takes it.
+    uri: String,
+    /// Where it is, for messages (no credentials).
+    detail: String,
+    /// Placeholder style of iceberg-rust's SQL catalog: `QMark` (SQLite) or
+    /// `DollarNumeric` (Postgres).
+    bind_style: &'static str,
+    /// Pool size of the catalog's reads and creations.
+    connections: u32,
+}
+
+/// Opens a SQL-layout catalog: iceberg-rust's `SqlCatalog` for loads and creation (it
+/// creates the catalog's tables if missing), checked by listing namespaces, and
+/// `committer`, the commit backend on the same database.
+async fn open_sql(
+    name: &str,
+    sql: &SqlDatabase,
+    warehouse: &Path,
+    committer: impl std::future::Future<Output = Result<Arc<SqlBackend>, String>>,
+) -> Result<CatalogHandle, CatalogError> {
+    let unreachable = |source| CatalogError::Unreachable {
+        catalog: name.to_string(),
+        detail: sql.detail.clone(),
+        source: Box::new(source),
+    };
+    let props = HashMap::from([
+        ("uri".to_string(), sql.uri.clone()),
+        (
+            "warehouse".to_string(),
+            format!("file://{}", warehouse.display()),
+        ),
+        ("sql_bind_style".to_string(), sql.bind_style.to_string()),
+        (
+            "pool.max-connections".to_string(),
+            sql.connections.to_string(),
+        ),
+    ]);
+    let catalog = SqlCatalogBuilder::default()
+        .with_storage_factory(Arc::new(LocalFsStorageFactory))
+        .load(name, props)
+        .await
+        .map_err(unreachable)?;
+    catalog.list_namespaces(None).await.map_err(unreachable)?;
+    let committer = committer
+        .await
+        .map_err(|e| unreachable(iceberg::Error::new(iceberg::ErrorKind::Unexpected, e)))?;
+    Ok(CatalogHandle {
+        catalog: Arc::new(Timed::new(
+            Arc::new(catalog),
+            &format!("catalog {name:?}"),
+            CALL_TIMEOUT,
+        )),
+        committer,
+        rest: None,
+    })
+}
+
+/// The absolute path of a local warehouse directory, created if missing.
+fn local_warehouse(name: &str, warehouse: &Path) -> Result<PathBuf, CatalogError> {
+    let local = |message: String| CatalogError::Local {
+        catalog: name.to_string(),
+        message,
+    };
+    let wh = absolute(warehouse).map_err(local)?;
+    std::fs::create_dir_all(&wh)
+        .map_err(|e| local(format!("cannot create {}: {e}", wh.display())))?;
+    Ok(wh)
+}
+
+/// `uri` without its user and password, for messages.
+pub(crate) fn without_credentials(uri: &str) -> String {
+    match (uri.split_once("://"), uri.rsplit_once('@')) {
+        (Some((scheme, _)), Some((_, host))) => format!("{scheme}://{host}"),
+        _ => uri.to_string(),
+    }
+}
+
 /// Whether a catalog error says the table (or its namespace) does not exist. The SQL
 /// catalog reports a missing table as an unexpected error with this message; that
 /// string is matched here, once, for every caller.
@@ -190,13 +290,47 @@ pub fn is_not_found(e: &iceberg::Error) -> bool {
 
 /// Whether a creation failed because the table already exists (another writer created
 /// it first). The SQL catalog checks first, but a creation racing another one fails on
-/// the table's unique key instead; that message is matched here.
+/// the table's unique key instead (SQLite's and Postgres's messages are matched here).
 pub fn is_already_exists(e: &iceberg::Error) -> bool {
+    const UNIQUE_KEY: [&str; 2] = [
+        "UNIQUE constraint failed",
+        "duplicate key value violates unique constraint",
+    ];
     e.kind() == iceberg::ErrorKind::TableAlreadyExists
-        || e.message().contains("UNIQUE constraint failed")
-        || e.to_string().contains("UNIQUE constraint failed")
+        || UNIQUE_KEY
+            .iter()
+            .any(|m| e.message().contains(m) || e.to_string().contains(m))
 }
 
 fn absolute(p: &Path) -> Result<PathBuf, String> {
     std::path::absolute(p).map_err(|e| format!("bad path {}: {e}", p.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_name_the_database_without_its_credentials() {
+        assert_eq!(
+            without_credentials("postgresql://floe:secret@db:5432/iceberg"),
+            "postgresql://db:5432/iceberg"
+        );
+        assert_eq!(
+            without_credentials("postgresql://db/iceberg"),
+            "postgresql://db/iceberg"
+        );
+    }
+
+    #[test]
+    fn a_sql_catalog_runs_on_postgres() {
+        let sql = |uri: &str| CatalogConfig::Sql {
+            uri: uri.into(),
+            warehouse: "w".into(),
+        };
+        assert!(sql("postgresql://db/iceberg").problems().is_empty());
+        assert!(sql("postgres://db/iceberg").problems().is_empty());
+        let problems = sql("mysql://db/iceberg").problems();
+        assert_eq!(problems[0].0, "uri", "{problems:?}");
+    }
 }

@@ -7,7 +7,7 @@ use iceberg::table::Table;
 use iceberg::{Catalog, NamespaceIdent, TableIdent};
 
 use super::rest::{RestCatalog, RestCatalogConfig, RestSession};
-use super::{CatalogConfig, is_not_found, open_catalog};
+use super::{CatalogConfig, is_not_found, open_catalog, without_credentials};
 use crate::probe::{Outcome, Steps};
 
 /// What the pipeline needs of the catalog.
@@ -26,7 +26,7 @@ pub struct Target<'a> {
 pub async fn probe(config: &CatalogConfig, target: &Target<'_>, report: &mut Steps) {
     match config {
         CatalogConfig::Rest(rest) => check_rest(target, rest, report).await,
-        embedded => check_embedded(target, embedded, report).await,
+        sql => check_sql(target, sql, report).await,
     }
 }
 
@@ -67,11 +67,18 @@ fn skip_rest(report: &mut Steps, why: &str) {
     }
 }
 
-async fn check_embedded(p: &Target<'_>, config: &CatalogConfig, report: &mut Steps) {
+/// An embedded or Postgres catalog: opened as the agent opens it.
+async fn check_sql(p: &Target<'_>, config: &CatalogConfig, report: &mut Steps) {
+    let what = match config {
+        CatalogConfig::Sql { uri, .. } => {
+            format!("SQL catalog on postgres at {}", without_credentials(uri))
+        }
+        _ => "embedded catalog".to_string(),
+    };
     match open_catalog(p.catalog, config).await {
         Ok(handle) => {
-            report.report("catalog", Outcome::Pass, "embedded catalog opened".into());
-            report.report("token", Outcome::Skip, "embedded catalog: no token".into());
+            report.report("catalog", Outcome::Pass, format!("{what} opened"));
+            report.report("token", Outcome::Skip, format!("{what}: no token"));
             check_catalog(p, handle.catalog, report).await;
         }
         Err(e) => {

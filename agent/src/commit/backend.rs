@@ -1,9 +1,9 @@
 //! Where a commit lands: the catalog's compare-and-swap of the table's metadata.
 //!
 //! iceberg-rust builds commit requests only inside its own `Transaction`, so these
-//! backends take requirements and updates directly: the SQL catalog layout (new metadata
-//! file, then an `UPDATE ... WHERE metadata_location = <base>`), and the REST catalog's
-//! commit-table request.
+//! backends take requirements and updates directly: the SQL catalog layout on SQLite or
+//! Postgres (new metadata file, then an `UPDATE ... WHERE metadata_location = <base>`),
+//! and the REST catalog's commit-table request.
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -11,6 +11,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use iceberg::table::Table;
 use iceberg::{MetadataLocation, TableRequirement, TableUpdate};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 
 use crate::catalog::rest::{RestCatalog, RestError, RestSession};
@@ -44,12 +45,28 @@ pub trait CommitBackend: Send + Sync + std::fmt::Debug {
     ) -> Result<Table, CommitError>;
 }
 
-/// Commits to a catalog in the SQL catalog layout (`iceberg_tables`), here SQLite.
+/// Commits to a catalog in the SQL catalog layout (`iceberg_tables`): the embedded
+/// SQLite file, or a shared Postgres database.
 #[derive(Debug, Clone)]
 pub struct SqlBackend {
-    pool: SqlitePool,
+    pool: SqlPool,
     catalog_name: String,
 }
+
+#[derive(Debug, Clone)]
+enum SqlPool {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+/// The compare-and-swap of a commit: moves `metadata_location` only if it still is the
+/// base. `?` placeholders for SQLite, `$n` for Postgres.
+const SWAP_SQLITE: &str = "UPDATE iceberg_tables SET metadata_location = ?, previous_metadata_location = ? \
+     WHERE catalog_name = ? AND table_namespace = ? AND table_name = ? \
+     AND (iceberg_type = 'TABLE' OR iceberg_type IS NULL) AND metadata_location = ?";
+const SWAP_POSTGRES: &str = "UPDATE iceberg_tables SET metadata_location = $1, previous_metadata_location = $2 \
+     WHERE catalog_name = $3 AND table_namespace = $4 AND table_name = $5 \
+     AND (iceberg_type = 'TABLE' OR iceberg_type IS NULL) AND metadata_location = $6";
 
 impl SqlBackend {
     /// Opens the SQLite file of an embedded catalog named `catalog_name`.
@@ -64,9 +81,59 @@ impl SqlBackend {
             .await
             .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
         Ok(Arc::new(SqlBackend {
-            pool,
+            pool: SqlPool::Sqlite(pool),
             catalog_name: catalog_name.to_string(),
         }))
+    }
+
+    /// Connects to the Postgres database at `uri` (`postgresql://user@host:port/db`; the
+    /// password from the URI or `PGPASSWORD`) holding a SQL catalog named `catalog_name`.
+    pub async fn connect_postgres(uri: &str, catalog_name: &str) -> Result<Arc<Self>, String> {
+        let options = PgConnectOptions::from_str(uri).map_err(|e| format!("bad uri: {e}"))?;
+        let pool = PgPoolOptions::new()
+            .max_connections(2)
+            .acquire_timeout(crate::catalog::CALL_TIMEOUT)
+            .connect_with(options)
+            .await
+            .map_err(|e| format!("cannot connect: {e}"))?;
+        Ok(Arc::new(SqlBackend {
+            pool: SqlPool::Postgres(pool),
+            catalog_name: catalog_name.to_string(),
+        }))
+    }
+
+    /// Runs the compare-and-swap; returns the number of rows it changed (0 or 1).
+    async fn swap(
+        &self,
+        ident: &iceberg::TableIdent,
+        base_location: &str,
+        location: &str,
+    ) -> Result<u64, sqlx::Error> {
+        let namespace = ident.namespace().join(".");
+        let binds = [
+            location,
+            base_location,
+            self.catalog_name.as_str(),
+            namespace.as_str(),
+            ident.name(),
+            base_location,
+        ];
+        match &self.pool {
+            SqlPool::Sqlite(pool) => {
+                let mut query = sqlx::query(SWAP_SQLITE);
+                for value in binds {
+                    query = query.bind(value);
+                }
+                Ok(query.execute(pool).await?.rows_affected())
+            }
+            SqlPool::Postgres(pool) => {
+                let mut query = sqlx::query(SWAP_POSTGRES);
+                for value in binds {
+                    query = query.bind(value);
+                }
+                Ok(query.execute(pool).await?.rows_affected())
+            }
+        }
     }
 }
 
@@ -104,22 +171,12 @@ impl CommitBackend for SqlBackend {
             .map_err(failed)?;
         let location = location.to_string();
         let ident = base.identifier();
-        let result = sqlx::query(
-            "UPDATE iceberg_tables SET metadata_location = ?, previous_metadata_location = ? \
-             WHERE catalog_name = ? AND table_namespace = ? AND table_name = ? \
-             AND (iceberg_type = 'TABLE' OR iceberg_type IS NULL) AND metadata_location = ?",
-        )
-        .bind(&location)
-        .bind(&base_location)
-        .bind(&self.catalog_name)
-        .bind(ident.namespace().join("."))
-        .bind(ident.name())
-        .bind(&base_location)
-        .execute(&self.pool);
-        // SQLite applies a statement or not at all, but an error here (busy, I/O) or a
-        // call that does not finish in time is reported as unknown: the caller looks
-        // before retrying. Abandoning the call returns its connection to the pool.
-        let result = match tokio::time::timeout(crate::catalog::CALL_TIMEOUT, result).await {
+        let swapped = self.swap(ident, &base_location, &location);
+        // The database applies the statement or not at all, but an error here (busy, I/O,
+        // a lost connection) or a call that does not finish in time is reported as
+        // unknown: the caller looks before retrying. Abandoning the call returns its
+        // connection to the pool.
+        let changed = match tokio::time::timeout(crate::catalog::CALL_TIMEOUT, swapped).await {
             Ok(done) => done.map_err(|e| CommitError::Unknown(e.to_string()))?,
             Err(_) => {
                 return Err(CommitError::Unknown(format!(
@@ -128,7 +185,7 @@ impl CommitBackend for SqlBackend {
                 )));
             }
         };
-        if result.rows_affected() == 0 {
+        if changed == 0 {
             return Err(CommitError::Conflict(format!(
                 "{ident} changed since {base_location}"
             )));

@@ -1,0 +1,170 @@
+//! The SQL catalog on Postgres (`type = "sql"`): agents in separate processes, each in
+//! its own working directory as on separate machines, share one table through a
+//! catalog in a real Postgres server; each is SIGKILLed once while committing. Three
+//! independent readers (PyIceberg's `SqlCatalog` on Postgres, DuckDB and Spark on the
+//! metadata it names) must see exactly the topic's records, every column of every row.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use floe_tests::postgres::Postgres;
+use floe_tests::reference::{append_rows, assert_append_table, assert_rows, read_topic};
+use floe_tests::{AgentProcess, Broker, Message, wait_for_messages};
+use serde_json::json;
+
+const TOPIC: &str = "orders";
+const RECORDS: i64 = 3_000;
+
+fn records(from: i64, to: i64) -> Vec<Message> {
+    (from..to)
+        .map(|i| {
+            let value = json!({
+                "id": i,
+                "customer": format!("c{}", i % 37),
+                "amount": (i as f64) * 1.25,
+                "paid": i % 3 == 0,
+                "lines": [format!("sku{}", i % 11), format!("sku{}", i % 5)],
+            });
+            (
+                Some(format!("k{i}").into_bytes()),
+                Some(value.to_string().into_bytes()),
+            )
+        })
+        .collect()
+}
+
+/// A machine's config: the shared catalog, its own dead-letter file.
+fn config(dir: &Path, pg: &Postgres, warehouse: &Path, bootstrap: &str) -> Result<String> {
+    let path = dir.join("floe.toml");
+    let text = format!(
+        r#"{catalog}
+[[pipelines]]
+name = "orders"
+[pipelines.source]
+bootstrap_servers = "{bootstrap}"
+group_id = "floe-orders"
+topics = ["{TOPIC}"]
+[pipelines.source.properties]
+"session.timeout.ms" = "6000"
+"heartbeat.interval.ms" = "500"
+[pipelines.dead_letter]
+path = "{dl}"
+[pipelines.sink]
+catalog = "lake"
+namespace = "shop"
+table = "orders"
+create_table = true
+commit_interval = "1s"
+"#,
+        catalog = pg.catalog_toml("lake", warehouse),
+        dl = dir.join("dead-letter.ndjson").display(),
+    );
+    std::fs::write(&path, text)?;
+    Ok(path.display().to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_on_two_machines_share_a_postgres_catalog_through_kills() -> Result<()> {
+    let pg = Postgres::start()?;
+    let broker = Broker::start()?;
+    broker.create_topic(TOPIC, 4).await?;
+    let lake = tempfile::tempdir()?;
+    let warehouse = lake.path().join("warehouse");
+    let machine_a = tempfile::tempdir()?;
+    let machine_b = tempfile::tempdir()?;
+    let a_config = config(machine_a.path(), &pg, &warehouse, &broker.bootstrap)?;
+    let b_config = config(machine_b.path(), &pg, &warehouse, &broker.bootstrap)?;
+
+    broker.produce(TOPIC, &records(0, 1_000)).await?;
+    // Both start at once on an empty database: they race to create the catalog's tables
+    // and the table itself.
+    let a = AgentProcess::start(Path::new(&a_config), &[])?;
+    let b = AgentProcess::start(Path::new(&b_config), &[])?;
+    let config = floe::catalog::CatalogConfig::Sql {
+        uri: pg.uri.clone(),
+        warehouse: warehouse.clone(),
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let catalog = floe::catalog::open_catalog("lake", &config).await?.catalog;
+    let covered = |n: i64| {
+        let catalog = catalog.clone();
+        async move {
+            wait_for_messages(
+                catalog.as_ref(),
+                "shop",
+                "orders",
+                "orders",
+                n,
+                Duration::from_secs(150),
+            )
+            .await
+        }
+    };
+    if let Err(e) = covered(300).await {
+        bail!(
+            "{e}\n--- agent A:\n{}\n--- agent B:\n{}",
+            a.output(),
+            b.output()
+        );
+    }
+    a.kill9()?;
+    broker.produce(TOPIC, &records(1_000, 2_000)).await?;
+    let a = AgentProcess::start(Path::new(&a_config), &[])?;
+    if let Err(e) = covered(1_500).await {
+        bail!(
+            "{e}\n--- agent A:\n{}\n--- agent B:\n{}",
+            a.output(),
+            b.output()
+        );
+    }
+    b.kill9()?;
+    broker.produce(TOPIC, &records(2_000, RECORDS)).await?;
+    let b = AgentProcess::start(Path::new(&b_config), &[])?;
+    if let Err(e) = covered(RECORDS).await {
+        bail!(
+            "{e}\n--- agent A:\n{}\n--- agent B:\n{}",
+            a.output(),
+            b.output()
+        );
+    }
+    a.terminate()?;
+    b.terminate()?;
+
+    let read = |reader: &str| {
+        pg.read(
+            reader,
+            "lake",
+            &warehouse,
+            "shop.orders",
+            "_kafka_partition,_kafka_offset",
+        )
+    };
+    assert_append_table(
+        &broker.bootstrap,
+        TOPIC,
+        RECORDS as usize,
+        "a table shared through Postgres",
+        read,
+    )?;
+    let expected = append_rows(&read_topic(
+        &broker.bootstrap,
+        TOPIC,
+        RECORDS as usize,
+        Duration::from_secs(60),
+    )?);
+    assert_rows(
+        "spark",
+        &read("spark")?,
+        &expected,
+        &["_kafka_partition", "_kafka_offset"],
+        &[],
+    )?;
+    for dir in [machine_a.path(), machine_b.path()] {
+        let letters =
+            floe::dead_letter::DeadLetterWriter::read_all(&dir.join("dead-letter.ndjson"))
+                .unwrap_or_default();
+        assert!(letters.is_empty(), "{letters:?}");
+    }
+    Ok(())
+}
