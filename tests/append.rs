@@ -3,7 +3,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Result, bail};
+use floe_tests::lake::WAIT;
 use floe_tests::{
     Broker, PipelineSpec, Workspace, free_port, metric_value, scrape_metrics, spawn_agent,
 };
@@ -286,5 +287,91 @@ async fn messages_of_nearly_a_megabyte_land_whole() -> Result<()> {
     floe_tests::reference::assert_append_table(&broker.bootstrap, "big", 24, "big", |r| {
         lake.read(r, "big", "id")
     })?;
+    Ok(())
+}
+
+/// `topic_pattern` into one table: rows carry `_kafka_topic` (on by default when topics
+/// share a table), a topic created while the agent runs is picked up, and binary keys
+/// are stored as base64 (`key_format = "base64"`) instead of dead-lettered. Every
+/// column of every row is compared, rows told apart by topic, partition and offset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_pattern_shares_a_table_with_the_topic_in_each_row() -> Result<()> {
+    use base64::Engine as _;
+    let broker = Broker::start()?;
+    let first = ["events.web", "events.app"];
+    let late = "events.pos";
+    for t in first {
+        broker.create_topic(t, 2).await?;
+    }
+    broker.create_topic("other", 1).await?;
+    let lake = floe_tests::lake::Lake::embedded()?;
+    let pipeline = lake
+        .pipeline_toml("all", &broker.bootstrap, "x", "events", "")
+        .replace("topics = [\"x\"]", "topic_pattern = \"^events\\\\..*\"")
+        .replace(
+            "[pipelines.source.properties]",
+            "[pipelines.source.properties]\n\"topic.metadata.refresh.interval.ms\" = \"1000\"",
+        )
+        + "[pipelines.decode]\nkey_format = \"base64\"\n";
+    let config = lake.write_config("floe.toml", &[pipeline])?;
+    let batch = |topic: &str, n: i64| -> Vec<floe_tests::Message> {
+        (0..n)
+            .map(|k| {
+                let v = json!({"id": k, "source": topic, "score": k as f64 / 4.0});
+                // Keys that are not UTF-8 (0xff never is).
+                (
+                    Some(vec![0xff, k as u8, 0x00]),
+                    Some(v.to_string().into_bytes()),
+                )
+            })
+            .collect()
+    };
+    let mut counts = vec![(first[0], 150), (first[1], 120)];
+    for (t, n) in &counts {
+        broker.produce(t, &batch(t, *n)).await?;
+    }
+    broker.produce("other", &batch("other", 30)).await?;
+    let agent = floe_tests::AgentProcess::start(&config, &[])?;
+    lake.wait_for_messages("events", "all", 270).await?;
+    broker.create_topic(late, 1).await?;
+    broker.produce(late, &batch(late, 40)).await?;
+    counts.push((late, 40));
+    if let Err(e) = lake.wait_for_messages("events", "all", 310).await {
+        bail!("{e}\n--- agent:\n{}", agent.output());
+    }
+    agent.terminate()?;
+
+    let mut expected = Vec::new();
+    for (t, n) in &counts {
+        let records = floe_tests::reference::read_topic(&broker.bootstrap, t, *n as usize, WAIT)?;
+        for (row, record) in floe_tests::reference::append_rows(&records)
+            .into_iter()
+            .zip(&records)
+        {
+            let mut row = row;
+            let key = base64::engine::general_purpose::STANDARD
+                .encode(record.key.as_deref().unwrap_or_default());
+            row["_kafka_key"] = Value::from(key);
+            row["_kafka_topic"] = Value::from(*t);
+            expected.push(row);
+        }
+    }
+    for reader in ["pyiceberg", "duckdb"] {
+        floe_tests::reference::assert_rows(
+            reader,
+            &lake.read(
+                reader,
+                "events",
+                "_kafka_topic,_kafka_partition,_kafka_offset",
+            )?,
+            &expected,
+            &["_kafka_topic", "_kafka_partition", "_kafka_offset"],
+            &[],
+        )?;
+    }
+    let letters =
+        floe::dead_letter::DeadLetterWriter::read_all(&lake.ws.path("dead-letter-all.ndjson"))
+            .unwrap_or_default();
+    assert!(letters.is_empty(), "{letters:?}");
     Ok(())
 }

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use arrow_array::builder::{
     Int32Builder, Int64Builder, StringBuilder, TimestampMicrosecondBuilder,
 };
-use arrow_array::{ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions};
+use arrow_array::{ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions, StringArray};
 use arrow_schema::{Field, Schema as ArrowSchema, SchemaRef};
 use iceberg::spec::{NestedField, Schema, StructType};
 
@@ -200,8 +200,16 @@ impl RowBuffer {
     fn rebuild(&mut self, tracker: &SchemaTracker) -> Result<(), BatchError> {
         self.seal()?;
         let payload = tracker.buffer_type();
-        self.schema = buffer_schema(&payload)?;
-        let fields = self.schema.fields().iter().skip(4).cloned().collect();
+        let topic = tracker.options().topic_column;
+        self.schema = buffer_schema(&payload, topic)?;
+        let kafka_columns = if topic { 5 } else { 4 };
+        let fields = self
+            .schema
+            .fields()
+            .iter()
+            .skip(kafka_columns)
+            .cloned()
+            .collect();
         self.payload = StructCol::new(payload.fields().iter().map(|f| &*f.field_type), fields);
         self.version = Some(tracker.version());
         Ok(())
@@ -220,6 +228,15 @@ impl RowBuffer {
             Arc::new(self.timestamp.finish().with_timezone(UTC)),
             Arc::new(self.key.finish()),
         ];
+        if self.schema.column_with_name(columns::TOPIC).is_some() {
+            // The topic of each row, from the partition it was read from.
+            let tps = &self.row_tps[self.row_tps.len() - rows..];
+            let topics: StringArray = tps
+                .iter()
+                .map(|&i| Some(&*self.tps[i as usize].0))
+                .collect();
+            columns.push(Arc::new(topics));
+        }
         columns.extend(self.payload.finish_columns());
         let batch = RecordBatch::try_new_with_options(
             self.schema.clone(),
@@ -299,13 +316,13 @@ impl RowBuffer {
 }
 
 /// The Arrow schema rows are buffered in: the `_kafka_*` columns, then the payload.
-fn buffer_schema(payload: &StructType) -> Result<SchemaRef, BatchError> {
+fn buffer_schema(payload: &StructType, topic: bool) -> Result<SchemaRef, BatchError> {
     let mut next = 0;
     let mut id = || {
         next += 1;
         next
     };
-    let mut fields = columns::kafka_fields(&mut id);
+    let mut fields = columns::kafka_fields(&mut id, topic);
     for f in payload.fields() {
         fields.push(Arc::new(NestedField::optional(
             id(),

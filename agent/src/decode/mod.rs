@@ -59,8 +59,10 @@ pub struct DecodeConfig {
     /// Plain Protobuf keys (`key_format = "protobuf"`): the key's message type.
     #[serde(default)]
     pub key_message: Option<String>,
-    /// How keys are decoded into `_kafka_key`: `string` (default, UTF-8 as is), `json`,
-    /// or `avro` / `protobuf` / `json_schema` (decoded like values, stored as JSON text).
+    /// How keys are decoded into `_kafka_key`: `string` (default, UTF-8 as is; other
+    /// bytes are dead-lettered), `base64` (any bytes, stored as standard base64 text),
+    /// `json`, or `avro` / `protobuf` / `json_schema` (decoded like values, stored as
+    /// JSON text).
     #[serde(default)]
     pub key_format: KeyFormat,
 }
@@ -89,6 +91,9 @@ pub enum KeyFormat {
     /// UTF-8 text, stored as is.
     #[default]
     String,
+    /// Any bytes (binary ids, hashes), stored as their standard base64 text. Every key
+    /// is encoded, so one key always maps to one text.
+    Base64,
     /// A JSON value, stored as its compact JSON text.
     Json,
     /// An Avro value decoded with the registry, stored as JSON text.
@@ -105,7 +110,7 @@ impl KeyFormat {
             KeyFormat::Avro => Some(Format::Avro),
             KeyFormat::Protobuf => Some(Format::Protobuf),
             KeyFormat::JsonSchema => Some(Format::JsonSchema),
-            KeyFormat::String | KeyFormat::Json => None,
+            KeyFormat::String | KeyFormat::Base64 | KeyFormat::Json => None,
         }
     }
 }
@@ -570,6 +575,10 @@ impl Decoder {
             KeyFormat::String => std::str::from_utf8(bytes)
                 .map(str::to_string)
                 .map_err(|_| key_err(DecodeError::NotJson("not UTF-8".into()))),
+            KeyFormat::Base64 => {
+                use base64::Engine as _;
+                Ok(base64::engine::general_purpose::STANDARD.encode(bytes))
+            }
             KeyFormat::Json => serde_json::from_slice::<Value>(bytes)
                 .map(|v| v.to_string())
                 .map_err(|e| key_err(DecodeError::NotJson(e.to_string()))),

@@ -432,7 +432,7 @@ impl Intake {
                         table,
                         Candidate {
                             message: m,
-                            key: utf8_key(m),
+                            key: key.as_deref().or_else(|| utf8_key(m)),
                             value: Some(view.root()),
                             declared: None,
                             hints_only: false,
@@ -571,9 +571,11 @@ impl Intake {
         if self.decoder.key_is_string() {
             return Ok(match std::str::from_utf8(key) {
                 Ok(_) => Ok(None),
-                Err(_) => {
-                    Err("message key is not UTF-8 (the _kafka_key column is a string)".into())
-                }
+                Err(_) => Err(
+                    "message key is not UTF-8 (the _kafka_key column is a string; \
+                     `key_format = \"base64\"` stores any key)"
+                        .into(),
+                ),
             });
         }
         match self.decoder.decode_key(key) {
@@ -948,8 +950,8 @@ impl Intake {
                         .discard_after(position)
                         .map_err(|e| self.err_dl(e))?;
                 }
-                let options = self.tables[0].schema.tracker.options().clone();
                 for (t, state) in self.tables.iter_mut().zip(tables) {
+                    let options = t.schema.tracker.options().clone();
                     t.buffer = RowBuffer::new();
                     t.schema.tracker = tracker_for(state.schema.as_deref(), &options);
                     t.committed = state.committed;

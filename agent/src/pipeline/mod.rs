@@ -43,6 +43,7 @@ use crate::catalog::CatalogHandle;
 use crate::config::PipelineConfig;
 use crate::dead_letter::{DeadLetterError, DeadLetterTopic, DeadLetterWriter};
 use crate::decode::{Decoder, InvalidPolicy};
+use crate::record::columns;
 use crate::schema::{OnIncompatible, SchemaTracker, TableSchema};
 use crate::sink::TableSink;
 use crate::source::{KafkaSource, KnownOffsets, Source};
@@ -179,7 +180,12 @@ async fn run_with_source(
             })?;
         dead_letters = dead_letters.with_topic(producer);
     }
-    let options = Arc::new(config.schema.options());
+    let mut options = config.schema.options();
+    options.topic_column = config.sink.topic_column.unwrap_or(
+        config.source.topic_pattern.is_some()
+            || (config.source.topics.len() > 1 && !config.sink.table_per_topic()),
+    );
+    let options = Arc::new(options);
     let mut routes = HashMap::new();
     for (i, stream) in config.sink.streams.keys().enumerate() {
         routes.insert(stream.clone(), i + 1);
@@ -192,7 +198,15 @@ async fn run_with_source(
     }
     let mut tables = Vec::with_capacity(sinks.len());
     for sink in &sinks {
-        let tracker = sink.tracker().with_options(options.clone());
+        let schema = sink.current_schema();
+        if options.topic_column
+            && schema
+                .as_ref()
+                .is_some_and(|s| s.field_by_name(columns::TOPIC).is_none())
+        {
+            tracing::warn!(pipeline = %name, table = %sink.ident(), "the table has no _kafka_topic column: rows are written without their topic (add the column with ALTER TABLE ... ADD COLUMN _kafka_topic string)");
+        }
+        let tracker = tracker_for(schema.as_deref(), &options);
         tables.push(intake::IntakeTable::new(
             TableSchema::new(
                 tracker,
@@ -274,14 +288,24 @@ async fn run_with_source(
     intake_result.and(committer_result)
 }
 
-/// A new tracker for a table's current schema (after a rewind).
+/// A new tracker for a table's current schema (at start and after a rewind).
 fn tracker_for(
     schema: Option<&iceberg::spec::Schema>,
     options: &Arc<crate::schema::SchemaOptions>,
 ) -> SchemaTracker {
+    let options = match schema {
+        // A table that has the column gets the topic whatever the setting says.
+        Some(s) if !options.topic_column && s.field_by_name(columns::TOPIC).is_some() => {
+            Arc::new(crate::schema::SchemaOptions {
+                topic_column: true,
+                ..(**options).clone()
+            })
+        }
+        _ => options.clone(),
+    };
     match schema {
         Some(s) => SchemaTracker::from_table(s),
         None => SchemaTracker::new(),
     }
-    .with_options(options.clone())
+    .with_options(options)
 }

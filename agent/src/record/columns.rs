@@ -12,21 +12,24 @@ pub const OFFSET: &str = "_kafka_offset";
 pub const TIMESTAMP: &str = "_kafka_timestamp";
 /// Message key as text (string).
 pub const KEY: &str = "_kafka_key";
+/// Topic of the message (string): in tables created with `topic_column` on.
+pub const TOPIC: &str = "_kafka_topic";
 /// Upsert tables only: `insert` or `update` (string).
 pub const OP: &str = "_op";
 
 /// Columns the agent adds to rows; payload fields with these names are ignored.
-/// `_op` exists in upsert tables only.
-pub const RESERVED: [&str; 5] = [PARTITION, OFFSET, TIMESTAMP, KEY, OP];
+/// `_op` exists in upsert tables only, `_kafka_topic` with `topic_column` only.
+pub const RESERVED: [&str; 6] = [PARTITION, OFFSET, TIMESTAMP, KEY, TOPIC, OP];
 
 /// Whether `name` is one of the agent's own top-level columns.
 pub fn is_reserved(name: &str) -> bool {
     RESERVED.contains(&name)
 }
 
-/// The four `_kafka_*` fields of a new table, with ids from `id`.
-pub fn kafka_fields(id: &mut impl FnMut() -> i32) -> Vec<NestedFieldRef> {
-    vec![
+/// The `_kafka_*` fields of a new table, with ids from `id`: partition, offset,
+/// timestamp, key and, with `topic`, the topic.
+pub fn kafka_fields(id: &mut impl FnMut() -> i32, topic: bool) -> Vec<NestedFieldRef> {
+    let mut fields = vec![
         Arc::new(NestedField::required(
             id(),
             PARTITION,
@@ -47,5 +50,13 @@ pub fn kafka_fields(id: &mut impl FnMut() -> i32) -> Vec<NestedFieldRef> {
             KEY,
             Type::Primitive(PrimitiveType::String),
         )),
-    ]
+    ];
+    if topic {
+        fields.push(Arc::new(NestedField::optional(
+            id(),
+            TOPIC,
+            Type::Primitive(PrimitiveType::String),
+        )));
+    }
+    fields
 }

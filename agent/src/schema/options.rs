@@ -110,6 +110,7 @@ impl SchemaConfig {
             null_as_string_after: self.null_as_string_after,
             max_depth: self.max_depth,
             max_columns: self.max_columns,
+            topic_column: false,
             overrides: self
                 .overrides
                 .iter()
@@ -132,6 +133,9 @@ pub struct SchemaOptions {
     pub max_columns: usize,
     /// Forced types by dotted path.
     pub overrides: HashMap<String, Type>,
+    /// Rows carry `_kafka_topic`, and a new table gets the column (the sink's
+    /// `topic_column`).
+    pub topic_column: bool,
 }
 
 impl Default for SchemaOptions {

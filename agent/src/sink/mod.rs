@@ -44,6 +44,13 @@ pub struct SinkConfig {
     /// stream not listed here goes to the dead-letter file.
     #[serde(default)]
     pub streams: std::collections::BTreeMap<String, String>,
+    /// A `_kafka_topic` column (the topic each row was read from) in tables the agent
+    /// creates. Default: on when records of several topics can reach one table
+    /// (`topic_pattern`, or several `topics` without `{topic}` in `table`). A table
+    /// that exists gets the topic only if it has the column (add it with your engine's
+    /// `ALTER TABLE ... ADD COLUMN _kafka_topic string`).
+    #[serde(default)]
+    pub topic_column: Option<bool>,
     /// Create the namespace and table (from the first records' schema) if missing.
     /// Off by default: production jobs rarely hold the privilege to create tables.
     #[serde(default)]
