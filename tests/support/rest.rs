@@ -389,3 +389,52 @@ impl RestStack {
         Ok(floe::catalog::open_catalog("probe", &config).await?.catalog)
     }
 }
+
+/// A SigV4-verifying proxy (`tests/fixtures/sigv4_proxy.py`) in front of rustberg, as
+/// AWS Glue's or S3 Tables' Iceberg REST endpoint would be: it recomputes each request's
+/// signature with botocore, answers 403 to a wrong or missing one, and forwards the rest
+/// with rustberg's own API key.
+pub struct SigV4Proxy {
+    /// `http://127.0.0.1:PORT`: the catalog URI for Floe.
+    pub uri: String,
+    addr: String,
+    _service: Service,
+}
+
+impl RestStack {
+    /// Starts a proxy accepting requests signed for `service` in us-east-1 with
+    /// `key` (`(access key id, secret)`).
+    pub fn sigv4_proxy(&self, service: &str, key: (&str, &str)) -> Result<SigV4Proxy> {
+        let port = free_port();
+        let mut cmd = Command::new(tool("FLOE_PYTHON"));
+        cmd.arg(repo_root().join("tests/fixtures/sigv4_proxy.py"))
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--upstream", &self.rustberg_uri])
+            .args(["--service", service, "--region", "us-east-1"])
+            .args(["--key", &format!("{}:{}", key.0, key.1)])
+            .arg("--strip-auth")
+            .args([
+                "--set-header",
+                &format!("Authorization: Bearer {ADMIN_KEY}"),
+            ]);
+        let mut proxy = Service::spawn("sigv4-proxy", cmd, self.dir.path())?;
+        proxy.wait_listening(port, Duration::from_secs(30))?;
+        let addr = format!("127.0.0.1:{port}");
+        Ok(SigV4Proxy {
+            uri: format!("http://{addr}"),
+            addr,
+            _service: proxy,
+        })
+    }
+}
+
+impl SigV4Proxy {
+    /// What the proxy counted: `requests`, `ok`, `rejected`, `by_access_key`, `by_reason`.
+    pub fn stats(&self) -> Result<Value> {
+        let (status, body) = http("GET", &self.addr, "/__sigv4/stats", "")?;
+        if status != 200 {
+            bail!("sigv4 proxy stats: {status} {body}");
+        }
+        Ok(serde_json::from_str(&body)?)
+    }
+}

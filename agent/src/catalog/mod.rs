@@ -2,7 +2,8 @@
 //! Postgres, or Iceberg REST), opened once per agent and shared by its pipelines.
 //!
 //! - [`open_catalog`]: opens a catalog and checks that it answers (lists namespaces).
-//! - `rest`: the Iceberg REST client (OAuth2, vended credentials, S3).
+//! - `rest`: the Iceberg REST client (OAuth2 or SigV4, vended credentials, S3).
+//! - `aws`: the agent's own AWS identity (aws-config's default chain, assume role).
 //! - `object_store`: listing and deleting a table's files on S3 (orphan cleanup).
 //! - [`CatalogHandle`]: what the other stages use: the `iceberg::Catalog` for loads and
 //!   creation, and the commit backend of [`crate::commit`].
@@ -16,6 +17,7 @@ use iceberg::{Catalog, CatalogBuilder};
 use iceberg_catalog_sql::SqlCatalogBuilder;
 use serde::Deserialize;
 
+pub mod aws;
 pub mod object_store;
 pub mod probe;
 pub mod rest;

@@ -35,6 +35,18 @@ async fn check_rest(p: &Target<'_>, rest: &RestCatalogConfig, report: &mut Steps
         Ok(s) => s,
         Err(e) => return report.report("catalog", Outcome::Fail, e.to_string()),
     };
+    match session.signer().await {
+        Some(Ok((service, region, key))) => report.report(
+            "signing",
+            Outcome::Pass,
+            format!("SigV4 for {service} in {region}, signed as access key {key}"),
+        ),
+        Some(Err(e)) => {
+            report.report("signing", Outcome::Fail, e);
+            return skip_rest(report, "no AWS credentials to sign with");
+        }
+        None => {}
+    }
     match session.obtain_token().await {
         Ok(true) => report.report("token", Outcome::Pass, "token obtained".into()),
         Ok(false) => report.report("token", Outcome::Skip, "no credential configured".into()),

@@ -48,10 +48,23 @@ pub enum RestError {
     Config(String),
 }
 
+/// Whether a 403's message is AWS refusing a signature or its credentials (rather than
+/// a missing privilege): `SignatureDoesNotMatch`, `InvalidSignatureException`, an
+/// unknown access key or an invalid security token.
+fn is_signature_refusal(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    ["signature", "security token", "access key id"]
+        .iter()
+        .any(|s| m.contains(s))
+}
+
 fn status_text(status: u16, message: &str) -> String {
     let hint = match status {
         401 => {
             "the catalog rejected the credential: it is wrong or expired (check `credential`, `credential_file` or `token`)"
+        }
+        403 if is_signature_refusal(message) => {
+            "AWS refused the request's SigV4 signature: check the signing identity's secret key (or session token), `signing_name` and `signing_region`"
         }
         403 => {
             "the principal lacks the privilege for this operation (grant it in the catalog, e.g. a Polaris catalog role with TABLE_WRITE_DATA)"
@@ -132,6 +145,19 @@ mod tests {
             "{forbidden}"
         );
         assert_eq!(e(418).to_string(), "commit table db.t: HTTP 418: denied");
+        let signature = RestError::Status {
+            status: 403,
+            operation: "read catalog config".into(),
+            message:
+                "The request signature we calculated does not match the signature you provided."
+                    .into(),
+        };
+        assert!(
+            signature
+                .to_string()
+                .contains("refused the request's SigV4 signature"),
+            "{signature}"
+        );
         assert_eq!(
             e(404).into_iceberg(ErrorKind::TableNotFound).kind(),
             ErrorKind::TableNotFound

@@ -8,6 +8,7 @@
 //! - `catalog`: [`RestCatalog`], the `iceberg::Catalog` on top of the session.
 //! - `storage`: table FileIO with vended credentials (renewed before they expire) or
 //!   the agent's own S3 settings.
+//! - `sigv4`: AWS SigV4 request signing (Glue, S3 Tables) with the agent's AWS identity.
 //! - `error`: [`RestError`], whose messages say what to fix (401, 403, 404 on the base path).
 
 mod auth;
@@ -15,6 +16,7 @@ mod catalog;
 mod config;
 mod error;
 mod session;
+mod sigv4;
 mod storage;
 
 pub use catalog::RestCatalog;

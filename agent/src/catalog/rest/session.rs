@@ -12,6 +12,8 @@ use serde_json::Value;
 use super::auth::TokenSource;
 use super::config::{AccessDelegation, RestCatalogConfig};
 use super::error::RestError;
+use super::sigv4::SigV4;
+use crate::catalog::aws::AwsCredentials;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
@@ -38,6 +40,10 @@ struct Inner {
     delegation: AccessDelegation,
     /// Catalog properties from `/v1/config` (defaults overlaid with overrides).
     properties: HashMap<String, String>,
+    /// The agent's AWS identity (SigV4, and S3 without vended credentials or keys).
+    aws: Arc<AwsCredentials>,
+    /// With `sigv4 = true`: signs every request.
+    sigv4: Option<SigV4>,
 }
 
 impl std::fmt::Debug for RestSession {
@@ -87,6 +93,17 @@ impl RestSession {
             }
         }
         let uri = config.uri.trim_end_matches('/').to_string();
+        let aws = AwsCredentials::new(config.aws.clone());
+        let sigv4 = match config.sigv4 {
+            false => None,
+            true => Some(SigV4 {
+                credentials: aws.clone(),
+                region: config.signing_region().ok_or_else(|| {
+                    RestError::Config("sigv4 needs a region: set signing_region".into())
+                })?,
+                service: config.signing_name().to_string(),
+            }),
+        };
         Ok(RestSession {
             inner: Arc::new(Inner {
                 catalog: name.to_string(),
@@ -97,6 +114,8 @@ impl RestSession {
                 headers,
                 delegation: config.access_delegation,
                 properties: HashMap::new(),
+                aws,
+                sigv4,
             }),
         })
     }
@@ -193,11 +212,18 @@ impl RestSession {
             if let Some(body) = body {
                 request = request.json(body);
             }
-            let response = request.send().await.map_err(|source| RestError::Http {
+            let http_error = |source| RestError::Http {
                 operation: operation.to_string(),
                 url: url.clone(),
                 source,
-            })?;
+            };
+            let mut request = request.build().map_err(http_error)?;
+            if let Some(sigv4) = &self.inner.sigv4 {
+                sigv4.sign(&mut request).await.map_err(|m| {
+                    RestError::Config(format!("{operation}: cannot sign the request (SigV4): {m}"))
+                })?;
+            }
+            let response = self.inner.http.execute(request).await.map_err(http_error)?;
             let status = response.status();
             if status == StatusCode::UNAUTHORIZED
                 && !retried
@@ -290,6 +316,23 @@ impl RestSession {
     /// Catalog properties from `/v1/config`.
     pub fn properties(&self) -> &HashMap<String, String> {
         &self.inner.properties
+    }
+
+    /// The agent's AWS identity for this catalog.
+    pub(crate) fn aws(&self) -> &Arc<AwsCredentials> {
+        &self.inner.aws
+    }
+
+    /// With `sigv4 = true`: `(service, region, access key id)` of the signatures.
+    pub async fn signer(&self) -> Option<Result<(String, String, String), String>> {
+        let sigv4 = self.inner.sigv4.as_ref()?;
+        Some(sigv4.credentials.credentials().await.map(|c| {
+            (
+                sigv4.service.clone(),
+                sigv4.region.clone(),
+                c.access_key_id().to_string(),
+            )
+        }))
     }
 }
 

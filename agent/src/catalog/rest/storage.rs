@@ -53,6 +53,8 @@ pub(crate) fn table_file_io(
         .entry("s3.region".into())
         .or_insert_with(|| "us-east-1".into());
     let mut factory = OpenDalResolvingStorageFactory::new();
+    // Whether the table is written with the agent's own identity.
+    let mut own = !delegated;
     if delegated {
         match vended(location, config, credentials) {
             Some(credential) => {
@@ -74,8 +76,17 @@ pub(crate) fn table_file_io(
                     "the catalog vended no storage credentials; using the agent's own (s3.* settings or the AWS chain)"
                 );
                 props.extend(s3.file_io_props(true));
+                own = true;
             }
         }
+    }
+    if own && s3.access_key_id.is_none() {
+        // No keys in the config: the AWS SDK's chain (and `aws.role_arn`) decides.
+        let provider: SharedCredentials = session.aws().clone();
+        object_store::register_credentials(location, provider.clone());
+        factory = factory.with_s3_credential_loader(CustomAwsCredentialLoader::new(
+            object_store::Shared(provider),
+        ));
     }
     Ok(FileIOBuilder::new(Arc::new(factory))
         .with_props(props)
