@@ -42,6 +42,11 @@ impl Drop for SecureKafka {
 
 impl SecureKafka {
     fn start() -> Result<SecureKafka> {
+        SecureKafka::start_with("PLAIN,SCRAM-SHA-512", &[])
+    }
+
+    /// The proxy with SASL `mechanisms` and extra proxy arguments.
+    fn start_with(mechanisms: &str, extra: &[String]) -> Result<SecureKafka> {
         let dir = tempfile::tempdir()?;
         let pki = dir.path().join("pki");
         let status = Command::new("bash")
@@ -63,8 +68,9 @@ impl SecureKafka {
             .arg(pki.join("server.key"))
             .arg("--tls-client-ca")
             .arg(pki.join("ca.pem"))
-            .args(["--sasl", "PLAIN,SCRAM-SHA-512"])
+            .args(["--sasl", mechanisms])
             .args(["--user", &format!("{USER}:{PASSWORD}")])
+            .args(extra)
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()
@@ -246,6 +252,224 @@ async fn reads_over_tls_with_sasl_and_says_what_is_wrong_when_refused() -> Resul
         if status.success() || !log.contains(says) {
             bail!("{name}: exit {status}, the log does not say {says:?}:\n{log}");
         }
+    }
+    Ok(())
+}
+
+/// An OIDC token endpoint (`tests/fixtures/oidc_token_server.py`) issuing HS256 JWTs.
+struct TokenEndpoint {
+    child: Child,
+    url: String,
+    addr: String,
+}
+
+impl Drop for TokenEndpoint {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl TokenEndpoint {
+    fn start(client: &str, ttl_secs: u64, jwt_secret: &str) -> Result<TokenEndpoint> {
+        let port = free_port();
+        let addr = format!("127.0.0.1:{port}");
+        let python = std::env::var("FLOE_PYTHON").unwrap_or_else(|_| "python3".into());
+        let child = Command::new(python)
+            .arg(repo_root().join("tests/fixtures/oidc_token_server.py"))
+            .args(["--listen", &addr, "--client", client])
+            .args(["--ttl", &ttl_secs.to_string(), "--hs256-secret", jwt_secret])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .context("start the token endpoint")?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(&addr).is_err() {
+            ensure!(
+                Instant::now() < deadline,
+                "the token endpoint did not listen"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(TokenEndpoint {
+            child,
+            url: format!("http://{addr}/oauth2/token"),
+            addr,
+        })
+    }
+
+    /// Tokens issued so far.
+    fn issued(&self) -> Result<u64> {
+        let (_, body) = floe_tests::rest::http("GET", &self.addr, "/stats", "")?;
+        let stats: Value = serde_json::from_str(&body)?;
+        Ok(stats["tokens_issued"].as_u64().unwrap_or(0))
+    }
+}
+
+fn oauth_source_toml(kafka: &SecureKafka, sasl: &str) -> String {
+    format!(
+        r#"security_protocol = "SASL_SSL"
+[pipelines.source.sasl]
+{sasl}
+[pipelines.source.tls]
+ca_file = "{ca}"
+cert_file = "{cert}"
+key_file = "{key}"
+[pipelines.source.properties]"#,
+        ca = kafka.file("ca.pem"),
+        cert = kafka.file("client.pem"),
+        key = kafka.file("client.key"),
+    )
+}
+
+fn expected_rows(records: &[(String, String)]) -> Vec<Value> {
+    records
+        .iter()
+        .map(|(k, v)| {
+            let mut row: serde_json::Map<String, Value> = serde_json::from_str(v).unwrap();
+            row.insert("_kafka_key".into(), Value::from(k.as_str()));
+            Value::Object(row)
+        })
+        .collect()
+}
+
+/// OAUTHBEARER with OIDC client credentials: the agent fetches JWTs from a token
+/// endpoint, renews them as they near expiry (10 s tokens over a longer run), and the
+/// broker side checks each token's signature and expiry. A wrong client secret stops
+/// the pipeline with the endpoint's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oidc_tokens_authenticate_and_are_renewed() -> Result<()> {
+    const JWT_SECRET: &str = "floe-test-jwt-secret";
+    let endpoint = TokenEndpoint::start("floe-agent:agent-secret", 10, JWT_SECRET)?;
+    let kafka = SecureKafka::start_with(
+        "SCRAM-SHA-512,OAUTHBEARER",
+        &["--oauth-hs256-secret".into(), JWT_SECRET.into()],
+    )?;
+    kafka.create_topic("secure", 2).await?;
+    let first: Vec<(String, String)> = (0..200)
+        .map(|i| {
+            (
+                format!("k{i}"),
+                json!({"id": i, "v": format!("a{i}")}).to_string(),
+            )
+        })
+        .collect();
+    kafka.produce("secure", &first).await?;
+    let lake = Lake::embedded()?;
+    let sasl = |secret: &str| {
+        format!(
+            "mechanism = \"OAUTHBEARER\"\ntoken_endpoint = \"{}\"\nclient_id = \"floe-agent\"\nclient_secret = \"{secret}\"\nscope = \"kafka\"",
+            endpoint.url
+        )
+    };
+    let path = config(
+        &lake,
+        &kafka,
+        "oidc",
+        &oauth_source_toml(&kafka, &sasl("agent-secret")),
+    )?;
+    let check = floe_check(&path)?;
+    ensure!(
+        check.contains("broker") && !check.contains("FAIL"),
+        "floe check (OIDC):\n{check}"
+    );
+    let agent = AgentProcess::start(&path, &[])?;
+    lake.wait_for_messages("oidc", "oidc", 200).await?;
+    // Past the first tokens' lifetime: records read after it need renewed tokens.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let second: Vec<(String, String)> = (200..400)
+        .map(|i| {
+            (
+                format!("k{i}"),
+                json!({"id": i, "v": format!("b{i}")}).to_string(),
+            )
+        })
+        .collect();
+    kafka.produce("secure", &second).await?;
+    if let Err(e) = lake.wait_for_messages("oidc", "oidc", 400).await {
+        bail!("{e}\n--- agent:\n{}", agent.output());
+    }
+    agent.terminate()?;
+    let issued = endpoint.issued()?;
+    ensure!(issued >= 3, "only {issued} tokens issued: none renewed");
+    let all: Vec<(String, String)> = first.into_iter().chain(second).collect();
+    for reader in ["pyiceberg", "duckdb"] {
+        floe_tests::reference::assert_rows(
+            &format!("{reader}: OIDC"),
+            &lake.read(reader, "oidc", "id")?,
+            &expected_rows(&all),
+            &["id"],
+            &["_kafka_partition", "_kafka_offset", "_kafka_timestamp"],
+        )?;
+    }
+
+    let path = config(
+        &lake,
+        &kafka,
+        "badsecret",
+        &oauth_source_toml(&kafka, &sasl("wrong")),
+    )?;
+    let agent = AgentProcess::start(&path, &[])?;
+    let (status, log) = agent.wait_exit(Duration::from_secs(60))?;
+    if status.success() || !(log.contains("refused the credentials") && log.contains("401")) {
+        bail!("wrong client secret: exit {status}, the log does not say why:\n{log}");
+    }
+    Ok(())
+}
+
+/// AWS_MSK_IAM: tokens are SigV4-presigned `kafka-cluster:Connect` requests signed with
+/// the agent's AWS identity (here environment keys); the proxy recomputes each
+/// signature with botocore. A wrong secret key is refused with a clear error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn msk_iam_tokens_carry_a_valid_signature() -> Result<()> {
+    const KEY: (&str, &str) = ("AKIDFLOEMSK", "msk-secret-key");
+    let kafka = SecureKafka::start_with(
+        "SCRAM-SHA-512,OAUTHBEARER",
+        &[
+            "--msk-iam-key".into(),
+            format!("{}:{}", KEY.0, KEY.1),
+            "--msk-iam-region".into(),
+            "eu-west-1".into(),
+        ],
+    )?;
+    kafka.create_topic("secure", 2).await?;
+    let records: Vec<(String, String)> = (0..250)
+        .map(|i| (format!("k{i}"), json!({"id": i, "w": i * 3}).to_string()))
+        .collect();
+    kafka.produce("secure", &records).await?;
+    let lake = Lake::embedded()?;
+    let source = oauth_source_toml(
+        &kafka,
+        "mechanism = \"AWS_MSK_IAM\"\nregion = \"eu-west-1\"",
+    );
+    let path = config(&lake, &kafka, "msk", &source)?;
+    let env = |secret: &'static str| {
+        [
+            ("AWS_ACCESS_KEY_ID", KEY.0),
+            ("AWS_SECRET_ACCESS_KEY", secret),
+            ("AWS_EC2_METADATA_DISABLED", "true"),
+            ("AWS_CONFIG_FILE", "/nonexistent/floe-test"),
+            ("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/floe-test"),
+        ]
+    };
+    let agent = AgentProcess::start(&path, &env(KEY.1))?;
+    if let Err(e) = lake.wait_for_messages("msk", "msk", 250).await {
+        bail!("{e}\n--- agent:\n{}", agent.output());
+    }
+    agent.terminate()?;
+    for reader in ["pyiceberg", "duckdb"] {
+        floe_tests::reference::assert_rows(
+            &format!("{reader}: MSK IAM"),
+            &lake.read(reader, "msk", "id")?,
+            &expected_rows(&records),
+            &["id"],
+            &["_kafka_partition", "_kafka_offset", "_kafka_timestamp"],
+        )?;
+    }
+    let path = config(&lake, &kafka, "mskbad", &source)?;
+    let agent = AgentProcess::start(&path, &env("not-the-secret"))?;
+    let (status, log) = agent.wait_exit(Duration::from_secs(60))?;
+    if status.success() || !log.contains("refused the credentials") {
+        bail!("wrong AWS secret: exit {status}, the log does not say why:\n{log}");
     }
     Ok(())
 }

@@ -35,9 +35,19 @@ const OFFSET: &str = "floe.error.offset";
 #[derive(Default)]
 struct Deliveries {
     failed: Mutex<Option<String>>,
+    tokens: crate::source::oauth::ContextTokens,
 }
 
-impl rdkafka::ClientContext for Deliveries {}
+impl rdkafka::ClientContext for Deliveries {
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+    fn generate_oauth_token(
+        &self,
+        _config: Option<&str>,
+    ) -> Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
+        self.tokens.generate()
+    }
+}
 
 impl ProducerContext for Deliveries {
     type DeliveryOpaque = ();
@@ -59,7 +69,12 @@ pub struct DeadLetterTopic {
 
 impl DeadLetterTopic {
     /// A producer of `topic` with `client` (the source's brokers and security settings).
-    pub fn new(topic: &str, mut client: ClientConfig) -> Result<DeadLetterTopic, KafkaError> {
+    /// `tokens`: where OAUTHBEARER tokens come from, when the source uses them.
+    pub fn new(
+        topic: &str,
+        mut client: ClientConfig,
+        tokens: Option<std::sync::Arc<crate::source::oauth::TokenSource>>,
+    ) -> Result<DeadLetterTopic, KafkaError> {
         client
             .set("enable.idempotence", "true")
             .set("acks", "all")
@@ -67,7 +82,10 @@ impl DeadLetterTopic {
             .set("message.timeout.ms", FLUSH_TIMEOUT.as_millis().to_string());
         Ok(DeadLetterTopic {
             topic: topic.to_string(),
-            producer: client.create_with_context(Deliveries::default())?,
+            producer: client.create_with_context(Deliveries {
+                tokens: crate::source::oauth::ContextTokens::new(tokens),
+                ..Deliveries::default()
+            })?,
         })
     }
 

@@ -172,12 +172,16 @@ async fn run_with_source(
     let mut dead_letters =
         DeadLetterWriter::open(&config.name, &config.dead_letter).map_err(dl_err)?;
     if let Some(topic) = &config.dead_letter.topic {
-        let producer =
-            DeadLetterTopic::new(topic, config.source.producer_config()).map_err(|e| {
-                dl_err(DeadLetterError::Topic(format!(
-                    "dead-letter topic {topic}: {e}"
-                )))
-            })?;
+        let producer = DeadLetterTopic::new(
+            topic,
+            config.source.producer_config(),
+            config.source.token_source(),
+        )
+        .map_err(|e| {
+            dl_err(DeadLetterError::Topic(format!(
+                "dead-letter topic {topic}: {e}"
+            )))
+        })?;
         dead_letters = dead_letters.with_topic(producer);
     }
     let mut options = config.schema.options();

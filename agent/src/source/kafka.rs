@@ -87,9 +87,20 @@ struct Context {
     pin: Arc<Mutex<Vec<(TopicPartition, i64)>>>,
     /// Whether the poller has paused its partitions: newly assigned ones are paused too.
     paused: Arc<AtomicBool>,
+    /// OAUTHBEARER tokens (OIDC, MSK IAM), when the source uses them.
+    tokens: super::oauth::ContextTokens,
 }
 
 impl ClientContext for Context {
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+    fn generate_oauth_token(
+        &self,
+        _config: Option<&str>,
+    ) -> Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
+        self.tokens.generate()
+    }
+
     /// librdkafka retries a refused login or a failed TLS handshake forever; those need a
     /// fix in the settings, so the pipeline stops with what to check.
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
@@ -374,9 +385,16 @@ impl KafkaSource {
             positioned: positioned.clone(),
             pin: pin.clone(),
             paused: paused.clone(),
+            tokens: super::oauth::ContextTokens::new(config.token_source()),
         };
         let consumer: BaseConsumer<Context> =
             config.client_config().create_with_context(context)?;
+        consumer
+            .context()
+            .tokens
+            .serve_first(Duration::from_secs(15), || {
+                let _ = consumer.poll(Duration::from_millis(100));
+            });
         let metadata = consumer
             .fetch_metadata(None, Duration::from_secs(15))
             .map_err(|source| SourceError::Unreachable {

@@ -10,10 +10,12 @@
 //! through a [`PositionLookup`]; group offsets are committed afterwards, for monitoring only.
 
 mod kafka;
+pub mod oauth;
 pub mod probe;
 pub mod scripted;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
@@ -86,21 +88,86 @@ pub enum SecurityProtocol {
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SaslConfig {
-    /// `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`.
+    /// `PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512`, `OAUTHBEARER` (OIDC client
+    /// credentials) or `AWS_MSK_IAM`.
     pub mechanism: SaslMechanism,
-    /// User name.
-    pub username: String,
-    /// Password; use `${ENV_VAR}` to keep it out of the file.
-    pub password: String,
+    /// User name (PLAIN, SCRAM).
+    pub username: Option<String>,
+    /// Password (PLAIN, SCRAM); use `${ENV_VAR}` to keep it out of the file.
+    pub password: Option<String>,
+    /// OAUTHBEARER: the OIDC token endpoint (client-credentials grant).
+    pub token_endpoint: Option<String>,
+    /// OAUTHBEARER: client id.
+    pub client_id: Option<String>,
+    /// OAUTHBEARER: client secret; use `${ENV_VAR}`.
+    pub client_secret: Option<String>,
+    /// OAUTHBEARER: requested scope.
+    pub scope: Option<String>,
+    /// AWS_MSK_IAM: the cluster's region (default `aws.region`, then `AWS_REGION`).
+    pub region: Option<String>,
+    /// AWS_MSK_IAM: how the agent finds its AWS identity (profile, role to assume).
+    #[serde(default)]
+    pub aws: crate::catalog::aws::AwsSettings,
 }
 
 impl std::fmt::Debug for SaslConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hidden = |s: &Option<String>| s.as_ref().map(|_| "<redacted>");
         f.debug_struct("SaslConfig")
             .field("mechanism", &self.mechanism)
             .field("username", &self.username)
-            .field("password", &"<redacted>")
+            .field("password", &hidden(&self.password))
+            .field("token_endpoint", &self.token_endpoint)
+            .field("client_id", &self.client_id)
+            .field("client_secret", &hidden(&self.client_secret))
+            .field("scope", &self.scope)
+            .field("region", &self.region)
+            .field("aws", &self.aws)
             .finish()
+    }
+}
+
+impl SaslConfig {
+    /// The MSK IAM region.
+    fn msk_region(&self) -> Option<String> {
+        self.region
+            .clone()
+            .or_else(|| self.aws.region.clone())
+            .or_else(|| std::env::var("AWS_REGION").ok())
+            .or_else(|| std::env::var("AWS_DEFAULT_REGION").ok())
+            .filter(|r| !r.is_empty())
+    }
+
+    /// Problems serde cannot see: the fields each mechanism needs.
+    fn problems(&self) -> Vec<(String, String)> {
+        let needed: &[(&str, &Option<String>)] = match self.mechanism {
+            SaslMechanism::Plain | SaslMechanism::ScramSha256 | SaslMechanism::ScramSha512 => {
+                &[("username", &self.username), ("password", &self.password)]
+            }
+            SaslMechanism::OauthBearer => &[
+                ("token_endpoint", &self.token_endpoint),
+                ("client_id", &self.client_id),
+                ("client_secret", &self.client_secret),
+            ],
+            SaslMechanism::AwsMskIam => &[],
+        };
+        let mut out: Vec<(String, String)> = needed
+            .iter()
+            .filter(|(_, v)| v.is_none())
+            .map(|(k, _)| {
+                (
+                    format!("sasl.{k}"),
+                    format!("required with mechanism {:?}", self.mechanism),
+                )
+            })
+            .collect();
+        if self.mechanism == SaslMechanism::AwsMskIam && self.msk_region().is_none() {
+            out.push((
+                "sasl.region".into(),
+                "AWS_MSK_IAM needs the cluster's region (region, aws.region or AWS_REGION)".into(),
+            ));
+        }
+        out
     }
 }
 
@@ -152,6 +219,12 @@ pub enum SaslMechanism {
     /// SCRAM with SHA-512.
     #[serde(rename = "SCRAM-SHA-512")]
     ScramSha512,
+    /// OAuth2 bearer tokens from an OIDC token endpoint (client credentials).
+    #[serde(rename = "OAUTHBEARER")]
+    OauthBearer,
+    /// Amazon MSK IAM authentication with the agent's AWS identity.
+    #[serde(rename = "AWS_MSK_IAM")]
+    AwsMskIam,
 }
 
 impl SourceConfig {
@@ -190,6 +263,9 @@ impl SourceConfig {
                 "required with SASL_PLAINTEXT and SASL_SSL".into(),
             ));
         }
+        if let Some(sasl) = &self.sasl {
+            out.extend(sasl.problems());
+        }
         if !needs_sasl && self.sasl.is_some() {
             out.push((
                 "sasl".into(),
@@ -227,6 +303,24 @@ impl SourceConfig {
             }
         }
         out
+    }
+
+    /// Where the clients get OAUTHBEARER tokens, for `OAUTHBEARER` and `AWS_MSK_IAM`.
+    pub fn token_source(&self) -> Option<Arc<oauth::TokenSource>> {
+        let sasl = self.sasl.as_ref()?;
+        match sasl.mechanism {
+            SaslMechanism::OauthBearer => Some(Arc::new(oauth::TokenSource::Oidc {
+                endpoint: sasl.token_endpoint.clone()?,
+                client_id: sasl.client_id.clone()?,
+                client_secret: sasl.client_secret.clone()?,
+                scope: sasl.scope.clone(),
+            })),
+            SaslMechanism::AwsMskIam => Some(Arc::new(oauth::TokenSource::msk_iam(
+                sasl.msk_region()?,
+                sasl.aws.clone(),
+            ))),
+            _ => None,
+        }
     }
 
     /// A client configuration for producing to the same brokers (the dead-letter
@@ -287,10 +381,13 @@ impl SourceConfig {
                 SaslMechanism::Plain => "PLAIN",
                 SaslMechanism::ScramSha256 => "SCRAM-SHA-256",
                 SaslMechanism::ScramSha512 => "SCRAM-SHA-512",
+                // Tokens come from the client context (see `oauth`).
+                SaslMechanism::OauthBearer | SaslMechanism::AwsMskIam => "OAUTHBEARER",
             };
-            c.set("sasl.mechanism", mechanism)
-                .set("sasl.username", &sasl.username)
-                .set("sasl.password", &sasl.password);
+            c.set("sasl.mechanism", mechanism);
+            if let (Some(user), Some(password)) = (&sasl.username, &sasl.password) {
+                c.set("sasl.username", user).set("sasl.password", password);
+            }
         }
         if let Some(tls) = &self.tls {
             let files = [
@@ -463,7 +560,7 @@ pub(crate) fn security_failure(e: &KafkaError) -> Option<&'static str> {
     use rdkafka::error::RDKafkaErrorCode as C;
     match e.rdkafka_error_code()? {
         C::Authentication | C::SaslAuthenticationFailed => Some(
-            "the brokers refused the credentials: check [sasl] mechanism, username and password",
+            "the brokers refused the credentials: check [sasl] (mechanism, username and password, or the token settings)",
         ),
         C::SSL => Some(
             "the TLS handshake with a broker failed: check tls.ca_file (the CA that signed the broker's certificate), the host name in bootstrap_servers and the client certificate",
@@ -507,7 +604,7 @@ mod tests {
         c.security_protocol = SecurityProtocol::SaslSsl;
         assert_eq!(c.problems()[0].0, "sasl");
         let c: SourceConfig = toml::from_str(
-            "bootstrap_servers = \"b:9093\"\ngroup_id = \"g\"\ntopics = [\"t\"]\nsecurity_protocol = \"SASL_SSL\"\n[sasl]\nmechanism = \"SCRAM-SHA-512\"\nusername = \"u\"\npassword = \"secret\"",
+            "bootstrap_servers = \"b:9093\"\ngroup_id = \"g\"\ntopics = [\"t\"]\nsecurity_protocol = \"SASL_SSL\"\n[sasl]\nmechanism = \"SCRAM-SHA-512\"\nusername = \"u\"\npassword = \"hunter2-pass\"",
         )
         .unwrap();
         assert!(c.problems().is_empty());
@@ -515,9 +612,34 @@ mod tests {
         assert_eq!(cc.get("sasl.mechanism"), Some("SCRAM-SHA-512"));
         assert_eq!(cc.get("security.protocol"), Some("sasl_ssl"));
         assert!(
-            !format!("{c:?}").contains("secret"),
+            !format!("{c:?}").contains("hunter2"),
             "password must not be printed"
         );
+    }
+
+    #[test]
+    fn oauthbearer_needs_a_token_endpoint_and_client() {
+        let head = "bootstrap_servers = \"b:9093\"\ngroup_id = \"g\"\ntopics = [\"t\"]\nsecurity_protocol = \"SASL_SSL\"\n[sasl]\n";
+        let c: SourceConfig = toml::from_str(&format!(
+            "{head}mechanism = \"OAUTHBEARER\"\nclient_id = \"id\""
+        ))
+        .unwrap();
+        let fields: Vec<String> = c.problems().into_iter().map(|p| p.0).collect();
+        assert_eq!(fields, ["sasl.token_endpoint", "sasl.client_secret"]);
+        let c: SourceConfig = toml::from_str(&format!(
+            "{head}mechanism = \"OAUTHBEARER\"\ntoken_endpoint = \"https://idp/token\"\nclient_id = \"id\"\nclient_secret = \"hunter2-pass\""
+        ))
+        .unwrap();
+        assert!(c.problems().is_empty());
+        assert_eq!(c.client_config().get("sasl.mechanism"), Some("OAUTHBEARER"));
+        assert!(c.token_source().is_some());
+        assert!(!format!("{c:?}").contains("hunter2"));
+        let c: SourceConfig = toml::from_str(&format!(
+            "{head}mechanism = \"AWS_MSK_IAM\"\nregion = \"eu-west-1\""
+        ))
+        .unwrap();
+        assert!(c.problems().is_empty());
+        assert!(c.token_source().is_some());
     }
 
     #[test]

@@ -13,9 +13,19 @@ const BROKER_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Default)]
 struct ProbeContext {
     refused: std::sync::Mutex<Option<String>>,
+    tokens: super::oauth::ContextTokens,
 }
 
 impl rdkafka::ClientContext for ProbeContext {
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+    fn generate_oauth_token(
+        &self,
+        _config: Option<&str>,
+    ) -> Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
+        self.tokens.generate()
+    }
+
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
         if let Some(what) = super::security_failure(&error)
             && let Ok(mut refused) = self.refused.lock()
@@ -54,10 +64,17 @@ async fn check_broker(source: &SourceConfig, report: &mut Steps) {
     let config = source.client_config();
     let topics = source.topics.clone();
     let pattern = source.topic_pattern.clone();
+    let tokens = super::oauth::ContextTokens::new(source.token_source());
     let result = tokio::task::spawn_blocking(move || {
         let consumer: BaseConsumer<ProbeContext> = config
-            .create_with_context(ProbeContext::default())
+            .create_with_context(ProbeContext {
+                tokens,
+                ..ProbeContext::default()
+            })
             .map_err(|e| e.to_string())?;
+        consumer.context().tokens.serve_first(BROKER_TIMEOUT, || {
+            let _ = consumer.poll(Duration::from_millis(100));
+        });
         let metadata = consumer
             .fetch_metadata(None, BROKER_TIMEOUT)
             .map_err(|e| why_refused(&consumer).unwrap_or_else(|| e.to_string()))?;
