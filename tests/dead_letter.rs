@@ -1,6 +1,6 @@
 //! Malformed messages go to the dead-letter file with their bytes, and to the
-//! dead-letter topic with their key, value and the reason in headers; the pipeline keeps
-//! running.
+//! dead-letter topic with their key, value, own headers and the reason in headers; the
+//! pipeline keeps running.
 
 use std::time::Duration;
 
@@ -29,7 +29,9 @@ async fn bad_records_are_dead_lettered_and_good_ones_committed() -> Result<()> {
         .enumerate()
         .map(|(i, v)| (Some(format!("key-{i}").into_bytes()), Some(v.to_vec())))
         .collect();
-    broker.produce("mixed", &batch).await?;
+    // Records carry headers of their own, which the dead-letter topic keeps.
+    let own_headers: [(&str, &[u8]); 2] = [("trace-id", b"t-42"), ("raw", b"\x00\xff")];
+    floe_tests::produce_with_headers(&broker.bootstrap, "mixed", &batch, &own_headers).await?;
 
     let ws = Workspace::new()?;
     let config = ws.write_config(&PipelineSpec {
@@ -115,6 +117,11 @@ async fn bad_records_are_dead_lettered_and_good_ones_committed() -> Result<()> {
         assert_eq!(h("floe.error.partition"), Some("0"));
         assert_eq!(h("floe.error.offset"), Some(l.offset.to_string().as_str()));
         assert_eq!(h("floe.error.pipeline"), Some("mixed"));
+        assert_eq!(
+            t.raw_headers[..2],
+            own_headers.map(|(k, v)| (k.to_string(), v.to_vec())),
+            "the record's own headers come first, unchanged"
+        );
     }
     assert!(
         letters[2].reason.contains("field `id`: column is long"),
@@ -144,6 +151,7 @@ struct TopicLetter {
     key: Option<Vec<u8>>,
     value: Option<Vec<u8>>,
     headers: Vec<(String, String)>,
+    raw_headers: Vec<(String, Vec<u8>)>,
 }
 
 /// Reads partition 0 of `topic` from the start until `n` records arrived (30 s at most).
@@ -178,10 +186,19 @@ fn read_dead_letter_topic(bootstrap: &str, topic: &str, n: usize) -> Result<Vec<
                     .collect()
             })
             .unwrap_or_default();
+        let raw_headers = m
+            .headers()
+            .map(|hs| {
+                hs.iter()
+                    .map(|h| (h.key.to_string(), h.value.unwrap_or_default().to_vec()))
+                    .collect()
+            })
+            .unwrap_or_default();
         out.push(TopicLetter {
             key: m.key().map(<[u8]>::to_vec),
             value: m.payload().map(<[u8]>::to_vec),
             headers,
+            raw_headers,
         });
     }
     Ok(out)

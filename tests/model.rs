@@ -313,6 +313,7 @@ fn message(topic: &str, partition: i32, offset: i64, rec: &Rec) -> floe::record:
         timestamp_ms: Some(1_700_000_000_000 + offset),
         key: rec.key.as_ref().map(|k| k.as_bytes().to_vec()),
         value: rec.value.as_ref().map(|v| v.to_string().into_bytes()),
+        headers: Vec::new(),
     }
 }
 

@@ -169,6 +169,7 @@ async fn tombstones_across_files(format_version: u8) -> Result<()> {
                     timestamp_ms: Some(1_700_000_000_000),
                     key: Some(key.into_bytes()),
                     value: value.map(|v| v.to_string().into_bytes()),
+                    headers: Vec::new(),
                 });
                 offset += 1;
             }

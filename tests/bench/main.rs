@@ -291,6 +291,7 @@ commit_interval = "600s"
                     timestamp_ms: Some(0),
                     key: None,
                     value: Some(v.clone()),
+                    headers: Vec::new(),
                 })
                 .collect()
         })

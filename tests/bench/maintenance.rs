@@ -224,6 +224,7 @@ keep_metadata_files = 10
                     timestamp_ms: Some(0),
                     key: None,
                     value: Some(v.to_string().into_bytes()),
+                    headers: Vec::new(),
                 }
             })
             .collect();

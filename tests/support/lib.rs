@@ -182,6 +182,16 @@ impl Broker {
 /// Produces messages (key, value) to the broker at `bootstrap` with an idempotent
 /// producer; the partition follows the key.
 pub async fn produce_to(bootstrap: &str, topic: &str, messages: &[Message]) -> Result<()> {
+    produce_with_headers(bootstrap, topic, messages, &[]).await
+}
+
+/// Like [`produce_to`], every record carrying the record headers `headers`.
+pub async fn produce_with_headers(
+    bootstrap: &str,
+    topic: &str,
+    messages: &[Message],
+    headers: &[(&str, &[u8])],
+) -> Result<()> {
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("enable.idempotence", "true")
@@ -195,6 +205,16 @@ pub async fn produce_to(bootstrap: &str, topic: &str, messages: &[Message]) -> R
         }
         if let Some(v) = value {
             record = record.payload(v.as_slice());
+        }
+        if !headers.is_empty() {
+            let mut h = rdkafka::message::OwnedHeaders::new();
+            for (name, value) in headers {
+                h = h.insert(rdkafka::message::Header {
+                    key: name,
+                    value: Some(*value),
+                });
+            }
+            record = record.headers(h);
         }
         // Enqueue now (send_result does not wait); on a full queue, wait for room.
         loop {

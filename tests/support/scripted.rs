@@ -159,6 +159,7 @@ pub fn messages(topic: &str, partition: i32, first: i64, values: &[Option<&str>]
             timestamp_ms: Some(1_700_000_000_000),
             key: None,
             value: v.map(|v| v.as_bytes().to_vec()),
+            headers: Vec::new(),
         })
         .collect()
 }

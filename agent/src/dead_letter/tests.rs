@@ -8,6 +8,7 @@ fn rec(offset: i64, value: &[u8]) -> Message {
         timestamp_ms: Some(5),
         key: Some(b"k".to_vec()),
         value: Some(value.to_vec()),
+        headers: Vec::new(),
     }
 }
 

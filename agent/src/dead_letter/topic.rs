@@ -104,7 +104,15 @@ impl DeadLetterTopic {
     ) -> Result<(), KafkaError> {
         let partition = record.partition.to_string();
         let offset = record.offset.to_string();
-        let headers = OwnedHeaders::new()
+        // The record's own headers first, then the reason.
+        let mut headers = OwnedHeaders::new_with_capacity(record.headers.len() + 6);
+        for (name, value) in &record.headers {
+            headers = headers.insert(Header {
+                key: name,
+                value: value.as_deref(),
+            });
+        }
+        let headers = headers
             .insert(header(STAGE, stage))
             .insert(header(REASON, reason))
             .insert(header(PIPELINE, pipeline))

@@ -36,6 +36,8 @@ pub struct Message {
     pub key: Option<Vec<u8>>,
     /// Message value bytes; `None` for a tombstone.
     pub value: Option<Vec<u8>>,
+    /// Record headers in order: name and value (`None`: a null value).
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
 }
 
 impl Message {

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, SendTimeoutError, Sender, TrySendError};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
+use rdkafka::message::Headers as _;
 use rdkafka::message::Message as _;
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
@@ -687,6 +688,14 @@ impl Poller {
             timestamp_ms: m.timestamp().to_millis(),
             key: m.key().map(<[u8]>::to_vec),
             value: m.payload().map(<[u8]>::to_vec),
+            headers: m
+                .headers()
+                .map(|h| {
+                    h.iter()
+                        .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
+                        .collect()
+                })
+                .unwrap_or_default(),
         };
         self.check_gap(&message);
         message
