@@ -291,9 +291,10 @@ async fn messages_of_nearly_a_megabyte_land_whole() -> Result<()> {
 }
 
 /// `topic_pattern` into one table: rows carry `_kafka_topic` (on by default when topics
-/// share a table), a topic created while the agent runs is picked up, and binary keys
-/// are stored as base64 (`key_format = "base64"`) instead of dead-lettered. Every
-/// column of every row is compared, rows told apart by topic, partition and offset.
+/// share a table) and, with `headers_column`, their record headers; a topic created
+/// while the agent runs is picked up, and binary keys are stored as base64
+/// (`key_format = "base64"`) instead of dead-lettered. Every column of every row is
+/// compared, rows told apart by topic, partition and offset.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_topic_pattern_shares_a_table_with_the_topic_in_each_row() -> Result<()> {
     use base64::Engine as _;
@@ -305,14 +306,19 @@ async fn a_topic_pattern_shares_a_table_with_the_topic_in_each_row() -> Result<(
     }
     broker.create_topic("other", 1).await?;
     let lake = floe_tests::lake::Lake::embedded()?;
-    let pipeline = lake
-        .pipeline_toml("all", &broker.bootstrap, "x", "events", "")
+    let pipeline =
+        lake.pipeline_toml(
+            "all",
+            &broker.bootstrap,
+            "x",
+            "events",
+            "headers_column = true",
+        )
         .replace("topics = [\"x\"]", "topic_pattern = \"^events\\\\..*\"")
         .replace(
             "[pipelines.source.properties]",
             "[pipelines.source.properties]\n\"topic.metadata.refresh.interval.ms\" = \"1000\"",
-        )
-        + "[pipelines.decode]\nkey_format = \"base64\"\n";
+        ) + "[pipelines.decode]\nkey_format = \"base64\"\n";
     let config = lake.write_config("floe.toml", &[pipeline])?;
     let batch = |topic: &str, n: i64| -> Vec<floe_tests::Message> {
         (0..n)
@@ -327,12 +333,16 @@ async fn a_topic_pattern_shares_a_table_with_the_topic_in_each_row() -> Result<(
             .collect()
     };
     let mut counts = vec![(first[0], 150), (first[1], 120)];
+    // The first topics' records carry headers (a repeated name keeps its last value).
+    let headers: [(&str, &[u8]); 3] = [("trace", b"t-1"), ("bin", b"\x00\xff"), ("trace", b"t-2")];
     for (t, n) in &counts {
-        broker.produce(t, &batch(t, *n)).await?;
+        floe_tests::produce_with_headers(&broker.bootstrap, t, &batch(t, *n), &headers).await?;
     }
     broker.produce("other", &batch("other", 30)).await?;
     let agent = floe_tests::AgentProcess::start(&config, &[])?;
-    lake.wait_for_messages("events", "all", 270).await?;
+    if let Err(e) = lake.wait_for_messages("events", "all", 270).await {
+        bail!("{e}\n--- agent:\n{}", agent.output());
+    }
     broker.create_topic(late, 1).await?;
     broker.produce(late, &batch(late, 40)).await?;
     counts.push((late, 40));
@@ -353,6 +363,14 @@ async fn a_topic_pattern_shares_a_table_with_the_topic_in_each_row() -> Result<(
                 .encode(record.key.as_deref().unwrap_or_default());
             row["_kafka_key"] = Value::from(key);
             row["_kafka_topic"] = Value::from(*t);
+            row["_kafka_headers"] = if *t == late {
+                json!([])
+            } else {
+                json!([
+                    {"key": "trace", "value": {"hex": "742d32"}},
+                    {"key": "bin", "value": {"hex": "00ff"}},
+                ])
+            };
             expected.push(row);
         }
     }

@@ -60,6 +60,7 @@ pub fn json_admission(data: &[u8]) {
             offset: i as i64,
             timestamp_ms: Some(i as i64),
             key: None,
+            headers: &[],
         };
         let rewritten = a.rewritten.as_ref().map(|o| o.view());
         let value = rewritten.as_ref().map_or(root, |v| v.root());

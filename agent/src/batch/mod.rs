@@ -29,7 +29,7 @@ use crate::record::columns;
 use crate::record::json::Obj;
 use crate::record::key::KeyHash;
 use crate::record::values::millis_to_micros;
-use crate::record::{PartitionMap, TopicPartition};
+use crate::record::{Header, PartitionMap, TopicPartition};
 use crate::schema::SchemaTracker;
 
 /// Rows per Arrow batch when writing.
@@ -64,6 +64,8 @@ pub struct RowMeta<'a> {
     pub timestamp_ms: Option<i64>,
     /// The text stored in `_kafka_key`.
     pub key: Option<&'a str>,
+    /// Record headers (stored in `_kafka_headers` when the table has it).
+    pub headers: &'a [Header],
 }
 
 /// Rows buffered for one table.
@@ -76,6 +78,8 @@ pub struct RowBuffer {
     offset: Int64Builder,
     timestamp: TimestampMicrosecondBuilder,
     key: StringBuilder,
+    /// Headers of the active rows, when the buffer schema has `_kafka_headers`.
+    headers: Option<Vec<Vec<Header>>>,
     active_rows: usize,
     sealed: Vec<RecordBatch>,
     /// Per row: index into `tps`.
@@ -122,6 +126,7 @@ impl RowBuffer {
             offset: Int64Builder::new(),
             timestamp: TimestampMicrosecondBuilder::new(),
             key: StringBuilder::new(),
+            headers: None,
             active_rows: 0,
             sealed: Vec::new(),
             row_tps: Vec::new(),
@@ -174,6 +179,9 @@ impl RowBuffer {
         self.timestamp
             .append_option(meta.timestamp_ms.and_then(millis_to_micros));
         self.key.append_option(meta.key);
+        if let Some(headers) = &mut self.headers {
+            headers.push(meta.headers.to_vec());
+        }
         self.active_rows += 1;
         let index = match self.tp_index.get(tp) {
             Some(&i) => {
@@ -200,9 +208,13 @@ impl RowBuffer {
     fn rebuild(&mut self, tracker: &SchemaTracker) -> Result<(), BatchError> {
         self.seal()?;
         let payload = tracker.buffer_type();
-        let topic = tracker.options().topic_column;
-        self.schema = buffer_schema(&payload, topic)?;
-        let kafka_columns = if topic { 5 } else { 4 };
+        let (topic, headers) = (
+            tracker.options().topic_column,
+            tracker.options().headers_column,
+        );
+        self.schema = buffer_schema(&payload, topic, headers)?;
+        self.headers = headers.then(Vec::new);
+        let kafka_columns = 4 + usize::from(topic) + usize::from(headers);
         let fields = self
             .schema
             .fields()
@@ -236,6 +248,13 @@ impl RowBuffer {
                 .map(|&i| Some(&*self.tps[i as usize].0))
                 .collect();
             columns.push(Arc::new(topics));
+        }
+        if let Some(headers) = &mut self.headers {
+            let (_, field) = self
+                .schema
+                .column_with_name(columns::HEADERS)
+                .expect("a buffer with headers has the column");
+            columns.push(headers_array(field.data_type(), std::mem::take(headers))?);
         }
         columns.extend(self.payload.finish_columns());
         let batch = RecordBatch::try_new_with_options(
@@ -316,13 +335,17 @@ impl RowBuffer {
 }
 
 /// The Arrow schema rows are buffered in: the `_kafka_*` columns, then the payload.
-fn buffer_schema(payload: &StructType, topic: bool) -> Result<SchemaRef, BatchError> {
+fn buffer_schema(
+    payload: &StructType,
+    topic: bool,
+    headers: bool,
+) -> Result<SchemaRef, BatchError> {
     let mut next = 0;
     let mut id = || {
         next += 1;
         next
     };
-    let mut fields = columns::kafka_fields(&mut id, topic);
+    let mut fields = columns::kafka_fields(&mut id, topic, headers);
     for f in payload.fields() {
         fields.push(Arc::new(NestedField::optional(
             id(),
@@ -332,6 +355,54 @@ fn buffer_schema(payload: &StructType, topic: bool) -> Result<SchemaRef, BatchEr
     }
     let schema = Schema::builder().with_fields(fields).build()?;
     Ok(Arc::new(iceberg::arrow::schema_to_arrow_schema(&schema)?))
+}
+
+/// The `_kafka_headers` column of `rows` (one header list per row; an empty list is an
+/// empty map) with exactly the map type of the buffer schema. A name that repeats keeps
+/// its last value: map keys are unique.
+fn headers_array(
+    map_type: &arrow_schema::DataType,
+    rows: Vec<Vec<Header>>,
+) -> Result<ArrayRef, BatchError> {
+    use arrow_array::builder::BinaryBuilder;
+    let arrow_schema::DataType::Map(entries, sorted) = map_type else {
+        return Err(BatchError::Mismatch(format!(
+            "_kafka_headers is {map_type}, not a map"
+        )));
+    };
+    let arrow_schema::DataType::Struct(kv) = entries.data_type() else {
+        return Err(BatchError::Mismatch("map entries are not a struct".into()));
+    };
+    let mut keys = StringBuilder::new();
+    let mut values = BinaryBuilder::new();
+    let mut offsets = Vec::with_capacity(rows.len() + 1);
+    offsets.push(0i32);
+    for row in rows {
+        let mut last: Vec<Header> = Vec::with_capacity(row.len());
+        for (name, value) in row {
+            match last.iter_mut().find(|(n, _)| *n == name) {
+                Some(entry) => entry.1 = value,
+                None => last.push((name, value)),
+            }
+        }
+        for (name, value) in &last {
+            keys.append_value(name);
+            values.append_option(value.as_deref());
+        }
+        let end = offsets.last().copied().unwrap_or(0) + last.len() as i32;
+        offsets.push(end);
+    }
+    // Iceberg's Arrow types may be the large variants: cast to exactly those.
+    let keys = arrow_cast::cast(&keys.finish(), kv[0].data_type())?;
+    let values = arrow_cast::cast(&values.finish(), kv[1].data_type())?;
+    let entries_array = arrow_array::StructArray::try_new(kv.clone(), vec![keys, values], None)?;
+    Ok(Arc::new(arrow_array::MapArray::try_new(
+        entries.clone(),
+        arrow_buffer::OffsetBuffer::new(offsets.into()),
+        entries_array,
+        None,
+        *sorted,
+    )?))
 }
 
 /// The Arrow schema a table version is written with (field ids in the metadata).

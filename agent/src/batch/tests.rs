@@ -32,6 +32,7 @@ pub(crate) fn encode(
             offset: i as i64,
             timestamp_ms: Some(1_700_000_000_000),
             key: Some("k1"),
+            headers: &[],
         };
         buffer.append(
             tracker,
@@ -126,6 +127,7 @@ fn rows_of_revoked_partitions_are_dropped_in_order() {
             offset: i,
             timestamp_ms: None,
             key: None,
+            headers: &[],
         };
         buffer
             .append(
@@ -166,6 +168,7 @@ fn kafka_timestamps_that_overflow_are_null_not_a_crash() {
         offset: 0,
         timestamp_ms: Some(i64::MAX),
         key: None,
+        headers: &[],
     };
     buffer.append(&tracker, &tp(), meta, None, None, 1).unwrap();
     let taken = buffer.take().unwrap();

@@ -777,6 +777,7 @@ impl Intake {
             offset: m.offset,
             timestamp_ms: m.timestamp_ms,
             key: c.key,
+            headers: &m.headers,
         };
         let table = &mut self.tables[t];
         table

@@ -189,6 +189,7 @@ async fn run_with_source(
         config.source.topic_pattern.is_some()
             || (config.source.topics.len() > 1 && !config.sink.table_per_topic()),
     );
+    options.headers_column = config.sink.headers_column;
     let options = Arc::new(options);
     let mut routes = HashMap::new();
     for (i, stream) in config.sink.streams.keys().enumerate() {
@@ -297,15 +298,17 @@ fn tracker_for(
     schema: Option<&iceberg::spec::Schema>,
     options: &Arc<crate::schema::SchemaOptions>,
 ) -> SchemaTracker {
-    let options = match schema {
-        // A table that has the column gets the topic whatever the setting says.
-        Some(s) if !options.topic_column && s.field_by_name(columns::TOPIC).is_some() => {
-            Arc::new(crate::schema::SchemaOptions {
-                topic_column: true,
-                ..(**options).clone()
-            })
-        }
-        _ => options.clone(),
+    // A table that has a column gets its values whatever the setting says.
+    let has = |name: &str| schema.is_some_and(|s| s.field_by_name(name).is_some());
+    let (topic, headers) = (has(columns::TOPIC), has(columns::HEADERS));
+    let options = if (topic && !options.topic_column) || (headers && !options.headers_column) {
+        Arc::new(crate::schema::SchemaOptions {
+            topic_column: options.topic_column || topic,
+            headers_column: options.headers_column || headers,
+            ..(**options).clone()
+        })
+    } else {
+        options.clone()
     };
     match schema {
         Some(s) => SchemaTracker::from_table(s),

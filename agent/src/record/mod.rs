@@ -37,8 +37,11 @@ pub struct Message {
     /// Message value bytes; `None` for a tombstone.
     pub value: Option<Vec<u8>>,
     /// Record headers in order: name and value (`None`: a null value).
-    pub headers: Vec<(String, Option<Vec<u8>>)>,
+    pub headers: Vec<Header>,
 }
+
+/// A record header: name and value (`None`: a null value).
+pub type Header = (String, Option<Vec<u8>>);
 
 impl Message {
     /// Its topic-partition.

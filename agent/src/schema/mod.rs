@@ -362,8 +362,11 @@ impl SchemaTracker {
             next_id += 1;
             next_id
         };
-        let mut fields: Vec<NestedFieldRef> =
-            columns::kafka_fields(&mut id, self.options.topic_column);
+        let mut fields: Vec<NestedFieldRef> = columns::kafka_fields(
+            &mut id,
+            self.options.topic_column,
+            self.options.headers_column,
+        );
         for a in self.additions() {
             fields.push(Arc::new(NestedField::optional(
                 id(),

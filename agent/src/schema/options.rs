@@ -111,6 +111,7 @@ impl SchemaConfig {
             max_depth: self.max_depth,
             max_columns: self.max_columns,
             topic_column: false,
+            headers_column: false,
             overrides: self
                 .overrides
                 .iter()
@@ -136,6 +137,9 @@ pub struct SchemaOptions {
     /// Rows carry `_kafka_topic`, and a new table gets the column (the sink's
     /// `topic_column`).
     pub topic_column: bool,
+    /// Rows carry `_kafka_headers`, and a new table gets the column (the sink's
+    /// `headers_column`).
+    pub headers_column: bool,
 }
 
 impl Default for SchemaOptions {

@@ -51,6 +51,11 @@ pub struct SinkConfig {
     /// `ALTER TABLE ... ADD COLUMN _kafka_topic string`).
     #[serde(default)]
     pub topic_column: Option<bool>,
+    /// A `_kafka_headers` column (map of header name to value bytes) in tables the agent
+    /// creates (default false). A header name that repeats keeps its last value. A table
+    /// that exists gets the headers only if it has the column.
+    #[serde(default)]
+    pub headers_column: bool,
     /// Create the namespace and table (from the first records' schema) if missing.
     /// Off by default: production jobs rarely hold the privilege to create tables.
     #[serde(default)]
