@@ -538,3 +538,6 @@ pub(crate) mod size {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod reference;
