@@ -203,3 +203,108 @@ fn read_dead_letter_topic(bootstrap: &str, topic: &str, n: usize) -> Result<Vec<
     }
     Ok(out)
 }
+
+/// A SIGKILL after an interval's dead letters reached the topic and before the commit
+/// that moves the offsets past them: nothing is lost. The restarted agent reads those
+/// records again and sends their dead letters once more (a dead letter may repeat,
+/// never go missing); the table holds every good record exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_between_dead_letter_and_commit_loses_no_dead_letter() -> Result<()> {
+    let broker = Broker::start()?;
+    broker.create_topic("orders", 1).await?;
+    broker.create_topic("orders.dlq", 1).await?;
+    let batch: Vec<_> = (0..40)
+        .map(|i| {
+            let value = if i % 8 == 3 {
+                format!("not json {i}").into_bytes()
+            } else {
+                format!(r#"{{"id": {i}, "note": "n{i}"}}"#).into_bytes()
+            };
+            (Some(format!("key-{i}").into_bytes()), Some(value))
+        })
+        .collect();
+    broker.produce("orders", &batch).await?;
+    let bad: Vec<i64> = (0..40).filter(|i| i % 8 == 3).collect();
+
+    let ws = Workspace::new()?;
+    let config = ws.write_config(&PipelineSpec {
+        name: "orders",
+        bootstrap: &broker.bootstrap,
+        topic: "orders",
+        namespace: "ns",
+        table: "orders",
+        commit_interval: "1s",
+    })?;
+    let text = std::fs::read_to_string(&config)?.replace(
+        "[pipelines.dead_letter]\n",
+        "[pipelines.dead_letter]\ntopic = \"orders.dlq\"\n",
+    );
+    std::fs::write(&config, text)?;
+    let mut agent = floe_tests::AgentProcess::start_at_failpoint(
+        &config,
+        floe::failpoint::AFTER_DEAD_LETTERS,
+        &[],
+    )?;
+    agent.wait_for_failpoint(Duration::from_secs(90))?;
+    // Acknowledged by the broker before the commit: on the topic already.
+    let before = read_dead_letter_topic(&broker.bootstrap, "orders.dlq", bad.len())?;
+    let offsets = |letters: &[TopicLetter]| -> Vec<i64> {
+        let mut o: Vec<i64> = letters
+            .iter()
+            .map(|l| {
+                let h = l.headers.iter().find(|(n, _)| n == "floe.error.offset");
+                h.map(|(_, v)| v.parse().unwrap()).unwrap()
+            })
+            .collect();
+        o.sort();
+        o
+    };
+    assert_eq!(offsets(&before), bad, "dead letters before the kill");
+    agent.kill9()?;
+    assert_eq!(
+        ws.committed_rows("ns", "orders").await?,
+        0,
+        "nothing committed"
+    );
+
+    let agent = floe_tests::AgentProcess::start(&config, &[])?;
+    ws.wait_for_rows("ns", "orders", 35, Duration::from_secs(90))
+        .await?;
+    agent.terminate()?;
+    let after = read_dead_letter_topic(&broker.bootstrap, "orders.dlq", 2 * bad.len())?;
+    let mut repeated = bad.clone();
+    repeated.extend(&bad);
+    repeated.sort();
+    assert_eq!(
+        offsets(&after),
+        repeated,
+        "each dead letter sent again, none lost"
+    );
+    for l in &after {
+        let offset = l
+            .headers
+            .iter()
+            .find(|(n, _)| n == "floe.error.offset")
+            .map(|(_, v)| v.parse::<usize>().unwrap())
+            .unwrap();
+        assert_eq!(l.value.as_deref(), batch[offset].1.as_deref());
+        assert_eq!(l.key.as_deref(), batch[offset].0.as_deref());
+    }
+    let dump = ws.read("pyiceberg", "ns", "orders", "id")?;
+    let rows: Vec<(i64, String)> = dump
+        .rows()
+        .iter()
+        .map(|r| {
+            (
+                r["id"].as_i64().unwrap(),
+                r["note"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let expected: Vec<(i64, String)> = (0..40)
+        .filter(|i| i % 8 != 3)
+        .map(|i| (i, format!("n{i}")))
+        .collect();
+    assert_eq!(rows, expected);
+    Ok(())
+}

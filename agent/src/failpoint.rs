@@ -16,6 +16,9 @@ pub const BEFORE_WRITE: &str = "before_write";
 /// After a chunk is written into the open data files (a file may be half written:
 /// some row groups in storage, not closed), before the Iceberg commit.
 pub const AFTER_WRITE: &str = "after_write";
+/// After an interval's dead letters are durable (file synced, topic acknowledged),
+/// before the commit that moves offsets past them.
+pub const AFTER_DEAD_LETTERS: &str = "after_dead_letters";
 /// After the Iceberg commit, before the consumer-group offset commit.
 pub const AFTER_COMMIT: &str = "after_commit";
 /// Compaction: after the new files are written, before the replace commit.

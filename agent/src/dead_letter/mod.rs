@@ -23,7 +23,10 @@
 //! - A full disk (ENOSPC, EDQUOT) is [`DeadLetterError::DiskFull`]: the pipeline stops
 //!   before any commit moves past a record it could not keep, and loses nothing.
 //! - With `topic` set, each record the file takes is also produced to that Kafka topic
-//!   ([`topic`]): original key and value, the reason in headers.
+//!   ([`topic`]): original key, value and headers, the reason in headers. A record the
+//!   file had from an earlier run is produced again when it is read again (that run may
+//!   have died before the topic acknowledged it): on the topic a dead letter may repeat
+//!   after a crash, never go missing.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -285,6 +288,9 @@ pub struct DeadLetterWriter {
     /// Records already written that may be read again (at or after the resume point),
     /// so a re-delivery after a crash or rewind is not written twice.
     written: HashMap<Key, Place>,
+    /// Records the file had from an earlier run: that run may have died before the topic
+    /// acknowledged them, so the topic gets each again when it is read again.
+    earlier: std::collections::HashSet<Key>,
     pending: usize,
     /// What the sidecar on disk says.
     sidecar: Sidecar,
@@ -354,6 +360,7 @@ impl DeadLetterWriter {
             inode,
             len,
             synced_len: len,
+            earlier: written.keys().cloned().collect(),
             written,
             pending: 0,
             sidecar,
@@ -379,6 +386,16 @@ impl DeadLetterWriter {
             rejection_digest(stage, reason),
         );
         if self.written.contains_key(&key) {
+            // A dead letter may repeat on the topic, never go missing from it.
+            if let Some(topic) = &self.topic
+                && self.earlier.remove(&key)
+            {
+                topic
+                    .send(&self.pipeline, record, stage, reason)
+                    .map_err(|e| {
+                        DeadLetterError::Topic(format!("dead-letter topic {}: {e}", topic.topic()))
+                    })?;
+            }
             return Ok(false);
         }
         let letter = DeadLetter {

@@ -858,6 +858,7 @@ impl Intake {
         }
         // Dead letters up to here are durable before any commit moves offsets past them.
         self.dead_letters.sync().map_err(|e| self.err_dl(e))?;
+        crate::failpoint::hit(crate::failpoint::AFTER_DEAD_LETTERS);
         self.state.marks += 1;
         self.state
             .letters_at_mark
