@@ -271,7 +271,7 @@ impl Drop for TokenEndpoint {
 }
 
 impl TokenEndpoint {
-    fn start(client: &str, ttl_secs: u64, jwt_secret: &str) -> Result<TokenEndpoint> {
+    fn start(client: &str, ttl_secs: i64, jwt_secret: &str) -> Result<TokenEndpoint> {
         let port = free_port();
         let addr = format!("127.0.0.1:{port}");
         let python = std::env::var("FLOE_PYTHON").unwrap_or_else(|_| "python3".into());
@@ -335,7 +335,7 @@ fn expected_rows(records: &[(String, String)]) -> Vec<Value> {
 /// OAUTHBEARER with OIDC client credentials: the agent fetches JWTs from a token
 /// endpoint, renews them as they near expiry (10 s tokens over a longer run), and the
 /// broker side checks each token's signature and expiry. A wrong client secret stops
-/// the pipeline with the endpoint's answer.
+/// the pipeline with the endpoint's answer, a token issued already expired with that.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oidc_tokens_authenticate_and_are_renewed() -> Result<()> {
     const JWT_SECRET: &str = "floe-test-jwt-secret";
@@ -412,6 +412,17 @@ async fn oidc_tokens_authenticate_and_are_renewed() -> Result<()> {
     let (status, log) = agent.wait_exit(Duration::from_secs(60))?;
     if status.success() || !(log.contains("refused the credentials") && log.contains("401")) {
         bail!("wrong client secret: exit {status}, the log does not say why:\n{log}");
+    }
+
+    // An endpoint that hands out tokens already expired (a clock off by minutes).
+    let stale = TokenEndpoint::start("floe-agent:agent-secret", -60, JWT_SECRET)?;
+    let source =
+        oauth_source_toml(&kafka, &sasl("agent-secret")).replace(&endpoint.url, &stale.url);
+    let path = config(&lake, &kafka, "expired", &source)?;
+    let agent = AgentProcess::start(&path, &[])?;
+    let (status, log) = agent.wait_exit(Duration::from_secs(60))?;
+    if status.success() || !log.contains("already expired") {
+        bail!("expired token: exit {status}, the log does not say why:\n{log}");
     }
     Ok(())
 }

@@ -109,7 +109,7 @@ fn epoch_ms(t: SystemTime) -> i64 {
 #[derive(serde::Deserialize)]
 struct TokenAnswer {
     access_token: String,
-    expires_in: Option<u64>,
+    expires_in: Option<i64>,
 }
 
 async fn oidc_token(
@@ -144,7 +144,16 @@ async fn oidc_token(
     let answer: TokenAnswer = serde_json::from_str(&text)
         .map_err(|e| format!("token endpoint {endpoint}: unreadable answer: {e}"))?;
     // Without `expires_in` the token is taken to live an hour (librdkafka refreshes at 80%).
-    let life = Duration::from_secs(answer.expires_in.unwrap_or(3600));
+    let life = match answer.expires_in {
+        None => Duration::from_secs(3600),
+        Some(s) if s > 0 => Duration::from_secs(s as u64),
+        Some(s) => {
+            return Err(format!(
+                "token endpoint {endpoint} issued a token that has already expired \
+                 (expires_in = {s}): check the endpoint's clock and token lifetime"
+            ));
+        }
+    };
     Ok(OAuthToken {
         token: answer.access_token,
         principal_name: client_id.to_string(),
