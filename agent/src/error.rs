@@ -89,6 +89,18 @@ pub fn is_missing_file(e: &iceberg::Error) -> bool {
     false
 }
 
+/// An error and its causes on one line, `error: cause: cause`.
+pub fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
 /// Capped exponential backoff with jitter: `attempt` 1 waits about `base`, doubling
 /// up to `cap`; the wait is spread over its upper half so retries do not align.
 pub fn backoff(attempt: u32, base: Duration, cap: Duration) -> Duration {

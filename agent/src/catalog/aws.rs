@@ -18,6 +18,8 @@ use reqsign_core::time::Timestamp;
 use serde::Deserialize;
 use tokio::sync::{Mutex, OnceCell};
 
+use crate::error::with_causes;
+
 /// Credentials are fetched again this long before they expire.
 const REFRESH_AHEAD: Duration = Duration::from_secs(5 * 60);
 
@@ -38,6 +40,21 @@ pub struct AwsSettings {
     pub external_id: Option<String>,
     /// Session name of the assumed role (default `floe`), shown in CloudTrail.
     pub role_session_name: Option<String>,
+}
+
+impl AwsSettings {
+    /// The first of `given` that is set, else `region`, else `AWS_REGION` or
+    /// `AWS_DEFAULT_REGION`.
+    pub fn region_or_env(&self, given: &[Option<&String>]) -> Option<String> {
+        given
+            .iter()
+            .flatten()
+            .map(|r| r.to_string())
+            .chain(self.region.clone())
+            .chain(std::env::var("AWS_REGION").ok())
+            .chain(std::env::var("AWS_DEFAULT_REGION").ok())
+            .find(|r| !r.is_empty())
+    }
 }
 
 /// The agent's AWS credentials, loaded on first use and cached.
@@ -105,25 +122,13 @@ impl AwsCredentials {
             }
             Err(e) => match current.as_ref() {
                 Some(c) if c.expiry().is_none_or(|x| x > now + Duration::from_secs(30)) => {
-                    tracing::warn!(error = %describe(&e), "cannot refresh AWS credentials; using the current ones");
+                    tracing::warn!(error = %with_causes(&e), "cannot refresh AWS credentials; using the current ones");
                     Ok(c.clone())
                 }
-                _ => Err(format!("no AWS credentials: {}", describe(&e))),
+                _ => Err(format!("no AWS credentials: {}", with_causes(&e))),
             },
         }
     }
-}
-
-/// The error and its causes on one line (the SDK's top-level text is terse).
-fn describe(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 impl ProvideCredential for AwsCredentials {

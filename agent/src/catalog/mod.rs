@@ -26,6 +26,7 @@ mod timed;
 pub use timed::{CALL_TIMEOUT, Timed};
 
 use crate::commit::{CommitBackend, RestBackend, SqlBackend};
+use crate::config::redact_url;
 use rest::{RestCatalog, RestCatalogConfig, RestSession};
 
 /// Why a catalog could not be opened.
@@ -150,7 +151,7 @@ pub async fn open_catalog(
             let wh = local_warehouse(name, warehouse)?;
             let sql = SqlDatabase {
                 uri: uri.clone(),
-                detail: format!("postgres at {}", without_credentials(uri)),
+                detail: format!("postgres at {}", redact_url(uri)),
                 bind_style: "DollarNumeric",
                 connections: 4,
             };
@@ -272,14 +273,6 @@ fn local_warehouse(name: &str, warehouse: &Path) -> Result<PathBuf, CatalogError
     Ok(wh)
 }
 
-/// `uri` without its user and password, for messages.
-pub(crate) fn without_credentials(uri: &str) -> String {
-    match (uri.split_once("://"), uri.rsplit_once('@')) {
-        (Some((scheme, _)), Some((_, host))) => format!("{scheme}://{host}"),
-        _ => uri.to_string(),
-    }
-}
-
 /// Whether a catalog error says the table (or its namespace) does not exist. The SQL
 /// catalog reports a missing table as an unexpected error with this message; that
 /// string is matched here, once, for every caller.
@@ -311,18 +304,6 @@ fn absolute(p: &Path) -> Result<PathBuf, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn messages_name_the_database_without_its_credentials() {
-        assert_eq!(
-            without_credentials("postgresql://floe:secret@db:5432/iceberg"),
-            "postgresql://db:5432/iceberg"
-        );
-        assert_eq!(
-            without_credentials("postgresql://db/iceberg"),
-            "postgresql://db/iceberg"
-        );
-    }
 
     #[test]
     fn a_sql_catalog_runs_on_postgres() {

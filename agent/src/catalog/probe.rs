@@ -7,7 +7,8 @@ use iceberg::table::Table;
 use iceberg::{Catalog, NamespaceIdent, TableIdent};
 
 use super::rest::{RestCatalog, RestCatalogConfig, RestSession};
-use super::{CatalogConfig, is_not_found, open_catalog, without_credentials};
+use super::{CatalogConfig, is_not_found, open_catalog};
+use crate::config::redact_url;
 use crate::probe::{Outcome, Steps};
 
 /// What the pipeline needs of the catalog.
@@ -83,7 +84,7 @@ fn skip_rest(report: &mut Steps, why: &str) {
 async fn check_sql(p: &Target<'_>, config: &CatalogConfig, report: &mut Steps) {
     let what = match config {
         CatalogConfig::Sql { uri, .. } => {
-            format!("SQL catalog on postgres at {}", without_credentials(uri))
+            format!("SQL catalog on postgres at {}", redact_url(uri))
         }
         _ => "embedded catalog".to_string(),
     };

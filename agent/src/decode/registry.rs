@@ -440,15 +440,7 @@ impl RegistryClient {
 
 /// A reqwest error with its causes, without the URL (which may carry credentials).
 fn error_chain(e: reqwest::Error) -> String {
-    let e = e.without_url();
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(&e);
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
+    crate::error::with_causes(&e.without_url())
 }
 
 /// `url` without `user:password@` (for messages about a URL that does not parse).

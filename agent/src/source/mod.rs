@@ -130,12 +130,7 @@ impl std::fmt::Debug for SaslConfig {
 impl SaslConfig {
     /// The MSK IAM region.
     fn msk_region(&self) -> Option<String> {
-        self.region
-            .clone()
-            .or_else(|| self.aws.region.clone())
-            .or_else(|| std::env::var("AWS_REGION").ok())
-            .or_else(|| std::env::var("AWS_DEFAULT_REGION").ok())
-            .filter(|r| !r.is_empty())
+        self.aws.region_or_env(&[self.region.as_ref()])
     }
 
     /// Problems serde cannot see: the fields each mechanism needs.

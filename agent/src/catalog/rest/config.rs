@@ -209,13 +209,13 @@ impl RestCatalogConfig {
 
     /// The region SigV4 signatures are for.
     pub fn signing_region(&self) -> Option<String> {
-        self.signing_region
-            .clone()
-            .or_else(|| self.aws.region.clone())
-            .or_else(|| self.s3.region.clone())
-            .or_else(|| std::env::var("AWS_REGION").ok())
-            .or_else(|| std::env::var("AWS_DEFAULT_REGION").ok())
-            .filter(|r| !r.is_empty())
+        // signing_region, then aws.region, then s3.region, then the environment.
+        let aws_first = self.aws.region.as_ref();
+        self.aws.region_or_env(&[
+            self.signing_region.as_ref(),
+            aws_first,
+            self.s3.region.as_ref(),
+        ])
     }
 
     /// The service SigV4 signatures are for.
