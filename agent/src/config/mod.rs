@@ -382,12 +382,8 @@ fn pipeline(
     if let (Some(sink), Some(source)) = (&sink, &source)
         && sink.table_per_topic()
     {
-        if source.topics.is_empty() {
-            errors.push(err(
-                &format!("{path}.sink.table"),
-                "a table per topic (`{topic}`) needs the topics listed in `topics` (not `topic_pattern`): tables are opened at start",
-            ));
-        }
+        // With `topic_pattern`, tables are added as topics appear; two topics whose
+        // names map to one table name share it (with a warning).
         let mut seen = std::collections::HashMap::new();
         for topic in &source.topics {
             if let Some(other) = seen.insert(sink.table_for_topic(topic), topic) {

@@ -162,36 +162,89 @@ pub struct Target {
     pub prefix: String,
 }
 
-/// The tables of `pipeline` (default table and stream tables), with its maintenance
-/// settings or the defaults.
+/// The tables of `pipeline` its configuration names (default table and stream tables,
+/// or one per listed topic), with its maintenance settings or the defaults.
 pub fn targets(pipeline: &PipelineConfig) -> Vec<Target> {
-    let config = pipeline.sink.maintenance.clone().unwrap_or_default();
-    let namespace = NamespaceIdent::from_vec(
+    let names: Vec<String> = if pipeline.sink.table_per_topic() {
         pipeline
-            .sink
-            .namespace
-            .split('.')
-            .map(str::to_string)
-            .collect(),
-    )
-    .unwrap_or_else(|_| NamespaceIdent::new(pipeline.sink.namespace.clone()));
-    std::iter::once(&pipeline.sink.table)
-        .chain(pipeline.sink.streams.values())
-        .map(|table| Target {
-            ident: TableIdent::new(namespace.clone(), table.clone()),
-            target_file_size: config
-                .target_file_size
-                .unwrap_or(pipeline.sink.target_file_size),
-            config: config.clone(),
-            prefix: format!("{}-maintenance", pipeline.name),
-        })
+            .source
+            .topics
+            .iter()
+            .map(|t| pipeline.sink.table_for_topic(t))
+            .collect()
+    } else {
+        std::iter::once(&pipeline.sink.table)
+            .chain(pipeline.sink.streams.values())
+            .cloned()
+            .collect()
+    };
+    let namespace = namespace_of(pipeline);
+    names
+        .into_iter()
+        .map(|table| target(pipeline, TableIdent::new(namespace.clone(), table)))
         .collect()
+}
+
+fn namespace_of(pipeline: &PipelineConfig) -> NamespaceIdent {
+    let namespace = &pipeline.sink.namespace;
+    NamespaceIdent::from_vec(namespace.split('.').map(str::to_string).collect())
+        .unwrap_or_else(|_| NamespaceIdent::new(namespace.clone()))
+}
+
+fn target(pipeline: &PipelineConfig, ident: TableIdent) -> Target {
+    let config = pipeline.sink.maintenance.clone().unwrap_or_default();
+    Target {
+        ident,
+        target_file_size: config
+            .target_file_size
+            .unwrap_or(pipeline.sink.target_file_size),
+        config,
+        prefix: format!("{}-maintenance", pipeline.name),
+    }
+}
+
+/// The tables of `pipeline` as they are now: with a table per topic of a
+/// `topic_pattern`, every table of the namespace whose name fits `table` (tables are
+/// added as topics appear).
+pub async fn current_targets(
+    pipeline: &PipelineConfig,
+    catalog: &CatalogHandle,
+) -> Result<Vec<Target>, iceberg::Error> {
+    let mut out = targets(pipeline);
+    if !pipeline.sink.table_per_topic() || pipeline.source.topic_pattern.is_none() {
+        return Ok(out);
+    }
+    let template = &pipeline.sink.table;
+    let (prefix, suffix) = template
+        .split_once(crate::sink::TOPIC_PLACEHOLDER)
+        .unwrap_or((template, ""));
+    let namespace = namespace_of(pipeline);
+    let fits = |name: &str| {
+        name.len() > prefix.len() + suffix.len()
+            && name.starts_with(prefix)
+            && name.ends_with(suffix)
+            && name[prefix.len()..name.len() - suffix.len()]
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_')
+    };
+    let mut listed = match catalog.catalog.list_tables(&namespace).await {
+        Ok(tables) => tables,
+        Err(e) if crate::catalog::is_not_found(&e) => vec![],
+        Err(e) => return Err(e),
+    };
+    listed.sort_by(|a, b| a.name().cmp(b.name()));
+    for ident in listed {
+        if fits(ident.name()) && !out.iter().any(|t| t.ident == ident) {
+            out.push(target(pipeline, ident));
+        }
+    }
+    Ok(out)
 }
 
 /// What one job did (or, in a dry run, would do).
 #[derive(Debug, Clone)]
 pub struct JobReport {
-    /// `compact`, `expire`, `orphans`, `metadata`.
+    /// `compact`, `expire`, `orphans`, `metadata` (or `list`: the tables could not be listed).
     pub job: &'static str,
     /// One line.
     pub detail: String,
@@ -299,7 +352,23 @@ pub async fn maintain(
     let mut reports = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for p in &config.pipelines {
-        for target in targets(p) {
+        if !catalogs.contains_key(&p.sink.catalog) {
+            let c =
+                crate::catalog::open_catalog(&p.sink.catalog, &config.catalogs[&p.sink.catalog])
+                    .await?;
+            catalogs.insert(p.sink.catalog.clone(), c);
+        }
+        let targets = match current_targets(p, &catalogs[&p.sink.catalog]).await {
+            Ok(t) => t,
+            Err(e) => {
+                reports.push(TableReport {
+                    table: format!("{}.{}", p.sink.namespace, p.sink.table),
+                    jobs: vec![job("list", Err(MaintainError::Iceberg(e)))],
+                });
+                continue;
+            }
+        };
+        for target in targets {
             let full = target.ident.to_string();
             if let Some(want) = table
                 && want != full
@@ -309,14 +378,6 @@ pub async fn maintain(
             }
             if !seen.insert((p.sink.catalog.clone(), full)) {
                 continue;
-            }
-            if !catalogs.contains_key(&p.sink.catalog) {
-                let c = crate::catalog::open_catalog(
-                    &p.sink.catalog,
-                    &config.catalogs[&p.sink.catalog],
-                )
-                .await?;
-                catalogs.insert(p.sink.catalog.clone(), c);
             }
             reports.push(run_table(&catalogs[&p.sink.catalog], &target, dry_run).await);
         }
@@ -369,7 +430,6 @@ pub async fn schedule(
     let Some(config) = pipeline.sink.maintenance.clone() else {
         return;
     };
-    let targets = targets(&pipeline);
     loop {
         tokio::select! {
             _ = tokio::time::sleep(config.interval) => {}
@@ -383,6 +443,13 @@ pub async fn schedule(
         if *shutdown.borrow() {
             return;
         }
+        let targets = match current_targets(&pipeline, &catalog).await {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(pipeline = %pipeline.name, error = %e, "cannot list the pipeline's tables for maintenance; retried at the next interval");
+                continue;
+            }
+        };
         for target in &targets {
             let started = std::time::Instant::now();
             let report = run_table(&catalog, target, false).await;

@@ -24,6 +24,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::PipelineError;
 use super::handoff::{Chunk, Handoff, Mark, Report, TableState};
+use super::tables::TableMap;
 use crate::commit::OffsetMap;
 use crate::config::PipelineConfig;
 use crate::error::{Classify, ErrorClass, backoff};
@@ -63,6 +64,20 @@ struct CommitTable {
     rounds_without_commit: u32,
 }
 
+impl CommitTable {
+    fn new(sink: TableSink) -> CommitTable {
+        CommitTable {
+            committed: sink.stored_offsets().unwrap_or_default(),
+            sink,
+            target: None,
+            extra: HashMap::new(),
+            writing: Volume::default(),
+            cut: Volume::default(),
+            rounds_without_commit: 0,
+        }
+    }
+}
+
 /// Rows and bytes handed over.
 #[derive(Default, Clone, Copy)]
 struct Volume {
@@ -73,6 +88,8 @@ struct Volume {
 pub(super) struct Committer {
     config: Arc<PipelineConfig>,
     tables: Vec<CommitTable>,
+    /// Which partitions' offsets each table stores.
+    map: Arc<TableMap>,
     known: Arc<KnownOffsets>,
     reports: Sender<Report>,
     epoch: u64,
@@ -108,26 +125,17 @@ impl Committer {
     pub(super) fn new(
         config: Arc<PipelineConfig>,
         sinks: Vec<TableSink>,
+        map: Arc<TableMap>,
         known: Arc<KnownOffsets>,
         reports: Sender<Report>,
         uncommitted: Arc<AtomicU64>,
         shutdown: watch::Receiver<bool>,
     ) -> Committer {
-        let tables = sinks
-            .into_iter()
-            .map(|sink| CommitTable {
-                committed: sink.stored_offsets().unwrap_or_default(),
-                sink,
-                target: None,
-                extra: HashMap::new(),
-                writing: Volume::default(),
-                cut: Volume::default(),
-                rounds_without_commit: 0,
-            })
-            .collect();
+        let tables = sinks.into_iter().map(CommitTable::new).collect();
         Committer {
             config,
             tables,
+            map,
             known,
             reports,
             epoch: 0,
@@ -215,6 +223,11 @@ impl Committer {
                 }
                 self.on_mark(mark).await
             }
+            Handoff::AddTable(sink) => {
+                // Whatever the epoch: table indexes never change.
+                self.tables.push(CommitTable::new(*sink));
+                Ok(())
+            }
             Handoff::Rewind { epoch, reason } => {
                 if epoch < self.epoch {
                     return Ok(());
@@ -250,7 +263,8 @@ impl Committer {
         }
         failpoint::hit(failpoint::BEFORE_WRITE);
         if !self.tables[i].sink.exists() {
-            let from = OffsetMap(chunk.from.clone().unwrap_or_default());
+            let mut from = OffsetMap(chunk.from.clone().unwrap_or_default());
+            from.0.retain(|tp, _| self.map.covering(tp).contains(&i));
             let mut attempt = 0;
             loop {
                 attempt += 1;
@@ -332,8 +346,23 @@ impl Committer {
             self.closing = true;
             self.closing_since.get_or_insert_with(Instant::now);
         }
-        let extra = offset_anomalies(&mark.gaps, &mark.resets);
-        for i in 0..self.tables.len() {
+        // Each table's share of the mark: every partition, or its topic's.
+        let n = self.tables.len();
+        let mut next = vec![PartitionMap::default(); n];
+        let mut gaps = vec![PartitionMap::default(); n];
+        let mut resets = vec![PartitionMap::default(); n];
+        for (tp, o) in &mark.next {
+            for i in self.map.covering(tp).filter(|&i| i < n) {
+                next[i].insert(tp.clone(), *o);
+                if let Some(g) = mark.gaps.get(tp) {
+                    gaps[i].insert(tp.clone(), *g);
+                }
+                if let Some(r) = mark.resets.get(tp) {
+                    resets[i].insert(tp.clone(), *r);
+                }
+            }
+        }
+        for i in 0..n {
             let t = &mut self.tables[i];
             if let Err(e) = t.sink.cut().await {
                 return Err(if e.class() == ErrorClass::Transient {
@@ -347,14 +376,14 @@ impl Committer {
             t.cut.bytes += t.writing.bytes;
             t.writing = Volume::default();
             let mut target = t.target.take().unwrap_or_default();
-            for (tp, o) in &mark.next {
+            for (tp, o) in &next[i] {
                 // Stored offsets never go back.
                 let floor = t.committed.0.get(tp).copied().unwrap_or(*o);
                 let c = target.0.entry(tp.clone()).or_insert(*o);
                 *c = (*c).max(*o).max(floor);
             }
             t.target = Some(target);
-            t.extra.extend(extra.clone());
+            t.extra.extend(offset_anomalies(&gaps[i], &resets[i]));
             t.rounds_without_commit += 1;
         }
         self.update_uncommitted();
@@ -652,9 +681,11 @@ table = "t"
         let config = crate::config::Config::parse(CONFIG, &|_| None).unwrap();
         let (reports, heard) = crossbeam_channel::unbounded();
         let (_stop, shutdown) = watch::channel(false);
+        let map = Arc::new(TableMap::new(&config.pipelines[0]));
         let mut committer = Committer::new(
             Arc::new(config.pipelines[0].clone()),
             Vec::new(),
+            map,
             Arc::default(),
             reports,
             Arc::default(),

@@ -16,6 +16,7 @@ use crate::batch::Buffered;
 use crate::commit::OffsetMap;
 use crate::record::PartitionMap;
 use crate::schema::SchemaTracker;
+use crate::sink::TableSink;
 
 /// What the intake hands to the committer, in order.
 pub(super) enum Handoff {
@@ -23,6 +24,8 @@ pub(super) enum Handoff {
     Rows(Box<Chunk>),
     /// The end of a commit interval.
     Mark(Mark),
+    /// A table added while running (the table of a new topic): its rows follow.
+    AddTable(Box<TableSink>),
     /// Drop everything not committed and position reading at the stored offsets, once
     /// every earlier mark is committed (a plugin fault).
     Rewind {

@@ -18,7 +18,8 @@ use crossbeam_channel::Receiver;
 use tokio::sync::mpsc;
 
 use super::handoff::{Chunk, Handoff, Mark, Report};
-use super::{PipelineError, tracker_for};
+use super::tables::TableMap;
+use super::{PipelineError, TableOpener, tracker_for};
 use crate::batch::{ROW_OVERHEAD, RowBuffer, RowMeta};
 use crate::commit::OffsetMap;
 use crate::config::PipelineConfig;
@@ -27,8 +28,9 @@ use crate::decode::{Decoded, Decoder};
 use crate::error::{Classify, ErrorClass, backoff};
 use crate::record::json::{JsonView, Obj, Parsed, Tape, Tapes};
 use crate::record::{Message, PartitionMap, TopicPartition};
-use crate::schema::{Admission, TableSchema};
-use crate::source::{Source, SourceCommand, SourceError, SourceEvent, resume_position};
+use crate::schema::{Admission, SchemaOptions, TableSchema};
+use crate::sink::TableSink;
+use crate::source::{Assignment, Source, SourceCommand, SourceError, SourceEvent, resume_position};
 use crate::telemetry;
 use crate::transform::{
     ChainInput, ChainResult, OnError, Produced, Releaser, TransformChain, TransformError,
@@ -127,6 +129,12 @@ pub(super) struct Intake {
     pub routes: HashMap<String, usize>,
     /// With a table per topic: each topic's table (else every record's table is 0).
     pub by_topic: HashMap<Arc<str>, usize>,
+    /// The pipeline's tables by index (grows with a table per topic).
+    pub map: Arc<TableMap>,
+    /// Opens the table of a new topic.
+    pub opener: TableOpener,
+    /// The schema options new tables start with.
+    pub options: Arc<SchemaOptions>,
     pub source: Box<dyn Source>,
     pub handoffs: mpsc::Sender<Handoff>,
     /// Bytes the committer wrote and has not committed (an early mark past the bound).
@@ -292,6 +300,7 @@ impl Intake {
                 }
             }
             SourceEvent::Assigned(assignments) => {
+                self.add_tables(&assignments)?;
                 for a in assignments {
                     for (t, stored) in self.tables.iter_mut().zip(&a.stored) {
                         if let Some(o) = stored {
@@ -311,10 +320,10 @@ impl Intake {
                             // The source reads from where it likes: what every table
                             // already holds is skipped all the same (not dead-lettered
                             // again, not buffered twice).
-                            let held = a
-                                .stored
-                                .iter()
-                                .copied()
+                            let held = self
+                                .map
+                                .covering(&a.tp)
+                                .map(|i| a.stored.get(i).copied().flatten())
                                 .collect::<Option<Vec<i64>>>()
                                 .and_then(|v| v.into_iter().min());
                             match held {
@@ -476,6 +485,54 @@ impl Intake {
         };
         self.state.tapes = tapes;
         result
+    }
+
+    /// With a table per topic: opens the tables of newly assigned topics and hands them
+    /// to the committer (before any of their rows).
+    fn add_tables(&mut self, assignments: &[Assignment]) -> Result<(), PipelineError> {
+        if !self.map.per_topic() {
+            return Ok(());
+        }
+        for a in assignments {
+            if !self.by_topic.contains_key(&a.tp.0) {
+                let i = self.map.covering(&a.tp).start;
+                self.by_topic.insert(a.tp.0.clone(), i);
+            }
+        }
+        while self.tables.len() < self.map.len() {
+            let name = self.map.name(self.tables.len());
+            let sink = self.open_table(&name)?;
+            let table = super::intake_table(&self.config, &sink, &self.options)?;
+            tracing::info!(pipeline = %self.name(), table = %sink.ident(), exists = sink.exists(), "a new topic: writing its table");
+            if self
+                .handoffs
+                .blocking_send(Handoff::AddTable(Box::new(sink)))
+                .is_err()
+            {
+                return Err(self.committer_gone());
+            }
+            self.tables.push(table);
+        }
+        Ok(())
+    }
+
+    /// Opens table `name`, retrying while the catalog is unreachable.
+    fn open_table(&mut self, name: &str) -> Result<TableSink, PipelineError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.runtime.block_on(self.opener.open(&self.config, name)) {
+                Ok(sink) => return Ok(sink),
+                Err(e) if e.class() == ErrorClass::Transient && !self.stop_requested() => {
+                    let wait =
+                        backoff(attempt, Duration::from_millis(200), Duration::from_secs(30));
+                    tracing::warn!(pipeline = %self.name(), table = %name, error = %e, attempt, retry_in_ms = wait.as_millis() as u64, "cannot open the table: retrying");
+                    telemetry::health::transient_failure(self.name(), "catalog", &e.to_string());
+                    std::thread::sleep(wait);
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// The table a record goes to unless a plugin routes it: its topic's with a table
@@ -999,10 +1056,12 @@ impl Intake {
             .iter()
             .flat_map(|t| t.committed.0.keys())
             .collect();
-        let exists: Vec<bool> = self.tables.iter().map(|t| t.exists).collect();
         for tp in partitions {
-            let stored: Vec<Option<i64>> = self
-                .tables
+            let covering = self.map.covering(tp);
+            let tables = &self.tables
+                [covering.start.min(self.tables.len())..covering.end.min(self.tables.len())];
+            let exists: Vec<bool> = tables.iter().map(|t| t.exists).collect();
+            let stored: Vec<Option<i64>> = tables
                 .iter()
                 .map(|t| t.committed.0.get(tp).copied())
                 .collect();

@@ -1,6 +1,8 @@
 //! Where newly assigned partitions start: the offsets the tables store, read fresh from
 //! the catalog when the partitions are assigned.
 
+use std::collections::{BTreeSet, HashMap};
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,6 +14,8 @@ use crate::config::PipelineConfig;
 use crate::record::TopicPartition;
 use crate::sink::TableSink;
 use crate::source::{Assignment, KnownOffsets, PositionLookup, resume_position};
+
+use super::tables::TableMap;
 
 /// How long an assignment may wait for the catalog before using the last known offsets
 /// (a stale position is safe: the commit fence refuses what another writer holds).
@@ -33,7 +37,8 @@ pub(super) fn remember(known: &KnownOffsets, tables: &[TableSink]) {
 /// The pipeline's tables, read through the catalog.
 pub(super) struct TablePositions {
     catalog: CatalogHandle,
-    tables: Vec<TableIdent>,
+    namespace: NamespaceIdent,
+    map: Arc<TableMap>,
     pipeline: String,
     known: Arc<KnownOffsets>,
     runtime: tokio::runtime::Handle,
@@ -42,6 +47,7 @@ pub(super) struct TablePositions {
 impl TablePositions {
     pub(super) fn new(
         config: &PipelineConfig,
+        map: Arc<TableMap>,
         catalog: CatalogHandle,
         known: Arc<KnownOffsets>,
     ) -> TablePositions {
@@ -54,31 +60,33 @@ impl TablePositions {
                 .collect(),
         )
         .unwrap_or_else(|_| NamespaceIdent::new(config.sink.namespace.clone()));
-        let tables = super::table_names(config)
-            .into_iter()
-            .map(|t| TableIdent::new(namespace.clone(), t))
-            .collect();
         TablePositions {
             catalog,
-            tables,
+            namespace,
+            map,
             pipeline: config.name.clone(),
             known,
             runtime: tokio::runtime::Handle::current(),
         }
     }
 
-    /// Per table: its stored offsets, `None` when it does not exist yet.
-    async fn read(&self) -> Result<Vec<Option<OffsetMap>>, String> {
-        let mut out = Vec::with_capacity(self.tables.len());
-        for ident in &self.tables {
-            match self.catalog.catalog.load_table(ident).await {
-                Ok(t) => out.push(Some(
+    /// Per table index asked for: its stored offsets, `None` when it does not exist yet.
+    async fn read(
+        &self,
+        tables: &BTreeSet<usize>,
+    ) -> Result<HashMap<usize, Option<OffsetMap>>, String> {
+        let mut out = HashMap::with_capacity(tables.len());
+        for &i in tables {
+            let ident = TableIdent::new(self.namespace.clone(), self.map.name(i));
+            let offsets = match self.catalog.catalog.load_table(&ident).await {
+                Ok(t) => Some(
                     OffsetMap::from_table(t.metadata(), &self.pipeline)
                         .map_err(|e| e.to_string())?,
-                )),
-                Err(e) if crate::catalog::is_not_found(&e) => out.push(None),
+                ),
+                Err(e) if crate::catalog::is_not_found(&e) => None,
                 Err(e) => return Err(e.to_string()),
-            }
+            };
+            out.insert(i, offsets);
         }
         Ok(out)
     }
@@ -86,9 +94,13 @@ impl TablePositions {
 
 impl PositionLookup for TablePositions {
     fn lookup(&self, tps: &[TopicPartition]) -> Vec<Assignment> {
+        // Only the tables that store these partitions' offsets are read (with a table
+        // per topic, a new topic gets its table here).
+        let covering: Vec<Range<usize>> = tps.iter().map(|tp| self.map.covering(tp)).collect();
+        let wanted: BTreeSet<usize> = covering.iter().cloned().flatten().collect();
         let fresh = self
             .runtime
-            .block_on(async { tokio::time::timeout(FRESH_READ_TIMEOUT, self.read()).await });
+            .block_on(async { tokio::time::timeout(FRESH_READ_TIMEOUT, self.read(&wanted)).await });
         let fresh = match fresh {
             Ok(Ok(tables)) => Some(tables),
             Ok(Err(e)) => {
@@ -100,26 +112,24 @@ impl PositionLookup for TablePositions {
                 None
             }
         };
+        let n = self.map.len();
         let known = self.known.lock().expect("known offsets");
         tps.iter()
-            .map(|tp| {
-                let (stored, exists): (Vec<Option<i64>>, Vec<bool>) = match &fresh {
-                    Some(tables) => tables
-                        .iter()
-                        .map(|t| match t {
-                            Some(offsets) => (offsets.0.get(tp).copied(), true),
-                            None => (None, false),
-                        })
-                        .unzip(),
-                    None => {
-                        let stored = known
-                            .get(tp)
-                            .cloned()
-                            .unwrap_or_else(|| vec![None; self.tables.len()]);
-                        let exists = vec![false; self.tables.len()];
-                        (stored, exists)
+            .zip(covering)
+            .map(|(tp, tables)| {
+                let mut stored = vec![None; n];
+                let mut exists = vec![false; n];
+                for i in tables {
+                    match &fresh {
+                        Some(read) => {
+                            if let Some(Some(offsets)) = read.get(&i) {
+                                stored[i] = offsets.0.get(tp).copied();
+                                exists[i] = true;
+                            }
+                        }
+                        None => stored[i] = known.get(tp).and_then(|k| k.get(i).copied().flatten()),
                     }
-                };
+                }
                 Assignment {
                     tp: tp.clone(),
                     position: resume_position(&stored, &exists),

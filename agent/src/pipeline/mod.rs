@@ -31,6 +31,7 @@ mod errors;
 mod handoff;
 mod intake;
 mod lookup;
+mod tables;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -59,11 +60,13 @@ pub async fn run_pipeline(
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), PipelineError> {
     let name = config.name.clone();
-    let tables = open_tables(&config, &catalog, &writer_id).await?;
+    let map = Arc::new(tables::TableMap::new(&config));
+    let tables = open_tables(&config, &map, &catalog, &writer_id).await?;
     let known: Arc<KnownOffsets> = Arc::default();
     lookup::remember(&known, &tables);
     let positions = Arc::new(lookup::TablePositions::new(
         &config,
+        map.clone(),
         catalog.clone(),
         known.clone(),
     ));
@@ -73,7 +76,9 @@ pub async fn run_pipeline(
             source: Box::new(source),
         }
     })?;
-    run_with_source(config, tables, engine, Box::new(source), known, shutdown).await
+    let opener = TableOpener { catalog, writer_id };
+    let run = Run { map, opener, known };
+    run_with_source(config, tables, run, engine, Box::new(source), shutdown).await
 }
 
 /// Runs one pipeline with any [`Source`] (in-process tests use a scripted one), on
@@ -86,53 +91,70 @@ pub async fn run_pipeline_with_source(
     source: Box<dyn Source>,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), PipelineError> {
-    let tables = open_tables(&config, &catalog, &writer_id).await?;
+    let map = Arc::new(tables::TableMap::new(&config));
+    let tables = open_tables(&config, &map, &catalog, &writer_id).await?;
     let known: Arc<KnownOffsets> = Arc::default();
     lookup::remember(&known, &tables);
-    run_with_source(config, tables, engine, source, known, shutdown).await
+    let opener = TableOpener { catalog, writer_id };
+    let run = Run { map, opener, known };
+    run_with_source(config, tables, run, engine, source, shutdown).await
 }
 
-/// Opens the pipeline's tables: index 0 is the default table, then one per stream.
+/// Opens the tables known at start (index order of `map`).
 async fn open_tables(
     config: &PipelineConfig,
+    map: &tables::TableMap,
     catalog: &CatalogHandle,
     writer_id: &str,
 ) -> Result<Vec<TableSink>, PipelineError> {
-    let sink_err = PipelineError::sink(&config.name);
+    let opener = TableOpener {
+        catalog: catalog.clone(),
+        writer_id: writer_id.to_string(),
+    };
     let mut tables = Vec::new();
-    for table in table_names(config) {
-        let sink = TableSink::open(catalog, &config.sink, &table, &config.name, writer_id)
-            .await
-            .map_err(sink_err)?;
-        tables.push(sink);
+    for table in map.names() {
+        tables.push(opener.open(config, &table).await?);
     }
     Ok(tables)
 }
 
-/// The pipeline's table names: the default table first, then one per stream; or one per
-/// topic, in the order of `topics`.
-fn table_names(config: &PipelineConfig) -> Vec<String> {
-    if config.sink.table_per_topic() {
-        return config
-            .source
-            .topics
-            .iter()
-            .map(|t| config.sink.table_for_topic(t))
-            .collect();
+/// Opens a table of the pipeline (at start, or when a new topic gets its table).
+#[derive(Clone)]
+pub(crate) struct TableOpener {
+    catalog: CatalogHandle,
+    writer_id: String,
+}
+
+impl TableOpener {
+    async fn open(&self, config: &PipelineConfig, table: &str) -> Result<TableSink, PipelineError> {
+        TableSink::open(
+            &self.catalog,
+            &config.sink,
+            table,
+            &config.name,
+            &self.writer_id,
+        )
+        .await
+        .map_err(PipelineError::sink(&config.name))
     }
-    let mut names = vec![config.sink.table.clone()];
-    names.extend(config.sink.streams.values().cloned());
-    names
+}
+
+/// What the pipeline's threads share about its tables.
+struct Run {
+    map: Arc<tables::TableMap>,
+    opener: TableOpener,
+    known: Arc<KnownOffsets>,
 }
 
 async fn run_with_source(
     config: PipelineConfig,
     sinks: Vec<TableSink>,
+    run: Run,
     engine: Option<TransformEngine>,
     source: Box<dyn Source>,
-    known: Arc<KnownOffsets>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), PipelineError> {
+    let Run { map, opener, known } = run;
     let name = config.name.clone();
     telemetry::health::pipeline_started(&name, config.sink.commit_interval);
     let decoder = Decoder::new(&config.decode)
@@ -186,8 +208,8 @@ async fn run_with_source(
     }
     let mut options = config.schema.options();
     options.topic_column = config.sink.topic_column.unwrap_or(
-        config.source.topic_pattern.is_some()
-            || (config.source.topics.len() > 1 && !config.sink.table_per_topic()),
+        !config.sink.table_per_topic()
+            && (config.source.topic_pattern.is_some() || config.source.topics.len() > 1),
     );
     options.headers_column = config.sink.headers_column;
     let options = Arc::new(options);
@@ -196,33 +218,17 @@ async fn run_with_source(
         routes.insert(stream.clone(), i + 1);
     }
     let mut by_topic = HashMap::new();
-    if config.sink.table_per_topic() {
-        for (i, topic) in config.source.topics.iter().enumerate() {
+    if map.per_topic() {
+        for topic in &config.source.topics {
+            let i = map.covering(&(Arc::from(topic.as_str()), 0)).start;
             by_topic.insert(Arc::<str>::from(topic.as_str()), i);
         }
     }
     let mut tables = Vec::with_capacity(sinks.len());
     for sink in &sinks {
-        let schema = sink.current_schema();
-        if options.topic_column
-            && schema
-                .as_ref()
-                .is_some_and(|s| s.field_by_name(columns::TOPIC).is_none())
-        {
-            tracing::warn!(pipeline = %name, table = %sink.ident(), "the table has no _kafka_topic column: rows are written without their topic (add the column with ALTER TABLE ... ADD COLUMN _kafka_topic string)");
-        }
-        let tracker = tracker_for(schema.as_deref(), &options);
-        tables.push(intake::IntakeTable::new(
-            TableSchema::new(
-                tracker,
-                config.schema.on_incompatible,
-                sink.key_spec().cloned(),
-            ),
-            sink.stored_offsets().map_err(PipelineError::sink(&name))?,
-            sink.exists(),
-        ));
+        tables.push(intake_table(&config, sink, &options)?);
     }
-    tracing::info!(pipeline = %name, tables = ?table_names(&config), "starting: positions come from the offsets stored in the table(s)");
+    tracing::info!(pipeline = %name, tables = ?map.names(), per_topic = map.per_topic(), "starting: positions come from the offsets stored in the table(s)");
 
     for (field, message) in config.sink.warnings() {
         tracing::warn!(pipeline = %name, setting = %format!("sink.{field}"), "{message}");
@@ -237,6 +243,7 @@ async fn run_with_source(
         committer::Committer::new(
             config.clone(),
             sinks,
+            map.clone(),
             known,
             report_tx,
             uncommitted.clone(),
@@ -254,6 +261,9 @@ async fn run_with_source(
         tables,
         routes,
         by_topic,
+        map,
+        opener,
+        options,
         source,
         handoffs: handoff_tx,
         uncommitted,
@@ -291,6 +301,33 @@ async fn run_with_source(
     let committer_result =
         committed.map_err(|e| PipelineError::internal(&name, format!("committer task: {e}")))?;
     intake_result.and(committer_result)
+}
+
+/// The intake's state of an opened table.
+fn intake_table(
+    config: &PipelineConfig,
+    sink: &TableSink,
+    options: &Arc<crate::schema::SchemaOptions>,
+) -> Result<intake::IntakeTable, PipelineError> {
+    let schema = sink.current_schema();
+    if options.topic_column
+        && schema
+            .as_ref()
+            .is_some_and(|s| s.field_by_name(columns::TOPIC).is_none())
+    {
+        tracing::warn!(pipeline = %config.name, table = %sink.ident(), "the table has no _kafka_topic column: rows are written without their topic (add the column with ALTER TABLE ... ADD COLUMN _kafka_topic string)");
+    }
+    let tracker = tracker_for(schema.as_deref(), options);
+    Ok(intake::IntakeTable::new(
+        TableSchema::new(
+            tracker,
+            config.schema.on_incompatible,
+            sink.key_spec().cloned(),
+        ),
+        sink.stored_offsets()
+            .map_err(PipelineError::sink(&config.name))?,
+        sink.exists(),
+    ))
 }
 
 /// A new tracker for a table's current schema (at start and after a rewind).

@@ -35,9 +35,11 @@ pub struct SinkConfig {
     pub catalog: String,
     /// Namespace; dots separate levels (`analytics.raw`).
     pub namespace: String,
-    /// Table name. With `{topic}` in it, each topic of `topics` gets its own table:
+    /// Table name. With `{topic}` in it, each topic gets its own table:
     /// `table = "raw_{topic}"` writes topic `orders.eu` to `raw_orders_eu` (characters
-    /// other than letters, digits and `_` become `_`).
+    /// other than letters, digits and `_` become `_`). With `topic_pattern`, a table is
+    /// added when a new matching topic is assigned; each table stores the offsets of its
+    /// own topic only.
     pub table: String,
     /// Tables of named output streams (plugins route records with `Emit::to(stream, ...)`):
     /// `streams = { eu = "events_eu" }`, in the same namespace. A record routed to a
@@ -46,7 +48,7 @@ pub struct SinkConfig {
     pub streams: std::collections::BTreeMap<String, String>,
     /// A `_kafka_topic` column (the topic each row was read from) in tables the agent
     /// creates. Default: on when records of several topics can reach one table
-    /// (`topic_pattern`, or several `topics` without `{topic}` in `table`). A table
+    /// (`topic_pattern` or several `topics`, without `{topic}` in `table`). A table
     /// that exists gets the topic only if it has the column (add it with your engine's
     /// `ALTER TABLE ... ADD COLUMN _kafka_topic string`).
     #[serde(default)]
