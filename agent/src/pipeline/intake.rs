@@ -100,11 +100,7 @@ pub(super) struct State {
     gaps: PartitionMap<(i64, i64)>,
     resets: PartitionMap<(i64, i64)>,
     epoch: u64,
-    /// A rewind was requested: records are ignored until the committer answers.
-    rewinding: bool,
-    /// A stop was requested while rewinding: mark once the rewind is done.
-    close_after_rewind: bool,
-    closing: bool,
+    phase: Phase,
     consecutive_faults: u32,
     tape: Tape,
     /// The tapes of a batch's records for the plugins (kept for their memory).
@@ -112,7 +108,31 @@ pub(super) struct State {
     last_commit: Option<Instant>,
 }
 
+/// Where the intake is in its protocol with the committer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Phase {
+    /// Reading records and marking every interval.
+    #[default]
+    Reading,
+    /// A rewind was requested: records are ignored until the committer answers.
+    /// `then_close`: a stop was requested meanwhile (the closing mark follows the
+    /// rewind).
+    Rewinding { then_close: bool },
+    /// The closing mark is handed over: only the committer's last report matters.
+    /// (A rewind the committer starts on its own can still arrive: reading does not
+    /// resume.)
+    Closing,
+}
+
 impl State {
+    fn rewinding(&self) -> bool {
+        matches!(self.phase, Phase::Rewinding { .. })
+    }
+
+    fn closing(&self) -> bool {
+        self.phase == Phase::Closing
+    }
+
     /// The dead-letter file at start: what it holds was written by earlier runs.
     pub(super) fn start_dead_letters(&mut self, at: crate::dead_letter::Position) {
         self.letters_committed = Some(at);
@@ -222,7 +242,7 @@ impl Intake {
         loop {
             // Closing or rewinding, nothing is marked until the committer reports: wait
             // for it (the interval has long passed; a zero wait would spin).
-            let wait = if self.state.closing || self.state.rewinding {
+            let wait = if self.state.phase != Phase::Reading {
                 Duration::from_millis(250)
             } else {
                 interval
@@ -244,19 +264,19 @@ impl Intake {
                     if c.is_err() {
                         control = crossbeam_channel::never();
                     }
-                    if !self.state.closing {
-                        if self.state.rewinding {
-                            self.state.close_after_rewind = true;
-                        } else {
-                            self.mark(true)?;
+                    match self.state.phase {
+                        Phase::Reading => self.mark(true)?,
+                        Phase::Rewinding { .. } => {
+                            self.state.phase = Phase::Rewinding { then_close: true };
                         }
+                        Phase::Closing => {}
                     }
                 }
                 recv(events) -> e => match e {
-                    Ok(event) if !self.state.closing => self.on_event(event)?,
+                    Ok(event) if !self.state.closing() => self.on_event(event)?,
                     Ok(_) => {}
                     Err(_) => {
-                        if self.state.closing {
+                        if self.state.closing() {
                             // Only the committer's last report matters now.
                             events = crossbeam_channel::never();
                             continue;
@@ -268,7 +288,7 @@ impl Intake {
             }
             let since = self.state.last_commit.unwrap_or(started).elapsed();
             telemetry::seconds_since_last_commit(self.name(), since.as_secs_f64());
-            if self.state.closing || self.state.rewinding {
+            if self.state.phase != Phase::Reading {
                 continue;
             }
             // One commit per interval; earlier only once a lot is written and not
@@ -294,7 +314,7 @@ impl Intake {
     fn on_event(&mut self, event: SourceEvent) -> Result<(), PipelineError> {
         match event {
             SourceEvent::Records(epoch, messages) => {
-                if epoch == self.state.epoch && !self.state.rewinding {
+                if epoch == self.state.epoch && self.state.phase == Phase::Reading {
                     self.accept(messages)?;
                     self.hand_off_full()?;
                 }
@@ -346,7 +366,7 @@ impl Intake {
                 let read_since_mark =
                     |tp: &TopicPartition| self.state.next.get(tp) != self.state.last_marked.get(tp);
                 if self.state.handed_rows
-                    && !self.state.rewinding
+                    && !self.state.rewinding()
                     && revoked.iter().any(read_since_mark)
                 {
                     self.mark(false)?;
@@ -682,12 +702,12 @@ impl Intake {
         let mut outcome = Ok(());
         chain.run_parts(&inputs, |part| {
             outcome = self.take_part(messages, decoded, &inputs, part, &releaser);
-            outcome.is_ok() && !self.state.rewinding
+            outcome.is_ok() && !self.state.rewinding()
         });
         self.chain = chain;
         outcome?;
         // Only a whole batch without a fault ends a run of faulted batches.
-        if !self.state.rewinding {
+        if !self.state.rewinding() {
             self.state.consecutive_faults = 0;
         }
         Ok(())
@@ -932,7 +952,7 @@ impl Intake {
         self.state.from = self.state.next.clone();
         self.state.handed_rows = false;
         if closing {
-            self.state.closing = true;
+            self.state.phase = Phase::Closing;
         }
         if self.handoffs.blocking_send(Handoff::Mark(mark)).is_err() {
             return Err(self.committer_gone());
@@ -952,7 +972,7 @@ impl Intake {
 
     /// Asks the committer to rewind once everything handed over earlier is done.
     fn request_rewind(&mut self, reason: String) -> Result<(), PipelineError> {
-        self.state.rewinding = true;
+        self.state.phase = Phase::Rewinding { then_close: false };
         for t in &mut self.tables {
             let _ = t.buffer.take();
         }
@@ -1017,7 +1037,10 @@ impl Intake {
                     t.exists = state.exists;
                 }
                 self.state.epoch = epoch;
-                self.state.rewinding = false;
+                let then_close = self.state.phase == Phase::Rewinding { then_close: true };
+                if self.state.rewinding() {
+                    self.state.phase = Phase::Reading;
+                }
                 let resume = self.resume();
                 let mut positions = Vec::new();
                 self.state.next.clear();
@@ -1037,7 +1060,7 @@ impl Intake {
                 self.state.handed_rows = false;
                 self.source
                     .command(SourceCommand::Seek { epoch, positions });
-                if self.state.close_after_rewind {
+                if then_close {
                     self.mark(true)?;
                 }
             }
