@@ -171,10 +171,7 @@ async fn stale_view(sink: &str, table: &str) -> Result<()> {
     // Expiry keeps only the newest snapshot and deletes the files of the others.
     let catalog = floe::catalog::open_catalog(
         "local",
-        &floe::catalog::CatalogConfig::Embedded {
-            path: ws.path("catalog.db"),
-            warehouse: ws.path("warehouse"),
-        },
+        &floe::catalog::CatalogConfig::embedded(ws.path("catalog.db"), ws.path("warehouse")),
     )
     .await?;
     let ident = iceberg::TableIdent::from_strs(["ns", table])?;

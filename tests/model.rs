@@ -431,10 +431,7 @@ async fn run(mode: Mode, seed: u64, steps: usize) -> Result<()> {
     p.pipeline.assign("t", &assign);
     let catalog = floe::catalog::open_catalog(
         "local",
-        &floe::catalog::CatalogConfig::Embedded {
-            path: ws.path("catalog.db"),
-            warehouse: ws.path("warehouse"),
-        },
+        &floe::catalog::CatalogConfig::embedded(ws.path("catalog.db"), ws.path("warehouse")),
     )
     .await?;
     let mut run = Run {

@@ -83,7 +83,9 @@ async fn agents_on_two_machines_share_a_postgres_catalog_through_kills() -> Resu
     let b = AgentProcess::start(Path::new(&b_config), &[])?;
     let config = floe::catalog::CatalogConfig::Sql {
         uri: pg.uri.clone(),
-        warehouse: warehouse.clone(),
+        warehouse: warehouse.display().to_string(),
+        s3: Default::default(),
+        aws: Default::default(),
     };
     tokio::time::sleep(Duration::from_secs(2)).await;
     let catalog = floe::catalog::open_catalog("lake", &config).await?.catalog;
@@ -166,5 +168,82 @@ async fn agents_on_two_machines_share_a_postgres_catalog_through_kills() -> Resu
                 .unwrap_or_default();
         assert!(letters.is_empty(), "{letters:?}");
     }
+    Ok(())
+}
+
+/// A SQL catalog on Postgres with its warehouse on S3 (moto), as agents on several
+/// machines run it without a shared file system: no S3 keys in the config, the agent's
+/// identity comes from the AWS chain (environment keys here). PyIceberg and DuckDB read
+/// every value of every row through the catalog and S3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_catalog_keeps_its_tables_on_s3() -> Result<()> {
+    let pg = Postgres::start()?;
+    let moto = floe_tests::faults::Moto::start()?;
+    let broker = Broker::start()?;
+    broker.create_topic(TOPIC, 2).await?;
+    broker.produce(TOPIC, &records(0, 600)).await?;
+    let warehouse = format!("s3://{}/lake", floe_tests::faults::Moto::BUCKET);
+    let machine = tempfile::tempdir()?;
+    let s3 = format!(
+        "s3.endpoint = \"{}\"\ns3.path-style-access = true\ns3.region = \"us-east-1\"\n",
+        moto.endpoint
+    );
+    let catalog = pg.catalog_toml_at("lake", &warehouse) + &s3;
+    let path = machine.path().join("floe.toml");
+    let text = std::fs::read_to_string(config(
+        machine.path(),
+        &pg,
+        machine.path(),
+        &broker.bootstrap,
+    )?)?;
+    let pipelines = &text[text.find("[[pipelines]]").expect("pipeline")..];
+    std::fs::write(&path, format!("{catalog}{pipelines}"))?;
+    let env = [
+        ("AWS_ACCESS_KEY_ID", "testing"),
+        ("AWS_SECRET_ACCESS_KEY", "testing"),
+        ("AWS_REGION", "us-east-1"),
+        ("AWS_EC2_METADATA_DISABLED", "true"),
+    ];
+    let agent = AgentProcess::start(&path, &env)?;
+    let config = floe::catalog::CatalogConfig::Sql {
+        uri: pg.uri.clone(),
+        warehouse: warehouse.clone(),
+        s3: toml::from_str(&format!(
+            "endpoint = \"{}\"\npath-style-access = true\nregion = \"us-east-1\"\naccess-key-id = \"testing\"\nsecret-access-key = \"testing\"\n",
+            moto.endpoint
+        ))?,
+        aws: Default::default(),
+    };
+    let catalog = floe::catalog::open_catalog("lake", &config).await?.catalog;
+    if let Err(e) = wait_for_messages(
+        catalog.as_ref(),
+        "shop",
+        "orders",
+        "orders",
+        600,
+        Duration::from_secs(120),
+    )
+    .await
+    {
+        bail!("{e}\n--- agent:\n{}", agent.output());
+    }
+    agent.terminate()?;
+    let table = catalog
+        .load_table(&iceberg::TableIdent::from_strs(["shop", "orders"])?)
+        .await?;
+    anyhow::ensure!(
+        table.metadata().location().starts_with(&warehouse),
+        "table at {}",
+        table.metadata().location()
+    );
+    assert_append_table(&broker.bootstrap, TOPIC, 600, "a table on S3", |reader| {
+        pg.read_at(
+            reader,
+            "lake",
+            (&warehouse, Some(&moto.endpoint)),
+            "shop.orders",
+            "_kafka_partition,_kafka_offset",
+        )
+    })?;
     Ok(())
 }

@@ -317,10 +317,7 @@ commit_interval = "600s"
         // Rebuilding the key index from the table is what a restart costs.
         let handle = open_catalog(
             "local",
-            &CatalogConfig::Embedded {
-                path: ws.path("catalog.db"),
-                warehouse: ws.path("warehouse"),
-            },
+            &CatalogConfig::embedded(ws.path("catalog.db"), ws.path("warehouse")),
         )
         .await?;
         let mut sink_config: floe::sink::SinkConfig = toml_sink();

@@ -316,6 +316,41 @@ def load_metadata_json(path):
     return json.loads(raw)
 
 
+def is_s3(location):
+    return location.startswith(("s3://", "s3a://"))
+
+
+def warehouse_uri(args):
+    return args.warehouse if is_s3(args.warehouse) else f"file://{args.warehouse}"
+
+
+def s3_props(args):
+    """PyIceberg FileIO properties of the tests' S3 store (moto), for S3 warehouses."""
+    if not args.s3_endpoint:
+        return {}
+    return {
+        "s3.endpoint": args.s3_endpoint,
+        "s3.access-key-id": S3_KEY,
+        "s3.secret-access-key": S3_KEY,
+        "s3.region": "us-east-1",
+        "s3.path-style-access": "true",
+    }
+
+
+def load_s3_json(args, location):
+    from pyarrow import fs
+
+    endpoint = args.s3_endpoint.split("://", 1)
+    s3 = fs.S3FileSystem(access_key=S3_KEY, secret_key=S3_KEY, region="us-east-1",
+                         endpoint_override=endpoint[-1], scheme=endpoint[0] if len(endpoint) > 1 else "http",
+                         force_virtual_addressing=False)
+    with s3.open_input_stream(location.split("://", 1)[1]) as f:
+        raw = f.read()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    return json.loads(raw)
+
+
 def sql_uri(args):
     """SQLAlchemy URI of the SQL catalog: the sqlite file, or Postgres through psycopg2."""
     if args.catalog_uri:
@@ -329,8 +364,9 @@ def read_pyiceberg(args):
     catalog = SqlCatalog(
         args.catalog_name,
         uri=sql_uri(args),
-        warehouse=f"file://{args.warehouse}",
+        warehouse=warehouse_uri(args),
         init_catalog_tables="false",
+        **s3_props(args),
     )
     table = catalog.load_table(args.table)
     schema = table.schema().model_dump(by_alias=True, mode="json")
@@ -372,6 +408,8 @@ def local_metadata(args):
         raise ReadError(f"table {args.table!r} not found in catalog {args.catalog_name!r} ({args.catalog_db})")
     if not found[0][0]:
         raise ReadError(f"table {args.table!r} has no metadata_location")
+    if is_s3(found[0][0]):
+        return found[0][0], load_s3_json(args, found[0][0])
     meta_path = local_path(found[0][0])
     return meta_path, load_metadata_json(meta_path)
 
@@ -410,8 +448,9 @@ def plan_filter(args):
     catalog = SqlCatalog(
         args.catalog_name,
         uri=sql_uri(args),
-        warehouse=f"file://{args.warehouse}",
+        warehouse=warehouse_uri(args),
         init_catalog_tables="false",
+        **s3_props(args),
     )
     table = catalog.load_table(args.table)
     planned = sorted(t.file.file_path for t in table.scan(row_filter=args.plan_filter).plan_files())
@@ -440,6 +479,11 @@ def read_duckdb(args):
                 con.execute(f"INSTALL '{path}'")
                 con.execute(f"LOAD {ext}")
             con.execute("SET TimeZone = 'UTC'")
+            if is_s3(meta_path):
+                endpoint = args.s3_endpoint.split("://", 1)[-1]
+                con.execute(f"CREATE SECRET floe_s3 (TYPE s3, KEY_ID '{S3_KEY}', SECRET '{S3_KEY}', "
+                            f"REGION 'us-east-1', ENDPOINT '{endpoint}', URL_STYLE 'path', "
+                            f"USE_SSL {'true' if args.s3_endpoint.startswith('https') else 'false'})")
             if summary is None:
                 # No snapshot yet: nothing to scan; an empty table with the schema's columns.
                 arrow = pa.table({f["name"]: pa.array([], pa.null()) for f in schema["fields"]})
@@ -553,7 +597,7 @@ def main():
     ap.add_argument("--catalog-db", help="sqlite file of the SQL catalog")
     ap.add_argument("--catalog-uri", help="postgresql:// URI of a SQL catalog (instead of --catalog-db)")
     ap.add_argument("--catalog-name", default="local")
-    ap.add_argument("--warehouse", help="warehouse directory")
+    ap.add_argument("--warehouse", help="warehouse directory, or s3://bucket/prefix (with --s3-endpoint)")
     ap.add_argument("--rest-uri", help="Iceberg REST catalog URI (instead of --catalog-db)")
     ap.add_argument("--rest-token", default="", help="bearer token for the REST catalog")
     ap.add_argument("--rest-warehouse", default="", help="warehouse name for the REST catalog")
@@ -568,7 +612,8 @@ def main():
             ap.error("--catalog-db (or --catalog-uri) and --warehouse are required without --rest-uri")
         if args.catalog_db:
             args.catalog_db = os.path.abspath(args.catalog_db)
-        args.warehouse = os.path.abspath(args.warehouse)
+        if not is_s3(args.warehouse):
+            args.warehouse = os.path.abspath(args.warehouse)
     order_by = [c.strip() for c in args.order_by.split(",") if c.strip()]
     try:
         if not args.rest_uri and args.catalog_db and not os.path.isfile(args.catalog_db):

@@ -354,10 +354,8 @@ path = "{d}/dead-letter.ndjson"
 
     /// Opens the embedded catalog read-side, for polling progress.
     pub async fn catalog(&self) -> Result<Arc<dyn Catalog>> {
-        let config = floe::catalog::CatalogConfig::Embedded {
-            path: self.path("catalog.db"),
-            warehouse: self.path("warehouse"),
-        };
+        let config =
+            floe::catalog::CatalogConfig::embedded(self.path("catalog.db"), self.path("warehouse"));
         Ok(floe::catalog::open_catalog("local", &config).await?.catalog)
     }
 

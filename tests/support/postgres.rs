@@ -37,10 +37,14 @@ impl Postgres {
     /// The `[catalogs.NAME]` section of a SQL catalog in this database with its tables
     /// in `warehouse`.
     pub fn catalog_toml(&self, name: &str, warehouse: &Path) -> String {
+        self.catalog_toml_at(name, &warehouse.display().to_string())
+    }
+
+    /// [`Postgres::catalog_toml`] with a warehouse location (a path or `s3://...`).
+    pub fn catalog_toml_at(&self, name: &str, warehouse: &str) -> String {
         format!(
-            "[catalogs.{name}]\ntype = \"sql\"\nuri = \"{}\"\nwarehouse = \"{}\"\n",
+            "[catalogs.{name}]\ntype = \"sql\"\nuri = \"{}\"\nwarehouse = \"{warehouse}\"\n",
             self.uri,
-            warehouse.display()
         )
     }
 
@@ -54,13 +58,27 @@ impl Postgres {
         table: &str,
         order_by: &str,
     ) -> Result<TableDump> {
+        let warehouse = warehouse.display().to_string();
+        self.read_at(reader, catalog, (&warehouse, None), table, order_by)
+    }
+
+    /// [`Postgres::read`] of a warehouse at a location: a path, or `s3://...` with the
+    /// S3 endpoint of the store (`(location, Some(endpoint))`).
+    pub fn read_at(
+        &self,
+        reader: &str,
+        catalog: &str,
+        (warehouse, s3_endpoint): (&str, Option<&str>),
+        table: &str,
+        order_by: &str,
+    ) -> Result<TableDump> {
         let out = Command::new(tool("FLOE_PYTHON"))
             .arg(repo_root().join("tests/readers/read_table.py"))
             .args(["--reader", reader, "--catalog-name", catalog])
             .args(["--catalog-uri", &self.uri, "--table", table])
             .args(["--order-by", order_by])
-            .arg("--warehouse")
-            .arg(warehouse)
+            .args(["--warehouse", warehouse])
+            .args(["--s3-endpoint", s3_endpoint.unwrap_or_default()])
             .output()?;
         if !out.status.success() {
             bail!(

@@ -12,9 +12,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use iceberg::io::LocalFsStorageFactory;
+use iceberg::io::{LocalFsStorageFactory, StorageFactory};
 use iceberg::{Catalog, CatalogBuilder};
 use iceberg_catalog_sql::SqlCatalogBuilder;
+use iceberg_storage_opendal::{CustomAwsCredentialLoader, OpenDalResolvingStorageFactory};
 use serde::Deserialize;
 
 pub mod aws;
@@ -27,7 +28,7 @@ pub use timed::{CALL_TIMEOUT, Timed};
 
 use crate::commit::{CommitBackend, RestBackend, SqlBackend};
 use crate::config::redact_url;
-use rest::{RestCatalog, RestCatalogConfig, RestSession};
+use rest::{RestCatalog, RestCatalogConfig, RestSession, S3Settings};
 
 /// Why a catalog could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -82,8 +83,16 @@ pub enum CatalogConfig {
     Embedded {
         /// SQLite file (created if missing).
         path: PathBuf,
-        /// Directory holding table data and metadata (created if missing).
-        warehouse: PathBuf,
+        /// Where table data and metadata go: a local directory (created if missing), or
+        /// `s3://bucket/prefix` on S3 or an S3-compatible store.
+        warehouse: String,
+        /// S3 settings of an `s3://` warehouse (endpoint, region, addressing, static
+        /// keys); without keys the AWS identity of `aws.*` is used.
+        #[serde(default)]
+        s3: S3Settings,
+        /// How the agent finds its AWS identity for an `s3://` warehouse.
+        #[serde(default)]
+        aws: aws::AwsSettings,
     },
     /// A SQL catalog in a Postgres database, shared by agents on several machines: the
     /// Iceberg JDBC/SQL catalog layout, which Spark's `JdbcCatalog`, PyIceberg's
@@ -92,15 +101,34 @@ pub enum CatalogConfig {
         /// `postgresql://user@host:port/database`; the password from the URI or the
         /// `PGPASSWORD` environment variable; `?sslmode=require` for TLS.
         uri: String,
-        /// Directory holding table data and metadata, mounted at the same path by every
-        /// agent and reader (created if missing).
-        warehouse: PathBuf,
+        /// Where table data and metadata go: `s3://bucket/prefix` (S3 or an
+        /// S3-compatible store), or a directory mounted at the same path by every agent
+        /// and reader (created if missing).
+        warehouse: String,
+        /// S3 settings of an `s3://` warehouse (endpoint, region, addressing, static
+        /// keys); without keys the AWS identity of `aws.*` is used.
+        #[serde(default)]
+        s3: S3Settings,
+        /// How the agent finds its AWS identity for an `s3://` warehouse.
+        #[serde(default)]
+        aws: aws::AwsSettings,
     },
     /// An Iceberg REST catalog (Polaris, Lakekeeper, Nessie, ...), tables on S3.
     Rest(Box<RestCatalogConfig>),
 }
 
 impl CatalogConfig {
+    /// An embedded catalog: SQLite file `path`, tables in the local directory
+    /// `warehouse`.
+    pub fn embedded(path: impl Into<PathBuf>, warehouse: impl AsRef<Path>) -> CatalogConfig {
+        CatalogConfig::Embedded {
+            path: path.into(),
+            warehouse: warehouse.as_ref().display().to_string(),
+            s3: S3Settings::default(),
+            aws: aws::AwsSettings::default(),
+        }
+    }
+
     /// Problems serde cannot see, as `(field, message)` pairs.
     pub fn problems(&self) -> Vec<(String, String)> {
         match self {
@@ -126,13 +154,18 @@ pub async fn open_catalog(
     config: &CatalogConfig,
 ) -> Result<CatalogHandle, CatalogError> {
     match config {
-        CatalogConfig::Embedded { path, warehouse } => {
+        CatalogConfig::Embedded {
+            path,
+            warehouse,
+            s3,
+            aws,
+        } => {
             let local = |message: String| CatalogError::Local {
                 catalog: name.to_string(),
                 message,
             };
             let db = absolute(path).map_err(local)?;
-            let wh = local_warehouse(name, warehouse)?;
+            let wh = Warehouse::open(name, warehouse, s3, aws)?;
             if let Some(dir) = db.parent() {
                 std::fs::create_dir_all(dir)
                     .map_err(|e| local(format!("cannot create {}: {e}", dir.display())))?;
@@ -147,8 +180,13 @@ pub async fn open_catalog(
             let committer = SqlBackend::open(&db, name);
             open_sql(name, &sql, &wh, committer).await
         }
-        CatalogConfig::Sql { uri, warehouse } => {
-            let wh = local_warehouse(name, warehouse)?;
+        CatalogConfig::Sql {
+            uri,
+            warehouse,
+            s3,
+            aws,
+        } => {
+            let wh = Warehouse::open(name, warehouse, s3, aws)?;
             let sql = SqlDatabase {
                 uri: uri.clone(),
                 detail: format!("postgres at {}", redact_url(uri)),
@@ -221,7 +259,7 @@ struct SqlDatabase {
 async fn open_sql(
     name: &str,
     sql: &SqlDatabase,
-    warehouse: &Path,
+    warehouse: &Warehouse,
     committer: impl std::future::Future<Output = Result<Arc<SqlBackend>, String>>,
 ) -> Result<CatalogHandle, CatalogError> {
     let unreachable = |source| CatalogError::Unreachable {
@@ -229,20 +267,19 @@ async fn open_sql(
         detail: sql.detail.clone(),
         source: Box::new(source),
     };
-    let props = HashMap::from([
+    let mut props = HashMap::from([
         ("uri".to_string(), sql.uri.clone()),
-        (
-            "warehouse".to_string(),
-            format!("file://{}", warehouse.display()),
-        ),
+        ("warehouse".to_string(), warehouse.uri.clone()),
         ("sql_bind_style".to_string(), sql.bind_style.to_string()),
         (
             "pool.max-connections".to_string(),
             sql.connections.to_string(),
         ),
     ]);
+    // The catalog hands its properties to every table's FileIO.
+    props.extend(warehouse.props.clone());
     let catalog = SqlCatalogBuilder::default()
-        .with_storage_factory(Arc::new(LocalFsStorageFactory))
+        .with_storage_factory(warehouse.factory.clone())
         .load(name, props)
         .await
         .map_err(unreachable)?;
@@ -261,16 +298,74 @@ async fn open_sql(
     })
 }
 
-/// The absolute path of a local warehouse directory, created if missing.
-fn local_warehouse(name: &str, warehouse: &Path) -> Result<PathBuf, CatalogError> {
-    let local = |message: String| CatalogError::Local {
-        catalog: name.to_string(),
-        message,
-    };
-    let wh = absolute(warehouse).map_err(local)?;
-    std::fs::create_dir_all(&wh)
-        .map_err(|e| local(format!("cannot create {}: {e}", wh.display())))?;
-    Ok(wh)
+/// Where a SQL-layout catalog keeps its tables, and the storage that reaches it.
+struct Warehouse {
+    /// `file:///abs/dir` or `s3://bucket/prefix`.
+    uri: String,
+    /// FileIO properties (S3 endpoint, region, addressing, static keys).
+    props: Vec<(String, String)>,
+    factory: Arc<dyn StorageFactory>,
+}
+
+impl Warehouse {
+    /// A local directory (made absolute and created if missing) or an `s3://` location.
+    fn open(
+        name: &str,
+        warehouse: &str,
+        s3: &S3Settings,
+        aws: &aws::AwsSettings,
+    ) -> Result<Warehouse, CatalogError> {
+        let local = |message: String| CatalogError::Local {
+            catalog: name.to_string(),
+            message,
+        };
+        match warehouse.split_once("://") {
+            Some(("s3" | "s3a", _)) => {
+                let uri = warehouse.trim_end_matches('/').to_string();
+                let mut props = s3.file_io_props(true);
+                if s3.region.is_none() {
+                    let region = aws.region_or_env(&[]).unwrap_or_else(|| "us-east-1".into());
+                    props.push(("s3.region".into(), region));
+                }
+                let mut factory = OpenDalResolvingStorageFactory::new();
+                if s3.access_key_id.is_none() {
+                    // No keys in the config: the AWS SDK's chain (and `aws.role_arn`)
+                    // decides, for the tables and for orphan listings.
+                    let provider: object_store::SharedCredentials =
+                        aws::AwsCredentials::new(aws.clone());
+                    object_store::register_credentials(&uri, provider.clone());
+                    factory = factory.with_s3_credential_loader(CustomAwsCredentialLoader::new(
+                        object_store::Shared(provider),
+                    ));
+                }
+                Ok(Warehouse {
+                    uri,
+                    props,
+                    factory: Arc::new(factory),
+                })
+            }
+            Some(("file", path)) => Warehouse::local(name, Path::new(path)),
+            Some((scheme, _)) => Err(local(format!(
+                "warehouse {warehouse:?}: use a local directory or an s3:// location (not {scheme}://)"
+            ))),
+            None => Warehouse::local(name, Path::new(warehouse)),
+        }
+    }
+
+    fn local(name: &str, dir: &Path) -> Result<Warehouse, CatalogError> {
+        let local = |message: String| CatalogError::Local {
+            catalog: name.to_string(),
+            message,
+        };
+        let dir = absolute(dir).map_err(local)?;
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| local(format!("cannot create {}: {e}", dir.display())))?;
+        Ok(Warehouse {
+            uri: format!("file://{}", dir.display()),
+            props: Vec::new(),
+            factory: Arc::new(LocalFsStorageFactory),
+        })
+    }
 }
 
 /// Whether a catalog error says the table (or its namespace) does not exist. The SQL
@@ -310,6 +405,8 @@ mod tests {
         let sql = |uri: &str| CatalogConfig::Sql {
             uri: uri.into(),
             warehouse: "w".into(),
+            s3: S3Settings::default(),
+            aws: aws::AwsSettings::default(),
         };
         assert!(sql("postgresql://db/iceberg").problems().is_empty());
         assert!(sql("postgres://db/iceberg").problems().is_empty());

@@ -21,15 +21,28 @@ pub(crate) type SharedCredentials = Arc<dyn ProvideCredentialDyn<Credential = Aw
 static PROVIDERS: LazyLock<Mutex<HashMap<String, SharedCredentials>>> =
     LazyLock::new(Default::default);
 
-/// Remembers the credential provider of the table at `location` for listings.
+/// Remembers the credential provider of the table (or warehouse) at `location` for
+/// listings.
 pub(crate) fn register_credentials(location: &str, provider: SharedCredentials) {
     let mut providers = PROVIDERS.lock().unwrap_or_else(|e| e.into_inner());
     providers.insert(location.trim_end_matches('/').to_string(), provider);
 }
 
+/// The provider registered for `location` or the longest prefix of it (a table's own,
+/// else its warehouse's).
 fn credentials_for(location: &str) -> Option<SharedCredentials> {
+    let location = location.trim_end_matches('/');
     let providers = PROVIDERS.lock().unwrap_or_else(|e| e.into_inner());
-    providers.get(location.trim_end_matches('/')).cloned()
+    providers
+        .iter()
+        .filter(|(prefix, _)| {
+            location == prefix.as_str()
+                || location
+                    .strip_prefix(prefix.as_str())
+                    .is_some_and(|rest| rest.starts_with('/'))
+        })
+        .max_by_key(|(prefix, _)| prefix.len())
+        .map(|(_, provider)| provider.clone())
 }
 
 /// Hands a shared provider to one operator's credential chain.

@@ -403,10 +403,7 @@ mod tests {
     async fn table(dir: &std::path::Path) -> (CatalogHandle, Table) {
         let handle = open_catalog(
             "local",
-            &CatalogConfig::Embedded {
-                path: dir.join("catalog.db"),
-                warehouse: dir.join("warehouse"),
-            },
+            &CatalogConfig::embedded(dir.join("catalog.db"), dir.join("warehouse")),
         )
         .await
         .unwrap();

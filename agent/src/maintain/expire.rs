@@ -424,10 +424,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut handle = open_catalog(
             "local",
-            &CatalogConfig::Embedded {
-                path: dir.path().join("catalog.db"),
-                warehouse: dir.path().join("warehouse"),
-            },
+            &CatalogConfig::embedded(dir.path().join("catalog.db"), dir.path().join("warehouse")),
         )
         .await
         .unwrap();
