@@ -157,6 +157,14 @@ if [[ "$mode" == tests ]] && ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/d
         die "the SQL catalog tests need PostgreSQL: install the postgresql package"
     fi
 fi
+# Its JDBC driver, for Spark's JdbcCatalog (the SQL catalog tests read through it).
+if [[ "$mode" == tests && ! -f /usr/share/java/postgresql.jar ]]; then
+    if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq && apt-get install -y -qq libpostgresql-jdbc-java >/dev/null
+    else
+        die "the SQL catalog tests need the PostgreSQL JDBC driver: install libpostgresql-jdbc-java"
+    fi
+fi
 
 # Iceberg REST catalog server for the REST catalog tests: rustberg, built once into the
 # cache (outside every build tree) and reused. The demo does not need it.

@@ -1,8 +1,9 @@
 //! The SQL catalog on Postgres (`type = "sql"`): agents in separate processes, each in
 //! its own working directory as on separate machines, share one table through a
 //! catalog in a real Postgres server; each is SIGKILLed once while committing. Three
-//! independent readers (PyIceberg's `SqlCatalog` on Postgres, DuckDB and Spark on the
-//! metadata it names) must see exactly the topic's records, every column of every row.
+//! independent readers (PyIceberg's `SqlCatalog` and Spark's `JdbcCatalog` on Postgres,
+//! DuckDB on the metadata it names) must see exactly the topic's records, every column
+//! of every row.
 
 use std::path::Path;
 use std::time::Duration;

@@ -6,6 +6,11 @@ Runs with the Spark venv's python ($FLOE_SPARK_PYTHON from scripts/env.sh):
 
   read_spark.py --metadata FILE.metadata.json --out DIR --jars JAR[,JAR...]
                [--where SQL_CONDITION]
+  read_spark.py --jdbc-uri postgresql://USER@HOST:PORT/DB --catalog NAME --table NS.TABLE
+               --warehouse file:///DIR --out DIR --jars JAR[,JAR...]
+
+The second form reads through Spark's JdbcCatalog on Postgres (the driver jar among
+--jars), as Spark users open Floe's SQL catalog.
 
 Prints one JSON line: {"rows": N, "files": [data files Spark planned to read]}.
 Local (file://) warehouses only: the runtime jar lacks the shaded HTTP and S3 clients.
@@ -20,7 +25,11 @@ import tempfile
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--metadata", required=True)
+    ap.add_argument("--metadata", default="")
+    ap.add_argument("--jdbc-uri", default="")
+    ap.add_argument("--catalog", default="lake")
+    ap.add_argument("--table", default="")
+    ap.add_argument("--warehouse", default="")
     ap.add_argument("--out", required=True)
     ap.add_argument("--jars", required=True)
     ap.add_argument("--where", default="")
@@ -29,8 +38,23 @@ def main():
     from pyspark.sql import SparkSession
 
     scratch = tempfile.mkdtemp(prefix="floe-spark-")
+    builder = SparkSession.builder
+    if args.jdbc_uri:
+        from urllib.parse import urlsplit
+
+        uri = urlsplit(args.jdbc_uri)
+        prefix = f"spark.sql.catalog.{args.catalog}"
+        builder = (
+            builder.config(prefix, "org.apache.iceberg.spark.SparkCatalog")
+            .config(f"{prefix}.type", "jdbc")
+            .config(f"{prefix}.uri", f"jdbc:postgresql://{uri.hostname}:{uri.port}{uri.path}")
+            .config(f"{prefix}.jdbc.user", uri.username or "")
+            .config(f"{prefix}.jdbc.password", uri.password or "")
+            .config(f"{prefix}.jdbc.schema-version", "V1")
+            .config(f"{prefix}.warehouse", args.warehouse)
+        )
     spark = (
-        SparkSession.builder.master("local[2]")
+        builder.master("local[2]")
         .appName("floe-read-spark")
         .config("spark.jars", args.jars)
         .config("spark.ui.enabled", "false")
@@ -49,7 +73,10 @@ def main():
     )
     spark.sparkContext.setLogLevel("ERROR")
     try:
-        df = spark.read.format("iceberg").load(os.path.abspath(args.metadata))
+        if args.jdbc_uri:
+            df = spark.table(f"{args.catalog}.{args.table}")
+        else:
+            df = spark.read.format("iceberg").load(os.path.abspath(args.metadata))
         if args.where:
             df = df.where(args.where)
         files = []

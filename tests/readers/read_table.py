@@ -316,6 +316,9 @@ def load_metadata_json(path):
     return json.loads(raw)
 
 
+POSTGRES_JDBC_JAR = "/usr/share/java/postgresql.jar"  # libpostgresql-jdbc-java (scripts/setup.sh)
+
+
 def is_s3(location):
     return location.startswith(("s3://", "s3a://"))
 
@@ -430,7 +433,13 @@ def read_spark(args):
     out = tempfile.mkdtemp(prefix="floe-spark-out-")
     try:
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "read_spark.py")
-        done = subprocess.run([python, script, "--metadata", meta_path, "--out", os.path.join(out, "rows"),
+        source = ["--metadata", meta_path]
+        if args.catalog_uri:
+            # Through Spark's JdbcCatalog on the same Postgres database.
+            jars = f"{jars},{POSTGRES_JDBC_JAR}"
+            source = ["--jdbc-uri", args.catalog_uri, "--catalog", args.catalog_name,
+                      "--table", args.table, "--warehouse", warehouse_uri(args)]
+        done = subprocess.run([python, script, *source, "--out", os.path.join(out, "rows"),
                                "--jars", jars], capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
             raise ReadError(f"spark failed: {done.stderr.strip()[-3000:]}")
