@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
+use futures::StreamExt;
 use tokio::sync::{mpsc, watch};
 
 use super::PipelineError;
@@ -29,7 +30,7 @@ use crate::commit::OffsetMap;
 use crate::config::PipelineConfig;
 use crate::error::{Classify, ErrorClass, backoff};
 use crate::record::PartitionMap;
-use crate::sink::{SinkError, TableSink};
+use crate::sink::{CommitOutcome, SinkError, TableSink};
 use crate::source::KnownOffsets;
 use crate::{failpoint, telemetry};
 
@@ -40,6 +41,10 @@ const OFFSETS_ONLY_EVERY: u32 = 10;
 /// Attempts of one step before a transient failure is given up on (about an hour with
 /// the 30 s cap).
 const MAX_STEP_ATTEMPTS: u32 = 120;
+
+/// Commits to different tables in flight at once (each is its own compare-and-swap; a
+/// table per topic can mean hundreds of commits per interval).
+const CONCURRENT_COMMITS: usize = 8;
 
 /// How long a stopping pipeline keeps retrying a failing commit of its last records
 /// (they are read again at the next start if it gives up).
@@ -76,6 +81,14 @@ impl CommitTable {
             rounds_without_commit: 0,
         }
     }
+}
+
+/// One table's commit: what it expects the table to store and what it stores after.
+struct CommitJob {
+    table: usize,
+    expected: PartitionMap<Option<i64>>,
+    target: OffsetMap,
+    extra: HashMap<String, String>,
 }
 
 /// Rows and bytes handed over.
@@ -394,79 +407,53 @@ impl Committer {
         self.commit_all().await
     }
 
-    /// Commits every table that has something to commit. A transient failure schedules
-    /// another attempt (backoff) and keeps what was not committed.
+    /// Commits every table that has something to commit, several at a time (each table
+    /// is its own compare-and-swap). A transient failure schedules another attempt
+    /// (backoff) and keeps what was not committed.
     async fn commit_all(&mut self) -> Result<(), Halt> {
         let started = Instant::now();
-        let new_partitions = |t: &CommitTable| {
-            t.target
-                .as_ref()
-                .is_some_and(|target| target.0.keys().any(|tp| !t.committed.0.contains_key(tp)))
-        };
-        for i in 0..self.tables.len() {
-            let t = &self.tables[i];
-            let Some(target) = t.target.clone() else {
-                continue;
-            };
-            let has_rows = t.sink.has_uncommitted();
-            let moves = target
-                .0
-                .iter()
-                .any(|(tp, o)| t.committed.0.get(tp) != Some(o));
-            if !has_rows {
-                if !moves && t.extra.is_empty() {
-                    self.tables[i].target = None;
-                    continue;
-                }
-                // A partition the table has no offsets for yet is recorded at once (its
-                // start position must survive a restart: `start = "latest"` applies once).
-                let due = self.closing
-                    || new_partitions(t)
-                    || !t.extra.is_empty()
-                    || t.rounds_without_commit >= OFFSETS_ONLY_EVERY;
-                if !due || !t.sink.exists() {
-                    continue;
-                }
+        let jobs = self.commit_jobs();
+        let mut slots: Vec<Option<&mut CommitTable>> = self.tables.iter_mut().map(Some).collect();
+        let commits = jobs.into_iter().map(|job| {
+            let t = slots[job.table].take().expect("one commit per table");
+            async move {
+                let result = t.sink.commit(&job.expected, &job.target, job.extra).await;
+                (job.table, job.target, result)
             }
-            // The fence covers the partitions this commit moves: other agents'
-            // partitions are carried forward as found.
-            let expected: PartitionMap<Option<i64>> = target
-                .0
-                .keys()
-                .map(|tp| (tp.clone(), t.committed.0.get(tp).copied()))
-                .collect();
-            let extra = t.extra.clone();
-            let t = &mut self.tables[i];
-            let result = t.sink.commit(&expected, &target, extra).await;
+        });
+        let results: Vec<_> = futures::stream::iter(commits)
+            .buffer_unordered(CONCURRENT_COMMITS)
+            .collect()
+            .await;
+        drop(slots);
+        // What landed is recorded whatever happened to the other tables; then the worst
+        // failure decides (fatal, then fenced, then transient).
+        let mut failed: Vec<(usize, SinkError)> = Vec::new();
+        for (i, target, result) in results {
             match result {
-                Ok(outcome) => {
-                    self.attempts = 0;
-                    self.failed_writes = 0;
-                    let name = self.config.name.clone();
-                    let t = &mut self.tables[i];
-                    tracing::info!(pipeline = %name, table = %t.sink.ident(), snapshot_id = outcome.snapshot_id, files = outcome.files, delete_files = outcome.delete_files, rows = t.cut.rows, ms = started.elapsed().as_millis() as u64, "committed");
-                    telemetry::records_out(&name, t.cut.rows);
-                    telemetry::committed(&name, outcome.files);
-                    telemetry::bytes_committed(&name, outcome.bytes);
-                    telemetry::commit_duration(&name, started.elapsed());
-                    telemetry::health::table_committed(&name, &t.sink.ident().to_string());
-                    telemetry::health::recovered(&name);
-                    t.committed = t.committed.merged(&target);
-                    t.target = None;
-                    t.extra.clear();
-                    t.cut = Volume::default();
-                    t.rounds_without_commit = 0;
-                    let _ = self.reports.send(Report::Committed {
-                        table: i,
-                        offsets: t.committed.clone(),
-                    });
-                    failpoint::hit(failpoint::AFTER_COMMIT);
-                }
-                Err(SinkError::Fenced(reason)) => {
+                Ok(outcome) => self.committed(i, target, outcome, started),
+                Err(e) => failed.push((i, e)),
+            }
+        }
+        failed.sort_by_key(|(_, e)| match e {
+            SinkError::Fenced(_) => 1,
+            e if e.class() == ErrorClass::Transient => 2,
+            _ => 0,
+        });
+        let transient: Vec<usize> = failed
+            .iter()
+            .filter(|(_, e)| {
+                !matches!(e, SinkError::Fenced(_)) && e.class() == ErrorClass::Transient
+            })
+            .map(|(i, _)| *i)
+            .collect();
+        if let Some((i, e)) = failed.into_iter().next() {
+            match e {
+                SinkError::Fenced(reason) => {
                     telemetry::fenced(self.name());
                     return Err(Halt::Rewind(format!("commit fenced: {reason}")));
                 }
-                Err(e) if e.class() == ErrorClass::Transient => {
+                e if e.class() == ErrorClass::Transient => {
                     self.attempts += 1;
                     if self.attempts >= MAX_STEP_ATTEMPTS || self.past_shutdown_grace() {
                         if self.closing {
@@ -481,22 +468,26 @@ impl Committer {
                     );
                     telemetry::transient_retry(self.name(), "commit");
                     telemetry::health::transient_failure(self.name(), "catalog", &e.to_string());
-                    tracing::warn!(pipeline = %self.name(), table = %self.tables[i].sink.ident(), attempt = self.attempts, error = %e, retry_in_ms = wait.as_millis() as u64, "commit failed: trying again (data files keep being written meanwhile)");
+                    tracing::warn!(pipeline = %self.name(), table = %self.tables[i].sink.ident(), tables = transient.len(), attempt = self.attempts, error = %e, retry_in_ms = wait.as_millis() as u64, "commit failed: trying again (data files keep being written meanwhile)");
                     let wait = if self.closing {
                         wait.min(Duration::from_secs(2))
                     } else {
                         wait
                     };
                     self.retry_at = Some(tokio::time::Instant::now() + wait);
-                    // The table may have moved on while it failed.
-                    if let Err(reload) = self.tables[i].sink.reload().await {
-                        tracing::warn!(pipeline = %self.name(), error = %reload, "reload after a failure failed too");
+                    // The tables may have moved on while they failed.
+                    for i in transient {
+                        if let Err(reload) = self.tables[i].sink.reload().await {
+                            tracing::warn!(pipeline = %self.name(), error = %reload, "reload after a failure failed too");
+                        }
                     }
                     return Ok(());
                 }
-                Err(e) => return Err(self.fatal(e)),
+                e => return Err(self.fatal(e)),
             }
         }
+        self.attempts = 0;
+        self.failed_writes = 0;
         self.remember();
         self.update_uncommitted();
         telemetry::health::flush_completed(&self.config.name);
@@ -504,6 +495,74 @@ impl Committer {
             let _ = self.reports.send(Report::Durable { seq });
         }
         Ok(())
+    }
+
+    /// The tables due a commit now, with what each commit records.
+    fn commit_jobs(&mut self) -> Vec<CommitJob> {
+        let closing = self.closing;
+        let mut jobs = Vec::new();
+        for (i, t) in self.tables.iter_mut().enumerate() {
+            let Some(target) = t.target.clone() else {
+                continue;
+            };
+            if !t.sink.has_uncommitted() {
+                let moves = target
+                    .0
+                    .iter()
+                    .any(|(tp, o)| t.committed.0.get(tp) != Some(o));
+                if !moves && t.extra.is_empty() {
+                    t.target = None;
+                    continue;
+                }
+                // A partition the table has no offsets for yet is recorded at once (its
+                // start position must survive a restart: `start = "latest"` applies once).
+                let new_partitions = target.0.keys().any(|tp| !t.committed.0.contains_key(tp));
+                let due = closing
+                    || new_partitions
+                    || !t.extra.is_empty()
+                    || t.rounds_without_commit >= OFFSETS_ONLY_EVERY;
+                if !due || !t.sink.exists() {
+                    continue;
+                }
+            }
+            // The fence covers the partitions this commit moves: other agents'
+            // partitions are carried forward as found.
+            let expected = target
+                .0
+                .keys()
+                .map(|tp| (tp.clone(), t.committed.0.get(tp).copied()))
+                .collect();
+            jobs.push(CommitJob {
+                table: i,
+                expected,
+                target,
+                extra: t.extra.clone(),
+            });
+        }
+        jobs
+    }
+
+    /// Records a commit of table `i` that landed.
+    fn committed(&mut self, i: usize, target: OffsetMap, outcome: CommitOutcome, started: Instant) {
+        let name = self.config.name.clone();
+        let t = &mut self.tables[i];
+        tracing::info!(pipeline = %name, table = %t.sink.ident(), snapshot_id = outcome.snapshot_id, files = outcome.files, delete_files = outcome.delete_files, rows = t.cut.rows, ms = started.elapsed().as_millis() as u64, "committed");
+        telemetry::records_out(&name, t.cut.rows);
+        telemetry::committed(&name, outcome.files);
+        telemetry::bytes_committed(&name, outcome.bytes);
+        telemetry::commit_duration(&name, started.elapsed());
+        telemetry::health::table_committed(&name, &t.sink.ident().to_string());
+        telemetry::health::recovered(&name);
+        t.committed = t.committed.merged(&target);
+        t.target = None;
+        t.extra.clear();
+        t.cut = Volume::default();
+        t.rounds_without_commit = 0;
+        let _ = self.reports.send(Report::Committed {
+            table: i,
+            offsets: t.committed.clone(),
+        });
+        failpoint::hit(failpoint::AFTER_COMMIT);
     }
 
     /// Sleeps `wait`, cut short by a stop request.
