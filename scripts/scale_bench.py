@@ -16,7 +16,12 @@ embedded catalog) and measures, from the agent's start:
   peak RSS    VmHWM once the agent has been idle for 3 commit intervals after the last
               record landed; idle RSS is VmRSS at that time
 
+  commit ms   median and largest `ms` of the agent's "committed" log lines
+  offsets     bytes of the stored offsets in the first table's current snapshot summary
+              (`floe.offsets`; the JSON also has the table property's size)
+
 then stops it with SIGTERM. Prints a markdown table and writes every figure to --out.
+`--tables 1 --partitions 2000` measures a table fed by many partitions.
 
 Environment: FLOE_BIN (the agent) and FLOE_TANSU (the broker), from scripts/env.sh.
 --list-topics writes `topics = [...]` instead of topic_pattern, for agents that do not
@@ -302,6 +307,7 @@ class AgentLog:
         self.started = started
         self.first_commit = None
         self.commits = 0
+        self.commit_ms = []
         self.problems = {"WARN": {}, "ERROR": {}}
         self.offset = 0
 
@@ -322,6 +328,8 @@ class AgentLog:
         level, message = event.get("level", ""), event.get("message", "")
         if message == "committed":
             self.commits += 1
+            if isinstance(event.get("ms"), (int, float)):
+                self.commit_ms.append(event["ms"])
             if self.first_commit is None:
                 self.first_commit = time.monotonic() - self.started
         if level in self.problems:
@@ -404,7 +412,10 @@ def run_agent(floe, config, workdir, metrics_port, want_partitions, want_records
     finally:
         code, stop_s = stop(proc)
         log.read()
+    ms = sorted(log.commit_ms)
     figures.update({
+        "commit_ms_median": ms[len(ms) // 2] if ms else None,
+        "commit_ms_max": ms[-1] if ms else None,
         "exit_code": code, "stop_s": stop_s, "agent_log": log_path,
         "startup_first_commit_s": log.first_commit, "commit_log_lines": log.commits,
         "warnings": log.problems["WARN"], "errors": log.problems["ERROR"],
@@ -437,6 +448,7 @@ def run_scenario(tables, active, args, env):
         config = write_config(workdir, bootstrap, topics, port, args)
         result.update(run_agent(env["FLOE_BIN"], config, workdir, port,
                                 tables * args.partitions, args.records, args, deadline))
+        result.update(offsets_size(workdir, topics[0]))
         result["ok"] = True
     except ScenarioError as e:
         result.update(ok=False, error=str(e))
@@ -446,6 +458,30 @@ def run_scenario(tables, active, args, env):
             stop(broker, 10)
         result["scenario_s"] = time.monotonic() - began
     return result
+
+
+def offsets_size(workdir, topic):
+    """Bytes of the stored offsets in the first table: the current snapshot's
+    `floe.offsets` summary value and the `floe.offsets.<pipeline>` table property."""
+    import gzip
+    import sqlite3
+
+    table = "t_" + re.sub(r"[^A-Za-z0-9_]", "_", topic)
+    with sqlite3.connect(os.path.join(workdir, "catalog.db")) as db:
+        row = db.execute("SELECT metadata_location FROM iceberg_tables WHERE table_name = ?",
+                         (table,)).fetchone()
+    if not row:
+        return {}
+    with open(row[0].removeprefix("file://"), "rb") as f:
+        raw = f.read()
+    meta = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+    current = next((x for x in meta.get("snapshots", [])
+                    if x["snapshot-id"] == meta.get("current-snapshot-id")), {})
+    return {
+        "summary_offsets_bytes": len(current.get("summary", {}).get("floe.offsets", "")),
+        "property_offsets_bytes": len(meta.get("properties", {}).get("floe.offsets.scale", "")),
+        "metadata_bytes": len(raw),
+    }
 
 
 def parse_tables(text, default_active):
@@ -468,17 +504,19 @@ def fmt(value, digits=1):
 def print_table(results):
     print("| tables | active | records | start-up s (to all partitions assigned) "
           "| wall s (to all committed) | records/s | records per CPU-s "
-          "| peak RSS MiB | idle RSS MiB |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| peak RSS MiB | idle RSS MiB | commit ms (median / max) | offsets bytes |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         if not r.get("ok"):
             print(f"| {r['tables']} | {r['active']} | {r['records']:,} "
-                  f"| failed: {r.get('error', '?')} | | | | | |")
+                  f"| failed: {r.get('error', '?')} | | | | | | | |")
             continue
         print(f"| {r['tables']} | {r['active']} | {r['records']:,} "
               f"| {fmt(r['startup_assigned_s'])} | {fmt(r['wall_s'])} "
               f"| {fmt(r['records'] / r['wall_s'], 0)} | {fmt(r['records'] / r['cpu_s'], 0)} "
-              f"| {fmt(r['peak_rss_mib'])} | {fmt(r['idle_rss_mib'])} |")
+              f"| {fmt(r['peak_rss_mib'])} | {fmt(r['idle_rss_mib'])} "
+              f"| {r.get('commit_ms_median', '-')} / {r.get('commit_ms_max', '-')} "
+              f"| {r.get('summary_offsets_bytes', '-')} |")
 
 
 def problems_summary(results):
