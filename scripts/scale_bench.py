@@ -41,6 +41,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -234,6 +235,55 @@ def produce(bootstrap, slots, records, deadline):
         raise ScenarioError(f"{len(failures)} records not delivered, first: {failures[0]}")
 
 
+class SustainedProducer(threading.Thread):
+    """Produces round-robin over `slots` for `seconds` while the agent runs (as fast as
+    one Python producer can), then the last record of each partition in a batch of its
+    own; `total` is set once everything is delivered."""
+
+    def __init__(self, bootstrap, slots, seconds):
+        super().__init__(daemon=True)
+        self.bootstrap, self.slots, self.seconds = bootstrap, slots, seconds
+        self.total = None
+        self.failures = []
+
+    def run(self):
+        def on_delivery(err, _msg):
+            if err is not None:
+                self.failures.append(err)
+
+        producer = Producer({
+            "bootstrap.servers": self.bootstrap, "enable.idempotence": True,
+            "linger.ms": 20, "batch.size": 1_000_000, "compression.type": "none",
+        })
+        end = time.monotonic() + self.seconds
+        next_id = 0
+        while time.monotonic() < end:
+            for topic, partition in self.slots:
+                for _ in range(64):
+                    next_id = send(producer, topic, partition, next_id, on_delivery)
+        while producer.flush(1.0) > 0:
+            pass
+        for topic, partition in self.slots:
+            next_id = send(producer, topic, partition, next_id, on_delivery)
+        while producer.flush(1.0) > 0:
+            pass
+        self.total = next_id
+
+
+def table_files(workdir, topic):
+    """Snapshots of the first table, and its data files (count, mean MiB) on disk."""
+    table = "t_" + re.sub(r"[^A-Za-z0-9_]", "_", topic)
+    sizes = []
+    for root, _dirs, files in os.walk(os.path.join(workdir, "warehouse")):
+        if table in root.split(os.sep) and os.sep + "data" in root:
+            sizes += [os.path.getsize(os.path.join(root, f)) for f in files
+                      if f.endswith(".parquet")]
+    return {
+        "data_files": len(sizes),
+        "mean_file_mib": sum(sizes) / len(sizes) / 2**20 if sizes else 0.0,
+    }
+
+
 def send(producer, topic, partition, i, on_delivery):
     while True:
         try:
@@ -364,7 +414,12 @@ def interval_seconds(text):
 def watch_agent(proc, port, log, want_partitions, want_records, deadline, poll):
     """Polls until every record is committed; returns the figures at that moment."""
     started, assigned_at, read_at, sums = log.started, None, None, {}
+    target = want_records
     while True:
+        if callable(target):
+            want_records = target()
+            if want_records is None:
+                want_records = float("inf")
         deadline.check(
             f"waiting for the agent (partitions {sums.get('floe_partitions_assigned', 0):.0f}"
             f"/{want_partitions}, records out {sums.get('floe_records_out_total', 0):.0f}"
@@ -442,13 +497,25 @@ def run_scenario(tables, active, args, env):
         result["create_topics_s"] = time.monotonic() - t0
         t0 = time.monotonic()
         slots = [(t, p) for t in topics[:active] for p in range(args.partitions)]
-        produce(bootstrap, slots, args.records, deadline)
-        result["produce_s"] = time.monotonic() - t0
+        want = args.records
+        if args.sustain:
+            producer = SustainedProducer(bootstrap, slots, args.sustain)
+            want = lambda: producer.total  # noqa: E731
+        else:
+            produce(bootstrap, slots, args.records, deadline)
+            result["produce_s"] = time.monotonic() - t0
         port = free_port()
         config = write_config(workdir, bootstrap, topics, port, args)
+        if args.sustain:
+            producer.start()
         result.update(run_agent(env["FLOE_BIN"], config, workdir, port,
-                                tables * args.partitions, args.records, args, deadline))
+                                tables * args.partitions, want, args, deadline))
+        if args.sustain:
+            if producer.failures:
+                raise ScenarioError(f"{len(producer.failures)} records not delivered")
+            result["records"] = producer.total
         result.update(offsets_size(workdir, topics[0]))
+        result.update(table_files(workdir, topics[0]))
         result["ok"] = True
     except ScenarioError as e:
         result.update(ok=False, error=str(e))
@@ -481,6 +548,7 @@ def offsets_size(workdir, topic):
         "summary_offsets_bytes": len(current.get("summary", {}).get("floe.offsets", "")),
         "property_offsets_bytes": len(meta.get("properties", {}).get("floe.offsets.scale", "")),
         "metadata_bytes": len(raw),
+        "snapshots": len(meta.get("snapshots", [])),
     }
 
 
@@ -519,6 +587,19 @@ def print_table(results):
               f"| {r.get('summary_offsets_bytes', '-')} |")
 
 
+def print_sustained(results, interval):
+    """Table health after a sustained run: snapshots against commit intervals, files."""
+    print()
+    print("| tables | records | ingest s | commit intervals | snapshots (first table) "
+          "| data files | mean file MiB |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        if r.get("ok"):
+            print(f"| {r['tables']} | {r['records']:,} | {fmt(r['ingest_s'])} "
+                  f"| {fmt(r['ingest_s'] / interval)} | {r.get('snapshots', '-')} "
+                  f"| {r.get('data_files', '-')} | {fmt(r.get('mean_file_mib'))} |")
+
+
 def problems_summary(results):
     for r in results:
         for level in ("errors", "warnings"):
@@ -547,6 +628,9 @@ def parse_args():
     p.add_argument("--session-timeout-ms", type=int, default=6000,
                    help="the consumer's session.timeout.ms, as in tests/bench: Tansu holds a new "
                         "group's first join for about half of it (librdkafka's 45000: 23s)")
+    p.add_argument("--sustain", type=float, default=0,
+                   help="produce for this many seconds while the agent runs (instead of "
+                        "--records produced beforehand)")
     p.add_argument("--timeout", type=float, default=600, help="seconds per scenario")
     p.add_argument("--poll", type=float, default=0.25, help="metrics poll period, seconds")
     p.add_argument("--list-topics", action="store_true",
@@ -583,6 +667,8 @@ def main():
         write_results(args, env, results)
     problems_summary(results)
     print_table(results)
+    if args.sustain:
+        print_sustained(results, interval_seconds(args.commit_interval))
     return 0 if all(r.get("ok") for r in results) else 1
 
 
