@@ -145,6 +145,44 @@ async fn bad_records_are_dead_lettered_and_good_ones_committed() -> Result<()> {
     Ok(())
 }
 
+/// `file = false`: dead letters go to the topic only (a pod with a read-only or
+/// ephemeral disk); no file is written, and the topic holds each bad record's value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_can_go_to_the_topic_only() -> Result<()> {
+    let broker = Broker::start()?;
+    broker.create_topic("few", 1).await?;
+    broker.create_topic("few.dlq", 1).await?;
+    let values: Vec<&[u8]> = vec![br#"{"id": 0}"#, b"not json", br#"{"id": 2}"#, b"[]"];
+    let batch: Vec<_> = values.iter().map(|v| (None, Some(v.to_vec()))).collect();
+    broker.produce("few", &batch).await?;
+    let ws = Workspace::new()?;
+    let config = ws.write_config(&PipelineSpec {
+        name: "few",
+        bootstrap: &broker.bootstrap,
+        topic: "few",
+        namespace: "ns",
+        table: "few",
+        commit_interval: "1s",
+    })?;
+    let text = std::fs::read_to_string(&config)?.replace(
+        "[pipelines.dead_letter]\n",
+        "[pipelines.dead_letter]\ntopic = \"few.dlq\"\nfile = false\n",
+    );
+    std::fs::write(&config, text)?;
+    let agent = spawn_agent(&config)?;
+    ws.wait_for_rows("ns", "few", 2, Duration::from_secs(60))
+        .await?;
+    agent.stop().await?;
+    let topic = read_dead_letter_topic(&broker.bootstrap, "few.dlq", 2)?;
+    let got: Vec<Option<&[u8]>> = topic.iter().map(|t| t.value.as_deref()).collect();
+    assert_eq!(got, [Some(values[1]), Some(values[3])]);
+    assert!(
+        !ws.path("dead-letter.ndjson").exists(),
+        "a dead-letter file was written"
+    );
+    Ok(())
+}
+
 /// A record read from the dead-letter topic.
 #[derive(Debug)]
 struct TopicLetter {

@@ -72,6 +72,15 @@ pub struct DeadLetterConfig {
     /// letter is also produced to: original key and value, the reason in headers.
     #[serde(default)]
     pub topic: Option<String>,
+    /// Keep the NDJSON file (default true). `false` needs `topic`: dead letters go to
+    /// the topic only (a read-only or ephemeral disk); it may then get a record again
+    /// after a restart, as it may with the file.
+    #[serde(default = "yes")]
+    pub file: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn default_max_file_size() -> u64 {
@@ -97,6 +106,7 @@ impl DeadLetterConfig {
             max_file_size: DEFAULT_MAX_FILE_SIZE,
             max_files: DEFAULT_MAX_FILES,
             topic: None,
+            file: true,
         }
     }
 
@@ -108,6 +118,12 @@ impl DeadLetterConfig {
         }
         if self.topic.as_deref().is_some_and(|t| t.trim().is_empty()) {
             out.push(("topic".into(), "must not be empty".into()));
+        }
+        if !self.file && self.topic.is_none() {
+            out.push((
+                "file".into(),
+                "false needs a topic: dead letters would go nowhere".into(),
+            ));
         }
         if self.max_files == 0 {
             out.push((
@@ -279,7 +295,8 @@ fn rejection_digest(stage: &str, reason: &str) -> u64 {
 pub struct DeadLetterWriter {
     pipeline: String,
     config: DeadLetterConfig,
-    out: BufWriter<File>,
+    /// The file; `None` with `file = false` (the topic only).
+    out: Option<BufWriter<File>>,
     inode: u64,
     /// Bytes in the current file, buffered ones included.
     len: u64,
@@ -305,6 +322,21 @@ impl DeadLetterWriter {
         pipeline: &str,
         config: &DeadLetterConfig,
     ) -> Result<DeadLetterWriter, DeadLetterError> {
+        if !config.file {
+            return Ok(DeadLetterWriter {
+                pipeline: pipeline.to_string(),
+                config: config.clone(),
+                out: None,
+                inode: 0,
+                len: 0,
+                synced_len: 0,
+                written: HashMap::new(),
+                earlier: Default::default(),
+                pending: 0,
+                sidecar: Sidecar::default(),
+                topic: None,
+            });
+        }
         let path = config.path.clone();
         let io = |source| DeadLetterError::io(&path, source);
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -356,7 +388,7 @@ impl DeadLetterWriter {
         Ok(DeadLetterWriter {
             pipeline: pipeline.to_string(),
             config: config.clone(),
-            out: BufWriter::new(file),
+            out: Some(BufWriter::new(file)),
             inode,
             len,
             synced_len: len,
@@ -410,14 +442,21 @@ impl DeadLetterWriter {
             reason: reason.to_string(),
             dead_lettered_at: chrono::Utc::now().to_rfc3339(),
         };
-        let mut line = serde_json::to_vec(&letter).expect("dead letter serializes");
-        line.push(b'\n');
-        self.out
-            .write_all(&line)
-            .map_err(|e| DeadLetterError::io(&self.config.path, e))?;
-        self.written.insert(key, Place::At(self.len));
-        self.len += line.len() as u64;
-        self.pending += 1;
+        match &mut self.out {
+            Some(out) => {
+                let mut line = serde_json::to_vec(&letter).expect("dead letter serializes");
+                line.push(b'\n');
+                out.write_all(&line)
+                    .map_err(|e| DeadLetterError::io(&self.config.path, e))?;
+                self.written.insert(key, Place::At(self.len));
+                self.len += line.len() as u64;
+                self.pending += 1;
+            }
+            // Not sent twice while its record can be read again in this run.
+            None => {
+                self.written.insert(key, Place::Carried);
+            }
+        }
         if let Some(topic) = &self.topic {
             topic
                 .send(&self.pipeline, record, stage, reason)
@@ -433,12 +472,15 @@ impl DeadLetterWriter {
         if let Some(topic) = &self.topic {
             topic.flush().map_err(DeadLetterError::Topic)?;
         }
+        let Some(out) = &mut self.out else {
+            return Ok(());
+        };
         if self.pending == 0 {
             return Ok(());
         }
         let io = |e| DeadLetterError::io(&self.config.path, e);
-        self.out.flush().map_err(io)?;
-        self.out.get_ref().sync_data().map_err(io)?;
+        out.flush().map_err(io)?;
+        out.get_ref().sync_data().map_err(io)?;
         self.pending = 0;
         self.synced_len = self.len;
         Ok(())
@@ -459,16 +501,20 @@ impl DeadLetterWriter {
     /// commit then contradicted may now be a row). Nothing happens if the file was
     /// rotated since.
     pub fn discard_after(&mut self, position: Position) -> Result<(), DeadLetterError> {
+        // Without a file there is nothing to take back (the topic keeps what it got).
+        let Some(out) = &mut self.out else {
+            return Ok(());
+        };
         if position.inode != self.inode || position.len >= self.len {
             return Ok(());
         }
         let io = |e| DeadLetterError::io(&self.config.path, e);
-        let placeholder = BufWriter::new(self.out.get_ref().try_clone().map_err(io)?);
+        let placeholder = BufWriter::new(out.get_ref().try_clone().map_err(io)?);
         // Unflushed lines are dropped with the buffer, not written.
-        let (file, _unwritten) = std::mem::replace(&mut self.out, placeholder).into_parts();
+        let (file, _unwritten) = std::mem::replace(out, placeholder).into_parts();
         file.set_len(position.len).map_err(io)?;
         file.sync_all().map_err(io)?;
-        self.out = BufWriter::new(file);
+        self.out = Some(BufWriter::new(file));
         self.written
             .retain(|_, place| !matches!(place, Place::At(p) if *p >= position.len));
         self.len = position.len;
@@ -484,6 +530,9 @@ impl DeadLetterWriter {
     pub fn forget_below(&mut self, resume: &PartitionMap<i64>) {
         self.written
             .retain(|((tp, offset), _), _| resume.get(tp).is_none_or(|&r| *offset >= r));
+        if self.out.is_none() {
+            return;
+        }
         let result = if self.synced_len >= self.config.max_file_size {
             self.rotate()
         } else {
@@ -565,7 +614,7 @@ impl DeadLetterWriter {
             File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
         }
         tracing::info!(pipeline = %self.pipeline, path = %path.display(), rotated = %self.config.rotated(1).display(), "dead-letter file rotated");
-        self.out = BufWriter::new(fresh);
+        self.out = Some(BufWriter::new(fresh));
         self.inode = inode;
         self.len = 0;
         self.synced_len = 0;

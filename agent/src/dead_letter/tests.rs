@@ -127,6 +127,7 @@ fn rotates_past_the_size_limit_and_keeps_max_files() {
         max_file_size: 4096,
         max_files: 2,
         topic: None,
+        file: true,
     };
     let mut w = DeadLetterWriter::open("p", &config).unwrap();
     let payload = vec![b'x'; 1000];
@@ -214,6 +215,7 @@ fn re_deliverable_records_of_a_rotated_file_are_still_known() {
         max_file_size: 4096,
         max_files: 3,
         topic: None,
+        file: true,
     };
     let mut w = DeadLetterWriter::open("p", &config).unwrap();
     let payload = vec![b'y'; 5000];
@@ -357,4 +359,25 @@ fn lines_after_a_position_are_discarded_and_can_be_written_again() {
     drop(w);
     let all = DeadLetterWriter::read_all(&config.path).unwrap();
     assert_eq!(all.iter().map(|l| l.offset).collect::<Vec<_>>(), [1, 2]);
+}
+
+#[test]
+fn without_a_file_nothing_is_written_to_disk_and_a_topic_is_required() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = DeadLetterConfig::at(dir.path().join("p.ndjson"));
+    config.file = false;
+    assert_eq!(config.problems()[0].0, "file");
+    config.topic = Some("p.dlq".into());
+    assert!(config.problems().is_empty());
+    let mut w = DeadLetterWriter::open("p", &config).unwrap();
+    assert!(w.write(&rec(3, b"bad"), "decode", "not JSON").unwrap());
+    w.sync().unwrap();
+    // A re-delivery in the same run is not sent again.
+    assert!(!w.write(&rec(3, b"bad"), "decode", "not JSON").unwrap());
+    w.discard_after(w.position()).unwrap();
+    w.forget_below(&resume(0));
+    assert!(!w.write(&rec(3, b"bad"), "decode", "not JSON").unwrap());
+    w.forget_below(&resume(4));
+    assert!(w.write(&rec(3, b"bad"), "decode", "not JSON").unwrap());
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
