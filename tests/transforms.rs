@@ -476,20 +476,19 @@ async fn a_crash_between_two_tables_commits_loses_and_duplicates_nothing() -> Re
             plugin_path("route").display()
         ),
     )?;
-    // Killed right after the first table (the default one) commits, before the others do.
+    // Killed right after the first of the three tables' commits lands (the others may
+    // be in flight: a pipeline commits its tables concurrently).
     let mut agent =
         floe_tests::AgentProcess::start_at_failpoint(&config, floe::failpoint::AFTER_COMMIT, &[])?;
     agent.wait_for_failpoint(Duration::from_secs(90))?;
     agent.kill9()?;
-    assert_eq!(
-        ws.committed_rows("wasm", "routed").await?,
-        N / 3,
-        "the default table committed"
-    );
-    assert_eq!(
-        ws.committed_rows("wasm", "routed_eu").await?,
-        0,
-        "the eu table did not"
+    let mut landed = Vec::new();
+    for table in ["routed", "routed_eu", "routed_us"] {
+        landed.push(ws.committed_rows("wasm", table).await?);
+    }
+    assert!(
+        landed.iter().any(|&rows| rows > 0),
+        "a table committed before the kill: {landed:?}"
     );
 
     let agent = floe_tests::AgentProcess::start(&config, &[])?;

@@ -418,6 +418,10 @@ impl Committer {
             let t = slots[job.table].take().expect("one commit per table");
             async move {
                 let result = t.sink.commit(&job.expected, &job.target, job.extra).await;
+                if result.is_ok() {
+                    // Landed, not recorded yet: other tables' commits may be in flight.
+                    failpoint::hit(failpoint::AFTER_COMMIT);
+                }
                 (job.table, job.target, result)
             }
         });
@@ -562,7 +566,6 @@ impl Committer {
             table: i,
             offsets: t.committed.clone(),
         });
-        failpoint::hit(failpoint::AFTER_COMMIT);
     }
 
     /// Sleeps `wait`, cut short by a stop request.
