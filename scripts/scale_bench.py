@@ -270,9 +270,14 @@ class SustainedProducer(threading.Thread):
         self.total = next_id
 
 
+def table_name(topic):
+    """The table `t_{topic}` names for `topic` (as the agent maps it)."""
+    return "t_" + re.sub(r"[^A-Za-z0-9_]", "_", topic)
+
+
 def table_files(workdir, topic):
     """Snapshots of the first table, and its data files (count, mean MiB) on disk."""
-    table = "t_" + re.sub(r"[^A-Za-z0-9_]", "_", topic)
+    table = table_name(topic)
     sizes = []
     for root, _dirs, files in os.walk(os.path.join(workdir, "warehouse")):
         if table in root.split(os.sep) and os.sep + "data" in root:
@@ -533,7 +538,7 @@ def offsets_size(workdir, topic):
     import gzip
     import sqlite3
 
-    table = "t_" + re.sub(r"[^A-Za-z0-9_]", "_", topic)
+    table = table_name(topic)
     with sqlite3.connect(os.path.join(workdir, "catalog.db")) as db:
         row = db.execute("SELECT metadata_location FROM iceberg_tables WHERE table_name = ?",
                          (table,)).fetchone()

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use iceberg::io::{LocalFsStorageFactory, StorageFactory};
 use iceberg::{Catalog, CatalogBuilder};
 use iceberg_catalog_sql::SqlCatalogBuilder;
-use iceberg_storage_opendal::{CustomAwsCredentialLoader, OpenDalResolvingStorageFactory};
+use iceberg_storage_opendal::OpenDalResolvingStorageFactory;
 use serde::Deserialize;
 
 pub mod aws;
@@ -331,12 +331,11 @@ impl Warehouse {
                 if s3.access_key_id.is_none() {
                     // No keys in the config: the AWS SDK's chain (and `aws.role_arn`)
                     // decides, for the tables and for orphan listings.
-                    let provider: object_store::SharedCredentials =
-                        aws::AwsCredentials::new(aws.clone());
-                    object_store::register_credentials(&uri, provider.clone());
-                    factory = factory.with_s3_credential_loader(CustomAwsCredentialLoader::new(
-                        object_store::Shared(provider),
-                    ));
+                    factory = object_store::sign_with(
+                        factory,
+                        &uri,
+                        aws::AwsCredentials::new(aws.clone()),
+                    );
                 }
                 Ok(Warehouse {
                     uri,

@@ -10,7 +10,9 @@ use std::sync::{Arc, LazyLock, Mutex};
 use std::time::SystemTime;
 
 use futures::TryStreamExt;
-use iceberg_storage_opendal::AwsCredential;
+use iceberg_storage_opendal::{
+    AwsCredential, CustomAwsCredentialLoader, OpenDalResolvingStorageFactory,
+};
 use opendal::Operator;
 use reqsign_core::{ProvideCredential, ProvideCredentialChain, ProvideCredentialDyn};
 
@@ -23,7 +25,7 @@ static PROVIDERS: LazyLock<Mutex<HashMap<String, SharedCredentials>>> =
 
 /// Remembers the credential provider of the table (or warehouse) at `location` for
 /// listings.
-pub(crate) fn register_credentials(location: &str, provider: SharedCredentials) {
+fn register_credentials(location: &str, provider: SharedCredentials) {
     let mut providers = PROVIDERS.lock().unwrap_or_else(|e| e.into_inner());
     providers.insert(location.trim_end_matches('/').to_string(), provider);
 }
@@ -43,6 +45,17 @@ fn credentials_for(location: &str) -> Option<SharedCredentials> {
         })
         .max_by_key(|(prefix, _)| prefix.len())
         .map(|(_, provider)| provider.clone())
+}
+
+/// `factory` signing S3 requests with `provider`, which orphan listings under
+/// `location` use too.
+pub(crate) fn sign_with(
+    factory: OpenDalResolvingStorageFactory,
+    location: &str,
+    provider: SharedCredentials,
+) -> OpenDalResolvingStorageFactory {
+    register_credentials(location, provider.clone());
+    factory.with_s3_credential_loader(CustomAwsCredentialLoader::new(Shared(provider)))
 }
 
 /// Hands a shared provider to one operator's credential chain.

@@ -7,9 +7,7 @@ use std::time::Duration;
 
 use iceberg::io::{FileIO, FileIOBuilder};
 use iceberg_catalog_rest::StorageCredential;
-use iceberg_storage_opendal::{
-    AwsCredential, CustomAwsCredentialLoader, OpenDalResolvingStorageFactory, ProvideCredential,
-};
+use iceberg_storage_opendal::{AwsCredential, OpenDalResolvingStorageFactory, ProvideCredential};
 use reqsign_core::time::Timestamp;
 use reqwest::Method;
 use serde::Deserialize;
@@ -64,11 +62,7 @@ pub(crate) fn table_file_io(
                     location: location.to_string(),
                     current: Mutex::new(Some(credential)),
                 });
-                // Orphan cleanup lists the table's files with the same credentials.
-                object_store::register_credentials(location, provider.clone());
-                factory = factory.with_s3_credential_loader(CustomAwsCredentialLoader::new(
-                    object_store::Shared(provider),
-                ));
+                factory = object_store::sign_with(factory, location, provider);
             }
             None => {
                 tracing::warn!(
@@ -82,11 +76,7 @@ pub(crate) fn table_file_io(
     }
     if own && s3.access_key_id.is_none() {
         // No keys in the config: the AWS SDK's chain (and `aws.role_arn`) decides.
-        let provider: SharedCredentials = session.aws().clone();
-        object_store::register_credentials(location, provider.clone());
-        factory = factory.with_s3_credential_loader(CustomAwsCredentialLoader::new(
-            object_store::Shared(provider),
-        ));
+        factory = object_store::sign_with(factory, location, session.aws().clone());
     }
     Ok(FileIOBuilder::new(Arc::new(factory))
         .with_props(props)
