@@ -553,3 +553,147 @@ async fn concurrent_writer(lake: Lake) -> Result<()> {
     }
     Ok(())
 }
+
+/// The key index is kept on disk (`index_dir`) with a memory budget far below the keys:
+/// a restart opens it and catches up with what it missed (the commits after its last
+/// spill when the agent was killed, a compaction that rewrote the files) instead of
+/// reading every key again, and every value stays exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_key_index_is_opened_and_caught_up_after_kills_and_compaction() -> Result<()> {
+    const KEYS: u64 = 3_000;
+    let broker = Broker::start()?;
+    broker.create_topic("state", 2).await?;
+    let lake = Lake::embedded()?;
+    let index_dir = lake.ws.path("index");
+    let config = write_config(
+        &lake,
+        &broker.bootstrap,
+        &[Pipe {
+            name: "state",
+            topic: "state",
+            table: "state",
+            key: r#"["_kafka_key"]"#,
+            sink_extra: &format!(
+                "index_memory = \"64KiB\"\nindex_dir = \"{}\"\n[pipelines.sink.maintenance]\ninterval = \"1h\"\nmin_input_files = 2",
+                index_dir.display()
+            ),
+        }],
+        "floe.toml",
+    )?;
+    let mut rng = Rng(0x5DEE_CE66_D1CE_4E5B);
+    let mut reference: BTreeMap<i64, Value> = BTreeMap::new();
+    let mut produced = 0i64;
+    let round = |rng: &mut Rng, n: usize, reference: &mut BTreeMap<i64, Value>| {
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            let id = (rng.next() % KEYS) as i64;
+            if rng.next().is_multiple_of(8) {
+                out.push(msg(id.to_string(), None));
+                reference.remove(&id);
+            } else {
+                let v = json!({"id": id, "n": rng.next() % 1_000_000, "s": format!("v{}", rng.next() % 97)});
+                out.push(msg(id.to_string(), Some(&v)));
+                reference.insert(id, v);
+            }
+        }
+        out
+    };
+
+    // A first run creates the table and keeps its index at its clean stop.
+    let batch = round(&mut rng, 6_000, &mut reference);
+    broker.produce("state", &batch).await?;
+    produced += batch.len() as i64;
+    let agent = AgentProcess::start(&config, &[])?;
+    lake.wait_for_messages("state", "state", produced).await?;
+    agent.terminate()?;
+
+    // Opened from disk; killed after more commits, so what it kept lags the table.
+    let mut agent = AgentProcess::start(&config, &[])?;
+    agent.wait_for_line("upsert index opened from disk", WAIT)?;
+    for _ in 0..3 {
+        let batch = round(&mut rng, 2_000, &mut reference);
+        broker.produce("state", &batch).await?;
+        produced += batch.len() as i64;
+        lake.wait_for_messages("state", "state", produced).await?;
+    }
+    agent.kill9()?;
+
+    // Opened from disk again, catching up with the commits made after its last spill.
+    let mut agent = AgentProcess::start(&config, &[])?;
+    agent.wait_for_line("upsert index opened from disk", WAIT)?;
+    let batch = round(&mut rng, 3_000, &mut reference);
+    broker.produce("state", &batch).await?;
+    produced += batch.len() as i64;
+    lake.wait_for_messages("state", "state", produced).await?;
+    let log = agent.terminate()?;
+    ensure!(!log.contains("rebuilt from the table"), "{log}");
+
+    // A compaction rewrites the data files and drops the delete files.
+    let out = std::process::Command::new(floe_tests::floe_bin())
+        .args(["maintain", "--config"])
+        .arg(&config)
+        .output()?;
+    let text =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    ensure!(out.status.success(), "floe maintain failed:\n{text}");
+
+    // Another engine deletes rows by rewriting the files that hold them.
+    lake.foreign("state", &["--delete-where", "id < 300"])?;
+    reference.retain(|id, _| *id >= 300);
+
+    // The index learns the rewrites from the files they changed, not by a rebuild; then
+    // every key is written once more: an update where a row is live (found in the
+    // compacted files), an insert where the other engine deleted it.
+    let live_before: std::collections::BTreeSet<i64> = reference.keys().copied().collect();
+    let mut agent = AgentProcess::start(&config, &[])?;
+    agent.wait_for_line("upsert index opened from disk", WAIT)?;
+    let mut batch = Vec::new();
+    for id in 0..KEYS as i64 {
+        let v = json!({"id": id, "n": id, "s": "last"});
+        batch.push(msg(id.to_string(), Some(&v)));
+        reference.insert(id, v);
+    }
+    broker.produce("state", &batch).await?;
+    produced += batch.len() as i64;
+    lake.wait_for_messages("state", "state", produced).await?;
+    let log = agent.terminate()?;
+    ensure!(
+        !log.contains("rebuilt from the table"),
+        "the compaction made the index rebuild:\n{log}"
+    );
+    for line in log.lines().filter(|l| l.contains("upsert index")) {
+        println!("{line}");
+    }
+    let runs = std::fs::read_dir(index_dir.join("state"))?
+        .flat_map(|t| std::fs::read_dir(t.expect("entry").path()).expect("table dir"))
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".keys"))
+        })
+        .count();
+    ensure!(runs > 0, "the index never spilled to disk");
+
+    let fields = ["id", "n", "s"];
+    let expected: BTreeMap<i64, Value> = reference
+        .iter()
+        .map(|(k, v)| (*k, project(v, &fields)))
+        .collect();
+    for reader in READERS {
+        let (rows, ops) = rows_by_id(&lake, reader, "state", &fields)?;
+        ensure!(
+            rows == expected,
+            "{reader}: {} rows differ from the reference ({} rows)",
+            rows.len(),
+            expected.len()
+        );
+        for (id, op) in &ops {
+            let want = if live_before.contains(id) {
+                "update"
+            } else {
+                "insert"
+            };
+            ensure!(op == want, "{reader}: _op of key {id} is {op}, want {want}");
+        }
+    }
+    Ok(())
+}

@@ -835,10 +835,12 @@ fn main() -> Result<()> {
     runtime.block_on(bench(args))
 }
 
-/// Memory of the upsert key index: resident bytes per live key for `keys` keys.
-fn index_memory(keys: usize) -> Result<()> {
+/// Memory of the upsert key index at its default budget: resident bytes per live key
+/// for `keys` keys.
+async fn index_memory(keys: usize) -> Result<()> {
     let before = rss_mib();
-    let mut index = floe::sink::upsert::KeyIndex::new(usize::MAX);
+    let settings = floe::sink::upsert::IndexSettings::temporary(256 << 20);
+    let mut index = floe::sink::upsert::KeyIndex::new(settings)?;
     let started = Instant::now();
     let empty = iceberg::spec::Struct::empty();
     for k in 0..keys as u128 {
@@ -846,6 +848,9 @@ fn index_memory(keys: usize) -> Result<()> {
         let key = k.wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835);
         let file = index.register_file(&format!("data-{}.parquet", k / 100_000), 0, &empty);
         index.put(key, file, (k % 100_000) as u64)?;
+        if k % 100_000 == 0 {
+            index.maintain().await?;
+        }
     }
     let mib = rss_mib() - before;
     println!(
@@ -877,7 +882,7 @@ async fn bench(args: Args) -> Result<()> {
         return Ok(());
     }
     let n = args.records;
-    index_memory(n.max(1_000_000))?;
+    index_memory(n.max(1_000_000)).await?;
     let values: Vec<Vec<u8>> = (0..n).map(|i| record(i).to_string().into_bytes()).collect();
     let bytes: u64 = values.iter().map(|v| v.len() as u64).sum();
     println!(

@@ -2,11 +2,14 @@
 """Another engine writing to a Floe table: PyIceberg on the embedded (SQL) catalog.
 
   foreign_writer.py --catalog-db FILE --warehouse DIR --table NS.TABLE
-                    [--append-json '{"col": value, ...}']... [--expire-all-but-current]
+                    [--append-json '{"col": value, ...}']... [--delete-where EXPR]
+                    [--expire-all-but-current]
 
 --append-json appends one row per flag in one commit (columns not given are null;
 timestamps as ISO-8601 strings). --expire-all-but-current removes every snapshot except
-the current one (metadata only, like any engine's expire_snapshots). Prints
+the current one (metadata only, like any engine's expire_snapshots). --delete-where
+deletes the rows matching a PyIceberg row filter ("id < 300"), rewriting the data files
+that hold them without those rows (copy-on-write). Prints
 {"snapshots": N, "current": ID}.
 """
 
@@ -23,6 +26,7 @@ def main():
     ap.add_argument("--catalog-name", default="local")
     ap.add_argument("--table", required=True)
     ap.add_argument("--append-json", action="append", default=[])
+    ap.add_argument("--delete-where")
     ap.add_argument("--expire-all-but-current", action="store_true")
     args = ap.parse_args()
 
@@ -43,6 +47,9 @@ def main():
                     row[field.name] = dt.datetime.fromisoformat(v.replace("Z", "+00:00"))
             rows.append({f.name: row.get(f.name) for f in schema})
         table.append(pa.Table.from_pylist(rows, schema=schema))
+        table = catalog.load_table(args.table)
+    if args.delete_where:
+        table.delete(delete_filter=args.delete_where)
         table = catalog.load_table(args.table)
     if args.expire_all_but_current:
         current = table.current_snapshot().snapshot_id

@@ -199,7 +199,7 @@ impl Committer {
                         }
                         if self.closing {
                             // Stopping: what was not committed is read again next time.
-                            let _ = self.reports.send(Report::Done);
+                            self.done().await;
                             return Ok(());
                         }
                     }
@@ -210,10 +210,21 @@ impl Committer {
                 }
             }
             if self.closing && self.retry_at.is_none() {
-                let _ = self.reports.send(Report::Done);
+                self.done().await;
                 return Ok(());
             }
         }
+    }
+
+    /// Keeps what outlives the run (upsert indexes, on disk) and says the pipeline is
+    /// done.
+    async fn done(&mut self) {
+        for t in &mut self.tables {
+            if let Err(e) = t.sink.close().await {
+                tracing::warn!(pipeline = %self.config.name, table = %t.sink.ident(), error = %e, "the upsert index could not be kept on disk: the next start rebuilds it");
+            }
+        }
+        let _ = self.reports.send(Report::Done);
     }
 
     async fn on_handoff(&mut self, handoff: Handoff) -> Result<(), Halt> {
@@ -342,13 +353,22 @@ impl Committer {
     }
 
     /// Publishes the bytes read and not committed yet (the intake marks early past the
-    /// bound).
+    /// bound). An upsert table holds the keys written since its last commit in memory:
+    /// once they take more than `index_memory`, the bound counts as reached too.
     fn update_uncommitted(&self) {
         let bytes: u64 = self
             .tables
             .iter()
             .map(|t| t.writing.bytes + t.cut.bytes)
             .sum();
+        let keys_full = self
+            .tables
+            .iter()
+            .any(|t| t.sink.overlay_memory() as u64 >= self.config.sink.index_memory);
+        let bytes = match keys_full {
+            true => bytes.max(self.config.sink.max_uncommitted_bytes),
+            false => bytes,
+        };
         self.uncommitted.store(bytes, Ordering::Relaxed);
     }
 

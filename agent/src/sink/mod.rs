@@ -69,10 +69,24 @@ pub struct SinkConfig {
     /// `["_kafka_key"]` for the Kafka message key (then a tombstone deletes the row).
     #[serde(default)]
     pub key: Vec<String>,
-    /// Upsert mode: most live keys the in-memory key index may hold (about 70 bytes
-    /// each); past it the pipeline stops with an error. Default 10,000,000.
-    #[serde(default = "default_max_keys")]
-    pub max_keys: usize,
+    /// Upsert mode: most live keys allowed; past it the pipeline stops with an error.
+    /// Default: no bound (the key index spills to `index_dir`, memory stays within
+    /// `index_memory`).
+    #[serde(default)]
+    pub max_keys: Option<u64>,
+    /// Upsert mode: memory of each table's key index (default 256MiB): its newest
+    /// entries, and the Bloom filters and block fences of the entries on disk.
+    #[serde(
+        default = "default_index_memory",
+        deserialize_with = "crate::config::size::deserialize"
+    )]
+    pub index_memory: u64,
+    /// Upsert mode: where each table's key index is kept
+    /// (`<index_dir>/<pipeline>/<table uuid>/`; default `.floe/index`). Kept across
+    /// restarts, so a start catches up from it instead of reading every key of the
+    /// table; when missing or stale it is rebuilt from the table.
+    #[serde(default = "default_index_dir")]
+    pub index_dir: std::path::PathBuf,
     /// How often the files written since the last commit are committed as one snapshot
     /// (default 60s, at least 1s): a table gets one snapshot per interval.
     #[serde(
@@ -144,8 +158,12 @@ fn default_format_version() -> u8 {
     2
 }
 
-fn default_max_keys() -> usize {
-    10_000_000
+fn default_index_memory() -> u64 {
+    256 << 20
+}
+
+fn default_index_dir() -> std::path::PathBuf {
+    std::path::PathBuf::from(".floe/index")
 }
 
 fn default_commit_interval() -> Duration {
@@ -216,6 +234,9 @@ impl SinkConfig {
         }
         if self.max_open_files == 0 {
             out.push(("max_open_files".into(), "must be at least 1".into()));
+        }
+        if self.index_memory < 64 * 1024 {
+            out.push(("index_memory".into(), "must be at least 64KiB".into()));
         }
         match self.mode {
             Mode::Upsert if self.key.is_empty() => out.push((

@@ -19,7 +19,10 @@ use iceberg::{NamespaceIdent, TableCreation, TableIdent};
 use uuid::Uuid;
 
 use super::stream::{OpenFiles, RowPlace, StreamLimits};
-use super::upsert::{self, DeleteTarget, KeyHash, KeyIndex, KeySpec, OP_COLUMN, Overlay, Plan};
+use super::upsert::{
+    self, DeleteTarget, IndexSettings, KeyHash, KeyIndex, KeySpec, OP_COLUMN, Overlay, Plan,
+    RebuildStats,
+};
 use super::{Mode, SinkConfig, SinkError, partition};
 use crate::batch::{self, Buffered};
 use crate::catalog::CatalogHandle;
@@ -55,6 +58,7 @@ pub struct TableSink {
 struct UpsertState {
     spec: KeySpec,
     index: Option<KeyIndex>,
+    settings: IndexSettings,
 }
 
 /// The generation being written.
@@ -114,6 +118,11 @@ impl TableSink {
             upsert: (config.mode == Mode::Upsert).then(|| UpsertState {
                 spec: KeySpec::from_config(&config.key),
                 index: None,
+                settings: IndexSettings {
+                    memory: config.index_memory,
+                    dir: Some(config.index_dir.join(pipeline)),
+                    max_keys: config.max_keys,
+                },
             }),
             current: None,
             cut: Vec::new(),
@@ -140,9 +149,9 @@ impl TableSink {
         self.upsert.as_ref().map(|u| &u.spec)
     }
 
-    /// Rebuilds the upsert index from the table if it is not there. A file of the table
-    /// view that is gone (another writer's expiry) means the view is stale: reload and
-    /// read again.
+    /// Opens the upsert index (kept on disk and caught up, or rebuilt from the table) if
+    /// it is not there. A file of the table view that is gone (another writer's expiry)
+    /// means the view is stale: reload and read again.
     async fn ensure_index(&mut self) -> Result<(), SinkError> {
         let mut attempt = 0;
         loop {
@@ -154,9 +163,9 @@ impl TableSink {
                 return Ok(());
             }
             let started = std::time::Instant::now();
-            match KeyIndex::rebuild(table, &u.spec, self.config.max_keys).await {
+            match KeyIndex::open(table, &u.spec, &u.settings).await {
                 Ok((index, stats)) => {
-                    tracing::info!(pipeline = %self.pipeline, table = %self.ident, keys = stats.keys, data_files = stats.data_files, delete_files = stats.delete_files, duplicates = stats.duplicates, ms = started.elapsed().as_millis() as u64, "upsert index rebuilt from the table");
+                    log_index(&self.pipeline, &self.ident, &stats, started);
                     u.index = Some(index);
                     return Ok(());
                 }
@@ -170,6 +179,14 @@ impl TableSink {
                 }
             }
         }
+    }
+
+    /// Keeps the upsert index on disk for the next start (a clean stop).
+    pub async fn close(&mut self) -> Result<(), SinkError> {
+        if let Some(index) = self.upsert.as_mut().and_then(|u| u.index.as_mut()) {
+            index.persist().await?;
+        }
+        Ok(())
     }
 
     /// Whether the table exists in the catalog.
@@ -359,7 +376,7 @@ impl TableSink {
             Some(_) => {
                 self.ensure_index().await?;
                 let exists = |k: &KeyHash| self.key_is_live(&current.overlay, k);
-                Some(Plan::new(&buffered.keys, exists))
+                Some(Plan::new(&buffered.keys, exists)?)
             }
         };
         let handle = tokio::runtime::Handle::current();
@@ -412,27 +429,22 @@ impl TableSink {
 
     /// Whether `key` has a live row: in the uncommitted generations (newest first), else
     /// in the table.
-    fn key_is_live(&self, current: &Overlay, key: &KeyHash) -> bool {
+    fn key_is_live(&self, current: &Overlay, key: &KeyHash) -> Result<bool, upsert::UpsertError> {
         match self.uncommitted_row(current, key) {
-            Some(row) => row.is_some(),
-            None => self
-                .upsert
-                .as_ref()
-                .and_then(|u| u.index.as_ref())
-                .is_some_and(|i| i.get(key).is_some()),
+            Some(row) => Ok(row.is_some()),
+            None => match self.upsert.as_ref().and_then(|u| u.index.as_ref()) {
+                Some(index) => Ok(index.get(key)?.is_some()),
+                None => Ok(false),
+            },
         }
     }
 
     /// `key`'s newest row in the uncommitted generations: `Some(None)` for a tombstone,
     /// `None` when they did not write it.
-    fn uncommitted_row<'a>(
-        &'a self,
-        current: &'a Overlay,
-        key: &KeyHash,
-    ) -> Option<&'a Option<RowPlace>> {
+    fn uncommitted_row(&self, current: &Overlay, key: &KeyHash) -> Option<Option<RowPlace>> {
         std::iter::once(current)
             .chain(self.cut.iter().rev().map(|g| &g.overlay))
-            .find_map(|o| o.writes.get(key))
+            .find_map(|o| o.get(key))
     }
 
     /// Records in `overlay` where a chunk's rows went and which uncommitted rows they
@@ -453,13 +465,21 @@ impl TableSink {
         let written: HashMap<KeyHash, RowPlace> =
             plan.row_keys.iter().copied().zip(places).collect();
         for key in &plan.touched {
-            let replaced = self.uncommitted_row(overlay, key).cloned().flatten();
-            if let Some(place) = replaced {
-                overlay.superseded.push(place);
+            if let Some(place) = self.uncommitted_row(overlay, key).flatten() {
+                overlay.supersede(&place)?;
             }
-            overlay.writes.insert(*key, written.get(key).cloned());
+            overlay.insert(*key, written.get(key))?;
         }
         Ok(())
+    }
+
+    /// Bytes of memory the uncommitted generations' upsert overlays hold, about.
+    pub fn overlay_memory(&self) -> usize {
+        self.current
+            .iter()
+            .map(|c| c.overlay.memory())
+            .sum::<usize>()
+            + self.cut.iter().map(|g| g.overlay.memory()).sum::<usize>()
     }
 
     /// Ends the generation being written: its open files are closed and it waits for
@@ -580,7 +600,8 @@ impl TableSink {
         tracing::info!(pipeline = %self.pipeline, table = %self.ident, "created table");
         self.table = Some(table);
         if let Some(u) = &mut self.upsert {
-            u.index = Some(KeyIndex::new(self.config.max_keys));
+            let table = self.table.as_ref().expect("just created");
+            u.index = Some(KeyIndex::empty(table, &u.spec, &u.settings)?);
         }
         Ok(())
     }
@@ -676,7 +697,9 @@ impl TableSink {
             .iter()
             .flat_map(|g| g.files.iter().cloned())
             .collect();
-        let targets = self.delete_targets(generations, &data);
+        let targets = self
+            .delete_targets(generations, &data)
+            .map_err(|e| Attempt::from(SinkError::from(e)))?;
         let deletes = upsert::write_deletes(&table, &self.pipeline, targets)
             .await
             .map_err(|e| Attempt::from(SinkError::from(e)))?;
@@ -713,7 +736,10 @@ impl TableSink {
                 self.pending_schema = None;
                 self.written_on = None;
                 let done = std::mem::take(generations);
-                if let Err(e) = self.apply_to_index(&done, &data, &deletes, snapshot_id) {
+                if let Err(e) = self
+                    .apply_to_index(&done, &data, &deletes, snapshot_id)
+                    .await
+                {
                     // The table holds the commit; an index that missed part of it is
                     // rebuilt before its next use.
                     if let Some(u) = &mut self.upsert {
@@ -755,13 +781,14 @@ impl TableSink {
             let caught_up = index.catch_up(table, &u.spec).await?;
             tracing::info!(pipeline = %self.pipeline, table = %self.ident, caught_up, "upsert index: learning other writers' commits");
             if !caught_up {
+                // Dropped first: its directory is locked while it lives.
                 u.index = None;
             }
         }
         if u.index.is_none() {
             let started = std::time::Instant::now();
-            let (index, stats) = KeyIndex::rebuild(table, &u.spec, self.config.max_keys).await?;
-            tracing::info!(pipeline = %self.pipeline, table = %self.ident, keys = stats.keys, data_files = stats.data_files, delete_files = stats.delete_files, duplicates = stats.duplicates, ms = started.elapsed().as_millis() as u64, "upsert index rebuilt from the table");
+            let (index, stats) = KeyIndex::rebuild(table, &u.spec, &u.settings).await?;
+            log_index(&self.pipeline, &self.ident, &stats, started);
             u.index = Some(index);
         }
         Ok(())
@@ -774,9 +801,9 @@ impl TableSink {
         &self,
         generations: &[Generation],
         data: &[(i32, DataFile)],
-    ) -> Vec<DeleteTarget> {
+    ) -> Result<Vec<DeleteTarget>, upsert::UpsertError> {
         let Some(index) = self.upsert.as_ref().and_then(|u| u.index.as_ref()) else {
-            return Vec::new();
+            return Ok(Vec::new());
         };
         let ours: HashMap<&str, (i32, &Struct)> = data
             .iter()
@@ -798,8 +825,8 @@ impl TableSink {
                     .push(pos);
             };
         for g in generations {
-            for key in g.overlay.writes.keys() {
-                if let Some((id, pos)) = index.get(key) {
+            for (key, _) in g.overlay.writes() {
+                if let Some((id, pos)) = index.get(key)? {
                     let info = index.file(id);
                     add(
                         info.path.clone(),
@@ -810,19 +837,19 @@ impl TableSink {
                     );
                 }
             }
-            for (path, pos) in &g.overlay.superseded {
+            for (path, pos) in g.overlay.superseded() {
                 match ours.get(path.as_ref()) {
-                    Some((spec, partition)) => add(path.clone(), *spec, partition, None, *pos),
+                    Some((spec, partition)) => add(path.clone(), *spec, partition, None, pos),
                     // A file of an earlier generation committed since: in the index.
                     None => {
-                        if let Some(id) = index.file_id(path) {
+                        if let Some(id) = index.file_id(&path) {
                             let info = index.file(id);
                             add(
                                 path.clone(),
                                 info.spec_id,
                                 &info.partition,
                                 info.dv.clone(),
-                                *pos,
+                                pos,
                             );
                         }
                     }
@@ -835,12 +862,12 @@ impl TableSink {
             t.positions.dedup();
         }
         out.sort_by(|a, b| a.path.cmp(&b.path));
-        out
+        Ok(out)
     }
 
     /// Records a landed commit of `generations` in the upsert index, which then reflects
-    /// `snapshot_id`.
-    fn apply_to_index(
+    /// `snapshot_id` (and spills to disk past its memory budget).
+    async fn apply_to_index(
         &mut self,
         generations: &[Generation],
         data: &[(i32, DataFile)],
@@ -860,18 +887,19 @@ impl TableSink {
             }
         }
         for g in generations {
-            for (key, row) in &g.overlay.writes {
+            for (key, row) in g.overlay.writes() {
                 match row {
                     Some((path, pos)) => {
-                        let id = index.file_id(path).ok_or_else(|| {
+                        let id = index.file_id(&path).ok_or_else(|| {
                             SinkError::Internal(format!("row of {path} in no committed file"))
                         })?;
-                        index.put(*key, id, *pos)?;
+                        index.put(*key, id, pos)?;
                     }
                     None => index.remove(key),
                 }
             }
         }
+        index.maintain().await?;
         Ok(())
     }
 
@@ -881,6 +909,21 @@ impl TableSink {
             table: self.ident.to_string(),
             source: Box::new(source),
         }
+    }
+}
+
+/// Logs how an upsert index was opened.
+fn log_index(
+    pipeline: &str,
+    table: &iceberg::TableIdent,
+    stats: &RebuildStats,
+    started: std::time::Instant,
+) {
+    let ms = started.elapsed().as_millis() as u64;
+    if stats.from_disk {
+        tracing::info!(pipeline = %pipeline, table = %table, keys = stats.keys, snapshots_caught_up = stats.caught_up, ms, "upsert index opened from disk");
+    } else {
+        tracing::info!(pipeline = %pipeline, table = %table, keys = stats.keys, data_files = stats.data_files, delete_files = stats.delete_files, duplicates = stats.duplicates, ms, "upsert index rebuilt from the table");
     }
 }
 

@@ -27,7 +27,7 @@ use iceberg::spec::{FormatVersion, NestedField, PrimitiveType, Schema, TableMeta
 
 pub use crate::record::key::{KeyHash, KeySpec, MESSAGE_KEY};
 pub use deletes::write_position_deletes;
-pub use index::{FileInfo, KeyIndex, RebuildStats, read_position_deletes};
+pub use index::{FileInfo, IndexSettings, KeyIndex, RebuildStats, read_position_deletes};
 
 /// Name of the operation column of upsert tables (`insert` or `update`).
 pub const OP_COLUMN: &str = "_op";
@@ -45,16 +45,37 @@ pub enum UpsertError {
     #[error(transparent)]
     Arrow(#[from] arrow_schema::ArrowError),
     /// More live keys than `max_keys`.
+    #[error("the upsert index holds more than max_keys = {0} keys; raise or remove `max_keys`")]
+    TooManyKeys(u64),
+    /// The key index's local files could not be read or written.
     #[error(
-        "the upsert index holds more than max_keys = {0} keys; raise `max_keys` (about 70 bytes of memory per key)"
+        "the upsert key index in {dir} failed: {source} (check `index_dir`: free space, permissions)"
     )]
-    TooManyKeys(usize),
+    Dir {
+        /// The index directory.
+        dir: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A temporary directory for the key index could not be made.
+    #[error("the upsert key index could not make a temporary directory: {0}")]
+    Io(#[from] std::io::Error),
     /// A limit of the index format.
     #[error("too many {0} for the upsert index")]
     TooLarge(&'static str),
     /// The table or the key does not fit upsert mode.
     #[error("{0}")]
     Unsupported(String),
+}
+
+impl UpsertError {
+    /// A failure of the index directory `dir`.
+    pub fn dir(dir: &std::path::Path, source: std::io::Error) -> UpsertError {
+        UpsertError::Dir {
+            dir: dir.display().to_string(),
+            source,
+        }
+    }
 }
 
 /// One chunk's worth of upserts, after "last message per key wins".
@@ -73,7 +94,10 @@ pub struct Plan {
 impl Plan {
     /// Plans buffered rows with their `keys` (`live`: false for a tombstone); `exists`
     /// says whether a key has a live row already (its new row is an `update`).
-    pub fn new(keys: &[(KeyHash, bool)], exists: impl Fn(&KeyHash) -> bool) -> Plan {
+    pub fn new(
+        keys: &[(KeyHash, bool)],
+        exists: impl Fn(&KeyHash) -> Result<bool, UpsertError>,
+    ) -> Result<Plan, UpsertError> {
         let mut last: HashMap<KeyHash, usize, RandomState> =
             HashMap::with_capacity_and_hasher(keys.len(), RandomState::default());
         for (i, (k, _)) in keys.iter().enumerate() {
@@ -94,10 +118,11 @@ impl Plan {
             plan.keep.push(keep);
             if keep {
                 plan.row_keys.push(*key);
-                plan.ops.push(if exists(key) { "update" } else { "insert" });
+                plan.ops
+                    .push(if exists(key)? { "update" } else { "insert" });
             }
         }
-        plan
+        Ok(plan)
     }
 }
 
@@ -192,18 +217,92 @@ pub async fn write_deletes(
 /// files one commit adds): where each key it wrote now lives (`None`: deleted by a
 /// tombstone), and the rows of its own uncommitted files that later writes replaced.
 /// Deletes of committed rows are found at commit time from the key index.
+///
+/// Rows are kept as (file number, position) in 8 bytes, file paths once each: an
+/// interval's worth of keys is held until its commit.
 #[derive(Debug, Default)]
 pub struct Overlay {
-    /// Per key written: its newest row, or `None` for a tombstone.
-    pub writes: HashMap<KeyHash, Option<crate::sink::stream::RowPlace>, RandomState>,
+    paths: Vec<Arc<str>>,
+    path_ids: HashMap<Arc<str>, u32, RandomState>,
+    /// Per key written: its newest row, packed, or [`Overlay::DELETED`].
+    writes: HashMap<KeyHash, u64, RandomState>,
     /// Rows of uncommitted files replaced by a later write of the same key.
-    pub superseded: Vec<crate::sink::stream::RowPlace>,
+    superseded: Vec<u64>,
 }
 
+type RowPlace = crate::sink::stream::RowPlace;
+
 impl Overlay {
+    const DELETED: u64 = u64::MAX;
+
+    fn pack(&mut self, place: &RowPlace) -> Result<u64, UpsertError> {
+        let id = match self.path_ids.get(&place.0) {
+            Some(id) => *id,
+            None => {
+                let id = self.paths.len() as u32;
+                self.paths.push(place.0.clone());
+                self.path_ids.insert(place.0.clone(), id);
+                id
+            }
+        };
+        let pos =
+            u32::try_from(place.1).map_err(|_| UpsertError::TooLarge("rows in one data file"))?;
+        Ok((u64::from(id) << 32) | u64::from(pos))
+    }
+
+    fn unpack(&self, row: u64) -> RowPlace {
+        (self.paths[(row >> 32) as usize].clone(), row & 0xffff_ffff)
+    }
+
     /// Whether nothing was written.
     pub fn is_empty(&self) -> bool {
         self.writes.is_empty()
+    }
+
+    /// Keys written.
+    pub fn len(&self) -> usize {
+        self.writes.len()
+    }
+
+    /// Bytes of memory held, about.
+    pub fn memory(&self) -> usize {
+        self.writes.capacity() * 26 + self.superseded.capacity() * 8 + self.paths.len() * 128
+    }
+
+    /// `key`'s newest row here: `Some(None)` for a tombstone, `None` when not written.
+    pub fn get(&self, key: &KeyHash) -> Option<Option<RowPlace>> {
+        self.writes
+            .get(key)
+            .map(|row| (*row != Self::DELETED).then(|| self.unpack(*row)))
+    }
+
+    /// Records `key`'s newest row (`None`: deleted).
+    pub fn insert(&mut self, key: KeyHash, row: Option<&RowPlace>) -> Result<(), UpsertError> {
+        let packed = match row {
+            Some(place) => self.pack(place)?,
+            None => Self::DELETED,
+        };
+        self.writes.insert(key, packed);
+        Ok(())
+    }
+
+    /// Records that a row of an uncommitted file was replaced.
+    pub fn supersede(&mut self, place: &RowPlace) -> Result<(), UpsertError> {
+        let packed = self.pack(place)?;
+        self.superseded.push(packed);
+        Ok(())
+    }
+
+    /// Every key written, with its newest row (`None`: deleted).
+    pub fn writes(&self) -> impl Iterator<Item = (&KeyHash, Option<RowPlace>)> {
+        self.writes
+            .iter()
+            .map(|(k, row)| (k, (*row != Self::DELETED).then(|| self.unpack(*row))))
+    }
+
+    /// The rows of uncommitted files that later writes replaced.
+    pub fn superseded(&self) -> impl Iterator<Item = RowPlace> + '_ {
+        self.superseded.iter().map(|row| self.unpack(*row))
     }
 }
 
@@ -278,13 +377,13 @@ mod tests {
 
     #[test]
     fn last_message_per_key_wins_and_tombstones_delete() {
-        let mut index = KeyIndex::new(100);
+        let mut index = KeyIndex::new(IndexSettings::temporary(1 << 20)).unwrap();
         let old = index.register_file("old.parquet", 0, &iceberg::spec::Struct::empty());
         index.put(2, old, 5).unwrap();
         index.put(3, old, 6).unwrap();
         // Rows 0..5 with keys 1, 2, 1, 3 (tombstone), 4.
         let keys = [(1, true), (2, true), (1, true), (3, false), (4, true)];
-        let plan = Plan::new(&keys, |k| index.get(k).is_some());
+        let plan = Plan::new(&keys, |k| Ok(index.get(k)?.is_some())).unwrap();
         assert_eq!(
             plan.keep,
             [false, true, true, false, true],

@@ -1,0 +1,548 @@
+//! The key store: key digest -> packed row, in bounded memory, the rest on local disk.
+//!
+//! Recent changes live in a memory table: 256 hash maps by the digest's first byte, so
+//! none grows in one big step and writing them out in key order needs no big sort. When
+//! the table passes half the memory budget it is written out as a sorted run
+//! ([`super::run`]); runs are merged so that each is at least three times the size of
+//! the next newer one, which keeps their number logarithmic in the key count. A lookup
+//! checks the memory table, then each run from newest to oldest: its Bloom filter, then
+//! the one block its fences point to. The other half of the budget holds the runs'
+//! fences and filters (bits per key shrink when the key count outgrows it).
+//!
+//! Merges run on a thread of their own, one at a time: lookups keep reading the runs
+//! being merged until the merged run replaces them at the next [`KeyStore::maintain`],
+//! so merging the largest run (gigabytes at a hundred million keys) does not hold up
+//! commits.
+//!
+//! With a directory to persist in, every spill also writes `MANIFEST` (the runs and what
+//! the caller says they reflect) after the runs are durable, so a restart can start from
+//! them instead of reading the table again.
+
+use std::collections::HashMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use foldhash::fast::RandomState;
+use serde::{Deserialize, Serialize};
+
+use super::run::{self, Run, RunWriter, TOMBSTONE};
+
+const SHARDS: usize = 256;
+/// A run is merged into the next older one once it is at least a third of its size.
+const MERGE_RATIO: u64 = 3;
+/// Bits per key of the runs' Bloom filters when the budget allows (about 1 % false
+/// positives).
+const MAX_BITS_PER_KEY: u32 = 10;
+/// Below this many bits per key a filter saves too little to be worth its memory.
+const MIN_BITS_PER_KEY: u32 = 4;
+/// Version of the manifest and run layout.
+pub const FORMAT: u32 = 1;
+const MANIFEST: &str = "MANIFEST";
+
+/// What a persisted store reflects, written with its runs (see the module docs).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Manifest {
+    /// [`FORMAT`] when written.
+    pub format: u32,
+    /// The table the entries belong to.
+    pub table_uuid: String,
+    /// Field ids of the key columns the digests were computed from.
+    pub key_field_ids: Vec<i32>,
+    /// The table snapshot the entries reflect.
+    pub snapshot: Option<i64>,
+    /// Data file paths by file id (the id is the high half of a packed row).
+    pub files: Vec<String>,
+    /// Run ids, newest first.
+    pub runs: Vec<u64>,
+    /// The next run id to use.
+    pub next_run: u64,
+}
+
+/// The key store (see the module docs).
+#[derive(Debug)]
+pub struct KeyStore {
+    shards: Vec<HashMap<u128, u64, RandomState>>,
+    /// Entries of the memory table that are not tombstones.
+    mem_live: usize,
+    /// Runs, newest first.
+    runs: Vec<Arc<Run>>,
+    /// The merge in progress, if any.
+    merge: Option<Merge>,
+    /// Runs a persisted manifest still names although their entries are in memory now
+    /// (loaded at open): deleted once a newer manifest is written.
+    retained: Vec<u64>,
+    dir: PathBuf,
+    memory: u64,
+    next_run: u64,
+}
+
+fn shard_of(key: u128) -> usize {
+    (key >> 120) as usize
+}
+
+impl KeyStore {
+    /// An empty store spilling to `dir` (which must exist), holding about `memory`
+    /// bytes in memory.
+    pub fn new(dir: &Path, memory: u64) -> KeyStore {
+        KeyStore {
+            shards: (0..SHARDS).map(|_| HashMap::default()).collect(),
+            mem_live: 0,
+            runs: Vec::new(),
+            merge: None,
+            retained: Vec::new(),
+            dir: dir.to_path_buf(),
+            memory,
+            next_run: 0,
+        }
+    }
+
+    /// Opens the store persisted in `dir`, if there is one in this format. Runs that
+    /// fit in the memory table are read back into it. Files of runs the manifest does
+    /// not name (a spill cut short) are deleted.
+    pub fn open(dir: &Path, memory: u64) -> io::Result<Option<(KeyStore, Manifest)>> {
+        let bytes = match std::fs::read(dir.join(MANIFEST)) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let Ok(manifest) = serde_json::from_slice::<Manifest>(&bytes) else {
+            return Ok(None);
+        };
+        if manifest.format != FORMAT {
+            return Ok(None);
+        }
+        for entry in std::fs::read_dir(dir)? {
+            let name = entry?.file_name();
+            if let Some(id) = name.to_str().and_then(run::run_id_of)
+                && !manifest.runs.contains(&id)
+            {
+                run::remove(dir, id)?;
+            }
+        }
+        let mut store = KeyStore::new(dir, memory);
+        store.next_run = manifest.next_run;
+        for id in &manifest.runs {
+            store.runs.push(Arc::new(Run::open(dir, *id)?));
+        }
+        let total: u64 = store.runs.iter().map(|r| r.len()).sum();
+        if total <= store.mem_capacity() as u64 {
+            // Small enough to serve from memory: oldest first, so newer entries win.
+            let runs = std::mem::take(&mut store.runs);
+            for r in runs.iter().rev() {
+                for entry in r.reader()? {
+                    let (key, row) = entry?;
+                    if row == TOMBSTONE {
+                        store.remove_in_memory(key);
+                    } else {
+                        store.put(key, row);
+                    }
+                }
+                store.retained.push(r.id());
+            }
+        }
+        Ok(Some((store, manifest)))
+    }
+
+    /// Entries the memory table may hold before it is spilled.
+    fn mem_capacity(&self) -> usize {
+        // A hash-map entry costs about 29 to 57 bytes (24 plus a control byte, at 7/8 to
+        // 7/16 load).
+        (self.memory / 2 / 40) as usize
+    }
+
+    /// The packed row of `key`: `None` when the store has none (or a tombstone).
+    pub fn get(&self, key: u128) -> io::Result<Option<u64>> {
+        if let Some(row) = self.shards[shard_of(key)].get(&key) {
+            return Ok((*row != TOMBSTONE).then_some(*row));
+        }
+        for r in &self.runs {
+            if let Some(row) = r.get(key)? {
+                return Ok((row != TOMBSTONE).then_some(row));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Whether the memory table holds an entry for `key`.
+    pub fn in_memory(&self, key: u128) -> bool {
+        self.shards[shard_of(key)].contains_key(&key)
+    }
+
+    /// Stores `row` for `key`.
+    pub fn put(&mut self, key: u128, row: u64) {
+        debug_assert_ne!(row, TOMBSTONE);
+        match self.shards[shard_of(key)].insert(key, row) {
+            Some(old) if old != TOMBSTONE => {}
+            _ => self.mem_live += 1,
+        }
+    }
+
+    /// Forgets `key`.
+    pub fn delete(&mut self, key: u128) {
+        if self.runs.is_empty() {
+            self.remove_in_memory(key);
+        } else if let Some(old) = self.shards[shard_of(key)].insert(key, TOMBSTONE)
+            && old != TOMBSTONE
+        {
+            self.mem_live -= 1;
+        }
+    }
+
+    fn remove_in_memory(&mut self, key: u128) {
+        if let Some(old) = self.shards[shard_of(key)].remove(&key)
+            && old != TOMBSTONE
+        {
+            self.mem_live -= 1;
+        }
+    }
+
+    fn mem_entries(&self) -> usize {
+        self.shards.iter().map(HashMap::len).sum()
+    }
+
+    /// Live keys, about: memory-table keys plus every run's, so a key in several runs
+    /// counts more than once until they are merged.
+    pub fn approx_len(&self) -> u64 {
+        self.mem_live as u64 + self.runs.iter().map(|r| r.live()).sum::<u64>()
+    }
+
+    /// Whether the memory table should be spilled ([`KeyStore::spill`]).
+    pub fn needs_spill(&self) -> bool {
+        self.mem_entries() >= self.mem_capacity().max(1)
+    }
+
+    /// Bytes of memory held: the memory table's maps, the runs' fences and filters.
+    pub fn memory(&self) -> usize {
+        let maps: usize = self
+            .shards
+            .iter()
+            .map(|s| s.capacity() * 25 * 8 / 7 + 64)
+            .sum();
+        maps + self.runs.iter().map(|r| r.memory()).sum::<usize>()
+    }
+
+    /// Runs on disk.
+    pub fn runs(&self) -> usize {
+        self.runs.len()
+    }
+
+    /// Bits per key of a run's filter when the runs will hold `entries` in all, so
+    /// that their fences and filters stay within half of the budget.
+    fn bits_for(&self, entries: u64) -> u32 {
+        let fences = entries / run::BLOCK_ENTRIES as u64 * 16;
+        let budget = (self.memory / 2).saturating_sub(fences);
+        let bits = (budget.saturating_mul(8) / entries.max(1)).min(u64::from(MAX_BITS_PER_KEY));
+        if bits < u64::from(MIN_BITS_PER_KEY) {
+            0
+        } else {
+            bits as u32
+        }
+    }
+
+    fn disk_entries(&self) -> u64 {
+        self.runs.iter().map(|r| r.len()).sum()
+    }
+
+    fn new_run_id(&mut self) -> u64 {
+        let id = self.next_run;
+        self.next_run += 1;
+        id
+    }
+
+    /// Whether [`KeyStore::maintain`] has work: a memory table to spill, or a merge
+    /// that finished.
+    pub fn has_work(&self) -> bool {
+        self.needs_spill() || self.merge.as_ref().is_some_and(|m| m.handle.is_finished())
+    }
+
+    /// Writes the memory table out as a run when it is past its budget (or, with
+    /// `force`, whenever it holds anything), puts a finished merge in place of its
+    /// inputs, starts the next merge the size rule asks for, and, with `manifest`,
+    /// persists the result: the manifest is written once every run it names is
+    /// durable, and runs it no longer names are deleted after it. Blocking: call off the
+    /// async workers.
+    pub fn maintain(&mut self, manifest: Option<Manifest>, force: bool) -> io::Result<()> {
+        let mut obsolete = Vec::new();
+        let mut changed = false;
+        let entries = self.mem_entries();
+        if entries > 0 && (force || self.needs_spill()) {
+            let id = self.new_run_id();
+            let bits = self.bits_for(self.disk_entries() + entries as u64);
+            let mut w = RunWriter::create(&self.dir, id, entries as u64, bits)?;
+            let drop_tombstones = self.runs.is_empty();
+            let mut sorted: Vec<(u128, u64)> = Vec::new();
+            for shard in &mut self.shards {
+                sorted.clear();
+                sorted.extend(shard.drain());
+                *shard = HashMap::default();
+                sorted.sort_unstable_by_key(|e| e.0);
+                for (key, row) in &sorted {
+                    if row == &TOMBSTONE && drop_tombstones {
+                        continue;
+                    }
+                    w.push(*key, *row)?;
+                }
+            }
+            self.mem_live = 0;
+            self.runs.insert(0, Arc::new(w.finish()?));
+            changed = true;
+        }
+        if self.merge.as_ref().is_some_and(|m| m.handle.is_finished()) {
+            let merge = self.merge.take().expect("a merge");
+            let merged = merge
+                .handle
+                .join()
+                .map_err(|_| io::Error::other("the key-index merge thread panicked"))??;
+            let at = self
+                .runs
+                .iter()
+                .position(|r| r.id() == merge.newer)
+                .filter(|i| self.runs.get(i + 1).is_some_and(|r| r.id() == merge.older))
+                .ok_or_else(|| io::Error::other("merged key-index runs are not in place"))?;
+            self.runs.splice(at..at + 2, [Arc::new(merged)]);
+            obsolete.extend([merge.newer, merge.older]);
+            changed = true;
+        }
+        if self.merge.is_none() {
+            self.start_merge()?;
+        }
+        if changed && let Some(mut m) = manifest {
+            m.format = FORMAT;
+            m.runs = self.runs.iter().map(|r| r.id()).collect();
+            m.next_run = self.next_run;
+            write_manifest(&self.dir, &m)?;
+            obsolete.append(&mut self.retained);
+        } else if changed {
+            obsolete.append(&mut self.retained);
+        }
+        for id in obsolete {
+            run::remove(&self.dir, id)?;
+        }
+        Ok(())
+    }
+
+    /// Starts merging the newest pair of runs the size rule picks: a run at least a
+    /// third of the size of the next older one goes into it.
+    fn start_merge(&mut self) -> io::Result<()> {
+        let Some(at) = (0..self.runs.len().saturating_sub(1))
+            .find(|i| self.runs[*i].len() * MERGE_RATIO >= self.runs[i + 1].len())
+        else {
+            return Ok(());
+        };
+        let newer = self.runs[at].clone();
+        let older = self.runs[at + 1].clone();
+        let drop_tombstones = at + 2 == self.runs.len();
+        let id = self.new_run_id();
+        let bits = self.bits_for(self.disk_entries());
+        let dir = self.dir.clone();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let stop = cancel.clone();
+        let handle = std::thread::Builder::new()
+            .name("floe-index-merge".into())
+            .spawn(move || merge_runs(&dir, id, &newer, &older, drop_tombstones, bits, &stop))?;
+        self.merge = Some(Merge {
+            newer: self.runs[at].id(),
+            older: self.runs[at + 1].id(),
+            cancel,
+            handle,
+        });
+        Ok(())
+    }
+
+    /// Waits for the merges the size rule asks for (tests, and rebuilds that want the
+    /// fewest runs).
+    #[cfg(test)]
+    pub fn settle(&mut self) -> io::Result<()> {
+        while let Some(m) = &self.merge {
+            while !m.handle.is_finished() {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            self.maintain(None, false)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for KeyStore {
+    fn drop(&mut self) {
+        // An unfinished merge's output is named by no manifest: stop it, it is deleted
+        // at the next open.
+        if let Some(m) = self.merge.take() {
+            m.cancel.store(true, Ordering::Relaxed);
+            let _ = m.handle.join();
+        }
+    }
+}
+
+/// A merge on its own thread.
+#[derive(Debug)]
+struct Merge {
+    newer: u64,
+    older: u64,
+    cancel: Arc<AtomicBool>,
+    handle: std::thread::JoinHandle<io::Result<Run>>,
+}
+
+/// One run `id` of `newer` over `older` (newer entries win); tombstones are dropped when
+/// nothing older is left for them to hide.
+fn merge_runs(
+    dir: &Path,
+    id: u64,
+    newer: &Run,
+    older: &Run,
+    drop_tombstones: bool,
+    bits: u32,
+    cancel: &AtomicBool,
+) -> io::Result<Run> {
+    let total = newer.len() + older.len();
+    let mut w = RunWriter::create(dir, id, total, bits)?;
+    let (mut a, mut b) = (newer.reader()?, older.reader()?);
+    let (mut x, mut y) = (a.next().transpose()?, b.next().transpose()?);
+    let mut n = 0u64;
+    loop {
+        n += 1;
+        if n.is_multiple_of(1 << 16) && cancel.load(Ordering::Relaxed) {
+            return Err(io::Error::other("merge cancelled"));
+        }
+        let (key, row) = match (x, y) {
+            (None, None) => break,
+            (Some(p), None) => {
+                x = a.next().transpose()?;
+                p
+            }
+            (None, Some(q)) => {
+                y = b.next().transpose()?;
+                q
+            }
+            (Some(p), Some(q)) => match p.0.cmp(&q.0) {
+                std::cmp::Ordering::Less => {
+                    x = a.next().transpose()?;
+                    p
+                }
+                std::cmp::Ordering::Greater => {
+                    y = b.next().transpose()?;
+                    q
+                }
+                std::cmp::Ordering::Equal => {
+                    x = a.next().transpose()?;
+                    y = b.next().transpose()?;
+                    p
+                }
+            },
+        };
+        if row == TOMBSTONE && drop_tombstones {
+            continue;
+        }
+        w.push(key, row)?;
+    }
+    w.finish()
+}
+
+fn write_manifest(dir: &Path, m: &Manifest) -> io::Result<()> {
+    let tmp = dir.join("MANIFEST.tmp");
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        std::io::Write::write_all(&mut f, &serde_json::to_vec(m).map_err(io::Error::other)?)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, dir.join(MANIFEST))?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn digest(i: u64) -> u128 {
+        twox_hash::XxHash3_128::oneshot(&i.to_le_bytes())
+    }
+
+    /// Against a hash map: puts, overwrites and deletes across many spills and merges.
+    #[test]
+    fn the_store_answers_like_a_map_through_spills_and_merges() {
+        let dir = tempfile::tempdir().unwrap();
+        // 2,000 entries in memory at most.
+        let mut store = KeyStore::new(dir.path(), 2 * 40 * 2_000);
+        let mut model: HashMap<u128, u64> = HashMap::new();
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        for step in 0..60_000u64 {
+            let key = digest(next() % 20_000);
+            if next() % 5 == 0 {
+                store.delete(key);
+                model.remove(&key);
+            } else {
+                store.put(key, step);
+                model.insert(key, step);
+            }
+            if store.has_work() {
+                store.maintain(None, false).unwrap();
+                assert!(store.runs() <= 12, "{} runs", store.runs());
+            }
+        }
+        store.settle().unwrap();
+        assert!(store.runs() <= 6, "{} runs after merging", store.runs());
+        for i in 0..20_000 {
+            let key = digest(i);
+            assert_eq!(store.get(key).unwrap(), model.get(&key).copied(), "key {i}");
+        }
+        assert!(store.approx_len() >= model.len() as u64);
+    }
+
+    #[test]
+    fn a_persisted_store_opens_with_what_it_held() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = KeyStore::new(dir.path(), 2 * 40 * 1_000);
+        for i in 0..5_000 {
+            store.put(digest(i), i);
+        }
+        store.delete(digest(3));
+        let manifest = Manifest {
+            table_uuid: "t".into(),
+            snapshot: Some(42),
+            files: vec!["a.parquet".into()],
+            ..Default::default()
+        };
+        store.maintain(Some(manifest), true).unwrap();
+        // A run left by a spill cut short is removed at open.
+        std::fs::write(dir.path().join("run-999.keys"), b"x").unwrap();
+        drop(store);
+        let (store, m) = KeyStore::open(dir.path(), 2 * 40 * 1_000).unwrap().unwrap();
+        assert_eq!(m.snapshot, Some(42));
+        assert_eq!(m.files, ["a.parquet"]);
+        assert!(!dir.path().join("run-999.keys").exists());
+        for i in 0..5_000 {
+            let want = (i != 3).then_some(i);
+            assert_eq!(store.get(digest(i)).unwrap(), want, "key {i}");
+        }
+        // Small enough: back in memory, and the old runs go with the next manifest.
+        let dir2 = tempfile::tempdir().unwrap();
+        let mut small = KeyStore::new(dir2.path(), 2 * 40 * 1_000_000);
+        small.put(digest(1), 1);
+        small.maintain(Some(Manifest::default()), true).unwrap();
+        let (mut small, _) = KeyStore::open(dir2.path(), 2 * 40 * 1_000_000)
+            .unwrap()
+            .unwrap();
+        assert_eq!(small.runs(), 0);
+        assert_eq!(small.get(digest(1)).unwrap(), Some(1));
+        small.put(digest(2), 2);
+        small.maintain(Some(Manifest::default()), true).unwrap();
+        let runs: Vec<_> = std::fs::read_dir(dir2.path())
+            .unwrap()
+            .filter_map(|e| run::run_id_of(e.unwrap().file_name().to_str().unwrap()))
+            .collect();
+        assert_eq!(runs.len(), 2, "one run: its keys and meta files ({runs:?})");
+        assert!(
+            KeyStore::open(tempfile::tempdir().unwrap().path(), 1)
+                .unwrap()
+                .is_none()
+        );
+    }
+}
