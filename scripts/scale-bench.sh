@@ -13,6 +13,11 @@
 # --active-topics K does so for every entry without its own :K.
 # --list-topics names every topic in the config instead of a topic_pattern.
 # --timeout (default 600) bounds each scenario; --keep keeps its directory and logs.
+#
+# With --keys (scripts/keys_bench.py): upsert into tables of 1M, 10M and 100M live keys
+# (seeded through PyIceberg), then 2,000,000 updates through the broker:
+#   scripts/scale-bench.sh --keys 1000000,10000000,100000000 [--updates N]
+#                          [--existing 0.1] [--commit-interval 10s] [--out FILE]
 set -euo pipefail
 
 root="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,4 +32,9 @@ if [[ -z "${FLOE_BIN:-}" ]]; then
     export FLOE_BIN="$CARGO_TARGET_DIR/release/floe"
 fi
 export FLOE_BIN
+for arg in "$@"; do
+    if [[ "$arg" == --keys || "$arg" == --keys=* ]]; then
+        exec "$FLOE_PYTHON" scripts/keys_bench.py "$@"
+    fi
+done
 exec "$FLOE_PYTHON" scripts/scale_bench.py "$@"
