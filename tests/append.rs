@@ -387,6 +387,43 @@ async fn messages_of_nearly_a_megabyte_land_whole() -> Result<()> {
     Ok(())
 }
 
+/// Messages of 10 MB (ten times the broker's default limit; the producer allows more)
+/// among small ones, through a passthrough plugin, decode and the writer: every value
+/// exact. The agent's own bounds (source events, plugin batches, chunks, row groups)
+/// are in bytes, and a record larger than one of them travels alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_of_ten_megabytes_pass_a_plugin_and_land_whole() -> Result<()> {
+    let broker = Broker::start()?;
+    broker.create_topic("huge", 1).await?;
+    let lake = floe_tests::lake::Lake::embedded()?;
+    let pipeline = lake.pipeline_toml("huge", &broker.bootstrap, "huge", "huge", "")
+        + &format!(
+            "[[pipelines.transforms]]\nuses = \"{}\"\n",
+            floe_tests::plugin_path("passthrough").display()
+        );
+    let config = lake.write_config("floe.toml", &[pipeline])?;
+    let batch: Vec<_> = (0..9i64)
+        .map(|i| {
+            let size = if i % 3 == 1 { 10_000_000 } else { 100 };
+            let text: String = (0..size)
+                .map(|k| char::from(b'a' + ((k * 11 + i as usize) % 26) as u8))
+                .collect();
+            let v = json!({"id": i, "doc": text});
+            (None, Some(v.to_string().into_bytes()))
+        })
+        .collect();
+    for record in batch.chunks(1) {
+        broker.produce("huge", record).await?;
+    }
+    let agent = floe_tests::AgentProcess::start(&config, &[])?;
+    lake.wait_for_messages("huge", "huge", 9).await?;
+    agent.terminate()?;
+    floe_tests::reference::assert_append_table(&broker.bootstrap, "huge", 9, "huge", |r| {
+        lake.read(r, "huge", "id")
+    })?;
+    Ok(())
+}
+
 /// `topic_pattern` into one table: rows carry `_kafka_topic` (on by default when topics
 /// share a table) and, with `headers_column`, their record headers; a topic created
 /// while the agent runs is picked up, and binary keys are stored as base64

@@ -36,6 +36,7 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde_json::{Value, json};
 
 mod maintenance;
+mod sizes;
 
 #[derive(Parser)]
 struct Args {
@@ -84,6 +85,13 @@ struct Args {
     /// Run only the agents scenario (with --agents).
     #[arg(long)]
     only_agents: bool,
+    /// Run only the message-size scenario: these sizes (e.g. `1KiB,100KiB,1MiB,10MiB`)
+    /// through one passthrough plugin.
+    #[arg(long)]
+    sizes: Option<String>,
+    /// Bytes produced per size in the message-size scenario.
+    #[arg(long, default_value_t = 256 << 20)]
+    sizes_total: u64,
     /// Diagnose: read an existing topic at this broker with Floe's consumer settings
     /// (subscribe) and with plain assign, print both rates, and stop.
     #[arg(long)]
@@ -251,9 +259,12 @@ async fn encode_limit(values: &[Vec<u8>], upsert: bool) -> Result<Figures> {
     let ws = Workspace::new()?;
     let d = ws.dir.path().display();
     let mode = if upsert {
-        "mode = \"upsert\"\nkey = [\"id\"]\n"
+        format!(
+            "mode = \"upsert\"\nkey = [\"id\"]\nindex_dir = \"{}\"\n",
+            ws.path("index").display()
+        )
     } else {
-        ""
+        String::new()
     };
     let config = format!(
         r#"[catalogs.local]
@@ -323,6 +334,8 @@ commit_interval = "600s"
         let mut sink_config: floe::sink::SinkConfig = toml_sink();
         sink_config.mode = floe::sink::Mode::Upsert;
         sink_config.key = vec!["id".into()];
+        // A directory with no index in it: the index is read from the table.
+        sink_config.index_dir = ws.path("rebuild");
         let rss0 = rss_mib();
         let started = Instant::now();
         let reopened = TableSink::open(&handle, &sink_config, "encode", "bench", "bench").await?;
@@ -330,6 +343,15 @@ commit_interval = "600s"
             "upsert index rebuild: {:.2} s, process RSS +{:.0} MiB",
             started.elapsed().as_secs_f64(),
             rss_mib() - rss0
+        );
+        drop(reopened);
+        // The pipeline's own directory: the index it kept at its stop.
+        sink_config.index_dir = ws.path("index");
+        let started = Instant::now();
+        let reopened = TableSink::open(&handle, &sink_config, "encode", "bench", "bench").await?;
+        println!(
+            "upsert index opened from disk: {:.2} s",
+            started.elapsed().as_secs_f64()
         );
         drop(reopened);
     } else {
@@ -877,6 +899,17 @@ async fn bench(args: Args) -> Result<()> {
     maintenance::install_capture();
     if args.only_maintenance {
         let figures = long_table(&args).await?;
+        std::fs::write(&args.out, serde_json::to_string_pretty(&figures)?)?;
+        println!("wrote {}", Path::new(&args.out).display());
+        return Ok(());
+    }
+    if let Some(list) = &args.sizes {
+        let broker = Broker::start()?;
+        let tuning = Tuning {
+            commit_interval: args.commit_interval.clone(),
+            transform_threads: args.transform_threads,
+        };
+        let figures = sizes::run(&broker, &sizes::parse(list)?, args.sizes_total, &tuning).await?;
         std::fs::write(&args.out, serde_json::to_string_pretty(&figures)?)?;
         println!("wrote {}", Path::new(&args.out).display());
         return Ok(());

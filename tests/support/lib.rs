@@ -196,6 +196,8 @@ pub async fn produce_with_headers(
         .set("bootstrap.servers", bootstrap)
         .set("enable.idempotence", "true")
         .set("linger.ms", "5")
+        // Tests send messages of up to tens of megabytes (above librdkafka's 1 MB).
+        .set("message.max.bytes", "67108864")
         .create()?;
     let mut deliveries = Vec::with_capacity(messages.len());
     for (key, value) in messages {
