@@ -49,6 +49,7 @@ pub mod pipeline;
 pub mod probe;
 pub mod record;
 pub mod schema;
+pub mod settings;
 pub mod sink;
 pub mod source;
 pub mod telemetry;

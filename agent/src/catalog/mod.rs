@@ -27,7 +27,7 @@ mod timed;
 pub use timed::{CALL_TIMEOUT, Timed};
 
 use crate::commit::{CommitBackend, RestBackend, SqlBackend};
-use crate::config::redact_url;
+use crate::settings::redact_url;
 use rest::{RestCatalog, RestCatalogConfig, RestSession, S3Settings};
 
 /// Why a catalog could not be opened.

@@ -8,8 +8,8 @@ use iceberg::{Catalog, NamespaceIdent, TableIdent};
 
 use super::rest::{RestCatalog, RestCatalogConfig, RestSession};
 use super::{CatalogConfig, is_not_found, open_catalog};
-use crate::config::redact_url;
 use crate::probe::{Outcome, Steps};
+use crate::settings::redact_url;
 
 /// What the pipeline needs of the catalog.
 pub struct Target<'a> {

@@ -41,7 +41,7 @@ pub struct MaintenanceConfig {
     /// How often `floe run` maintains each table of the pipeline (default 10m).
     #[serde(
         default = "default_interval",
-        deserialize_with = "crate::config::duration::deserialize"
+        deserialize_with = "crate::settings::duration::deserialize"
     )]
     pub interval: Duration,
     /// Compact small files and apply deletes (default true).
@@ -60,14 +60,14 @@ pub struct MaintenanceConfig {
     /// Snapshots newer than this are kept too (default 1h; "0s": only `keep_snapshots`).
     #[serde(
         default = "default_max_snapshot_age",
-        deserialize_with = "crate::config::duration::deserialize"
+        deserialize_with = "crate::settings::duration::deserialize"
     )]
     pub max_snapshot_age: Duration,
     /// Unreferenced files older than this are deleted (default 3d, at least 1h: a slow
     /// commit's files must not look orphaned).
     #[serde(
         default = "default_orphan_age",
-        deserialize_with = "crate::config::duration::deserialize"
+        deserialize_with = "crate::settings::duration::deserialize"
     )]
     pub orphan_age: Duration,
     /// Entries kept in the metadata log; older metadata files are deleted (default 10).
@@ -116,7 +116,7 @@ fn default_keep_metadata_files() -> usize {
 }
 
 fn optional_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    crate::config::size::deserialize(d).map(Some)
+    crate::settings::size::deserialize(d).map(Some)
 }
 
 impl MaintenanceConfig {

@@ -77,7 +77,7 @@ pub struct SinkConfig {
     /// (default 60s, at least 1s): a table gets one snapshot per interval.
     #[serde(
         default = "default_commit_interval",
-        deserialize_with = "crate::config::duration::deserialize"
+        deserialize_with = "crate::settings::duration::deserialize"
     )]
     pub commit_interval: Duration,
     /// Commit before the interval is up once this much data (records as read: values
@@ -86,12 +86,15 @@ pub struct SinkConfig {
     /// reading until a commit lands.
     #[serde(
         default = "default_max_uncommitted_bytes",
-        deserialize_with = "crate::config::size::deserialize"
+        deserialize_with = "crate::settings::size::deserialize"
     )]
     pub max_uncommitted_bytes: u64,
     /// No longer used: rows stream into files and commits follow `commit_interval` (and
     /// `max_uncommitted_bytes`). Accepted with a warning so older configs still load.
-    #[serde(default, deserialize_with = "crate::config::size::deserialize_option")]
+    #[serde(
+        default,
+        deserialize_with = "crate::settings::size::deserialize_option"
+    )]
     pub flush_bytes: Option<u64>,
     /// No longer used (see `flush_bytes`).
     #[serde(default)]
@@ -99,14 +102,14 @@ pub struct SinkConfig {
     /// Roll to a new Parquet file past this size (default 512MiB).
     #[serde(
         default = "default_target_file_size",
-        deserialize_with = "crate::config::size::deserialize"
+        deserialize_with = "crate::settings::size::deserialize"
     )]
     pub target_file_size: u64,
     /// A Parquet row group is flushed to storage past this size (default 32MiB): what an
     /// open file holds in memory.
     #[serde(
         default = "default_row_group_bytes",
-        deserialize_with = "crate::config::size::deserialize"
+        deserialize_with = "crate::settings::size::deserialize"
     )]
     pub row_group_bytes: u64,
     /// Data files open at once per table (one per partition written to; default 8).

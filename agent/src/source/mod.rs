@@ -52,7 +52,7 @@ pub struct SourceConfig {
     #[serde(default)]
     /// Values may hold secrets (`sasl.jaas.config`, `ssl.key.password`): `Debug`
     /// shows the property names only.
-    pub properties: crate::config::Redacted<BTreeMap<String, String>>,
+    pub properties: crate::settings::Redacted<BTreeMap<String, String>>,
 }
 
 /// Start position for partitions the table has no offsets for.

@@ -1,0 +1,3 @@
+//! Floe's Iceberg write path.
+
+pub mod redact;
