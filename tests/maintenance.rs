@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, bail, ensure};
-use floe::commit::manifests;
-use floe::commit::{OffsetMap, OffsetsSource};
+use floe_iceberg::manifests;
+use floe_iceberg::{OffsetMap, OffsetsSource};
 use floe_tests::lake::{Lake, WAIT};
 use floe_tests::{AgentProcess, Broker, floe_bin};
 use iceberg::spec::DataContentType;

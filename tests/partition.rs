@@ -10,7 +10,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, ensure};
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Int32Type, TimestampMicrosecondType};
-use floe::commit::manifests::{self, LiveFile};
+use floe_iceberg::manifests::{self, LiveFile};
 use floe_tests::lake::{Lake, WAIT};
 use floe_tests::{AgentProcess, Broker, spawn_agent};
 use iceberg::arrow::{PartitionValueCalculator, arrow_struct_to_literal};

@@ -36,9 +36,7 @@
 //! ```
 
 pub mod batch;
-pub mod catalog;
 pub mod check;
-pub mod commit;
 pub mod config;
 pub mod dead_letter;
 pub mod decode;
@@ -66,7 +64,7 @@ use tokio::task::JoinSet;
 pub enum FloeError {
     /// A catalog could not be opened.
     #[error(transparent)]
-    Catalog(#[from] catalog::CatalogError),
+    Catalog(#[from] floe_iceberg::CatalogError),
     /// The metrics endpoint could not start.
     #[error(transparent)]
     Telemetry(#[from] telemetry::TelemetryError),
@@ -91,11 +89,11 @@ pub async fn run(
         telemetry::install(m)?;
     }
     let writer_id = uuid::Uuid::now_v7().to_string();
-    let mut catalogs: HashMap<String, catalog::CatalogHandle> = HashMap::new();
+    let mut catalogs: HashMap<String, floe_iceberg::CatalogHandle> = HashMap::new();
     for p in &config.pipelines {
         if !catalogs.contains_key(&p.sink.catalog) {
-            let c =
-                catalog::open_catalog(&p.sink.catalog, &config.catalogs[&p.sink.catalog]).await?;
+            let c = floe_iceberg::open_catalog(&p.sink.catalog, &config.catalogs[&p.sink.catalog])
+                .await?;
             catalogs.insert(p.sink.catalog.clone(), c);
         }
     }

@@ -13,7 +13,6 @@ use serde::de::DeserializeOwned;
 
 pub use crate::settings::{Redact, Redacted, Secret, redact_url};
 
-use crate::catalog::CatalogConfig;
 use crate::dead_letter::DeadLetterConfig;
 use crate::decode::DecodeConfig;
 use crate::schema::SchemaConfig;
@@ -21,6 +20,7 @@ use crate::sink::SinkConfig;
 use crate::source::SourceConfig;
 use crate::telemetry::MetricsConfig;
 use crate::transform::{PluginsConfig, TransformConfig};
+use floe_iceberg::CatalogConfig;
 
 /// `[agent]`: process-wide settings.
 #[derive(Debug, Clone, Default, serde::Deserialize)]

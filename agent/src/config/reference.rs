@@ -145,10 +145,10 @@ fn every_field_of_every_section_is_documented() {
         ),
         (
             "REST catalog",
-            fields_of::<crate::catalog::rest::RestCatalogConfig>(),
+            fields_of::<floe_iceberg::rest::RestCatalogConfig>(),
         ),
-        ("s3.*", fields_of::<crate::catalog::rest::S3Settings>()),
-        ("aws.*", fields_of::<crate::catalog::aws::AwsSettings>()),
+        ("s3.*", fields_of::<floe_iceberg::rest::S3Settings>()),
+        ("aws.*", fields_of::<floe_iceberg::aws::AwsSettings>()),
     ];
     let mut missing = Vec::new();
     for (section, fields) in &sections {

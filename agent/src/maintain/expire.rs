@@ -19,9 +19,9 @@ use iceberg::spec::{MAIN_BRANCH, SnapshotRef, TableMetadata};
 use iceberg::table::Table;
 
 use super::{MaintainError, MaintenanceConfig};
-use crate::catalog::CatalogHandle;
-use crate::commit::manifests;
-use crate::commit::{DELETE_AFTER_COMMIT, OffsetMap, OffsetsSource, StoredOffsets, commit_updates};
+use floe_iceberg::CatalogHandle;
+use floe_iceberg::manifests;
+use floe_iceberg::{DELETE_AFTER_COMMIT, OffsetMap, OffsetsSource, StoredOffsets, commit_updates};
 
 /// Table property: entries kept in the metadata log.
 const PREVIOUS_VERSIONS_MAX: &str = "write.metadata.previous-versions-max";
@@ -143,12 +143,11 @@ pub async fn expire(
             if ids.is_empty() {
                 return Ok(None);
             }
-            let props = offsets_properties(metadata).map_err(|e| {
-                crate::commit::CommitFailure::Iceberg {
+            let props =
+                offsets_properties(metadata).map_err(|e| floe_iceberg::CommitFailure::Iceberg {
                     table: base.identifier().to_string(),
                     source: Box::new(iceberg::Error::new(iceberg::ErrorKind::DataInvalid, e)),
-                }
-            })?;
+                })?;
             let mut updates = Vec::new();
             if !props.is_empty() {
                 updates.push(TableUpdate::SetProperties { updates: props });
@@ -393,8 +392,8 @@ mod tests {
     use iceberg::{NamespaceIdent, TableCreation, TableIdent, TableRequirement};
 
     use super::*;
-    use crate::catalog::{CatalogConfig, open_catalog};
-    use crate::commit::{CommitBackend, CommitError, StagedSnapshot};
+    use floe_iceberg::{CatalogConfig, open_catalog};
+    use floe_iceberg::{CommitBackend, CommitError, StagedSnapshot};
 
     /// Applies the first commit but answers it as lost (a 5xx after the catalog wrote it).
     #[derive(Debug)]

@@ -31,8 +31,8 @@ use iceberg::{NamespaceIdent, TableIdent};
 use serde::Deserialize;
 use tokio::sync::watch;
 
-use crate::catalog::CatalogHandle;
 use crate::config::{Config, PipelineConfig};
+use floe_iceberg::CatalogHandle;
 
 /// `[pipelines.sink.maintenance]`: maintenance of the pipeline's tables.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -229,7 +229,7 @@ pub async fn current_targets(
     };
     let mut listed = match catalog.catalog.list_tables(&namespace).await {
         Ok(tables) => tables,
-        Err(e) if crate::catalog::is_not_found(&e) => vec![],
+        Err(e) if floe_iceberg::is_not_found(&e) => vec![],
         Err(e) => return Err(e),
     };
     listed.sort_by(|a, b| a.name().cmp(b.name()));
@@ -269,7 +269,7 @@ pub enum MaintainError {
     Iceberg(#[from] iceberg::Error),
     /// A commit failed.
     #[error(transparent)]
-    Commit(#[from] Box<crate::commit::CommitFailure>),
+    Commit(#[from] Box<floe_iceberg::CommitFailure>),
     /// Reading delete files or writing new ones failed.
     #[error(transparent)]
     Upsert(#[from] crate::sink::upsert::UpsertError),
@@ -287,7 +287,7 @@ pub async fn run_table(catalog: &CatalogHandle, target: &Target, dry_run: bool) 
     let load = || async { catalog.catalog.load_table(&target.ident).await };
     let mut table: Table = match load().await {
         Ok(t) => t,
-        Err(e) if crate::catalog::is_not_found(&e) => {
+        Err(e) if floe_iceberg::is_not_found(&e) => {
             report.jobs.push(JobReport {
                 job: "load",
                 detail: "the table does not exist yet: nothing to do".into(),
@@ -347,15 +347,14 @@ pub async fn maintain(
     config: &Config,
     table: Option<&str>,
     dry_run: bool,
-) -> Result<Vec<TableReport>, crate::catalog::CatalogError> {
+) -> Result<Vec<TableReport>, floe_iceberg::CatalogError> {
     let mut catalogs = std::collections::HashMap::new();
     let mut reports = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for p in &config.pipelines {
         if !catalogs.contains_key(&p.sink.catalog) {
-            let c =
-                crate::catalog::open_catalog(&p.sink.catalog, &config.catalogs[&p.sink.catalog])
-                    .await?;
+            let c = floe_iceberg::open_catalog(&p.sink.catalog, &config.catalogs[&p.sink.catalog])
+                .await?;
             catalogs.insert(p.sink.catalog.clone(), c);
         }
         let targets = match current_targets(p, &catalogs[&p.sink.catalog]).await {

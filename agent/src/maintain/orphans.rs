@@ -9,7 +9,7 @@
 //! hour) out of reach; the config refuses less than an hour.
 //!
 //! Local (`file://`) warehouses are walked on the file system; S3 warehouses are listed
-//! through [`crate::catalog::object_store`] with the table's own storage settings and
+//! through [`floe_iceberg::object_store`] with the table's own storage settings and
 //! credentials.
 
 use std::collections::HashSet;
@@ -19,8 +19,8 @@ use std::time::{Duration, SystemTime};
 use iceberg::table::Table;
 
 use super::MaintainError;
-use crate::catalog::object_store::ObjectStore;
-use crate::commit::manifests;
+use floe_iceberg::manifests;
+use floe_iceberg::object_store::ObjectStore;
 
 /// The local directory of a `file://` (or plain path) location, `None` for object stores.
 pub fn local_dir(location: &str) -> Option<PathBuf> {

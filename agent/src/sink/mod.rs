@@ -296,7 +296,7 @@ pub enum SinkError {
     Fenced(String),
     /// Stored offsets could not be read.
     #[error(transparent)]
-    Offsets(#[from] crate::commit::OffsetsError),
+    Offsets(#[from] floe_iceberg::OffsetsError),
     /// The records could not be turned into Arrow batches.
     #[error(transparent)]
     Batch(#[from] crate::batch::BatchError),
@@ -318,7 +318,7 @@ pub enum SinkError {
     Upsert(#[from] upsert::UpsertError),
     /// A snapshot commit failed (after retries where they could help).
     #[error(transparent)]
-    Commit(Box<crate::commit::CommitFailure>),
+    Commit(Box<floe_iceberg::CommitFailure>),
     /// Other writers kept changing the table under a commit: try again later.
     #[error("{0}")]
     Contended(String),
@@ -335,7 +335,7 @@ impl SinkError {
             SinkError::Iceberg { source, .. } => is_missing_file(source),
             SinkError::Upsert(upsert::UpsertError::Iceberg(e)) => is_missing_file(e),
             SinkError::Commit(failure) => match failure.as_ref() {
-                crate::commit::CommitFailure::Iceberg { source, .. } => is_missing_file(source),
+                floe_iceberg::CommitFailure::Iceberg { source, .. } => is_missing_file(source),
                 _ => false,
             },
             _ => false,
@@ -352,7 +352,7 @@ impl crate::error::Classify for SinkError {
         }
         match self {
             SinkError::Iceberg { source, .. } => crate::error::iceberg_class(source),
-            SinkError::Commit(failure) => failure.class(),
+            SinkError::Commit(failure) => failure.class().into(),
             SinkError::Upsert(upsert::UpsertError::Iceberg(e)) => crate::error::iceberg_class(e),
             SinkError::Upsert(upsert::UpsertError::Parquet(_)) => Transient,
             SinkError::Fenced(_) | SinkError::Contended(_) => Transient,

@@ -107,7 +107,7 @@ pub struct SaslConfig {
     pub region: Option<String>,
     /// AWS_MSK_IAM: how the agent finds its AWS identity (profile, role to assume).
     #[serde(default)]
-    pub aws: crate::catalog::aws::AwsSettings,
+    pub aws: floe_iceberg::aws::AwsSettings,
 }
 
 impl std::fmt::Debug for SaslConfig {

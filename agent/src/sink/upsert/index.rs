@@ -21,8 +21,8 @@ use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use super::UpsertError;
-use crate::commit::manifests;
 use crate::record::key::{KeyHash, KeySpec};
+use floe_iceberg::manifests;
 
 /// A row of a data file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -123,7 +123,7 @@ pub struct CommitDeletes {
     /// New delete files with their partition spec ids.
     pub files: Vec<(i32, iceberg::spec::DataFile)>,
     /// Format v3: the deletion vectors the new ones replace (removed by the commit).
-    pub replaced: Vec<crate::commit::manifests::FileKey>,
+    pub replaced: Vec<floe_iceberg::manifests::FileKey>,
     /// Format v3: per data file path, its new deletion vector.
     pub vectors: Vec<(Arc<str>, iceberg::spec::DataFile)>,
 }
@@ -151,8 +151,7 @@ pub async fn write_deletes(
             let mut all: roaring::RoaringTreemap = t.positions.iter().copied().collect();
             if let Some(old) = &t.dv {
                 all |= dv::read(table, old).await?;
-                out.replaced
-                    .push(crate::commit::manifests::FileKey::of(old));
+                out.replaced.push(floe_iceberg::manifests::FileKey::of(old));
             }
             vectors.push(dv::Target {
                 data_file: t.path.to_string(),

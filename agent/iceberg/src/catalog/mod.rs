@@ -20,14 +20,13 @@ use serde::Deserialize;
 
 pub mod aws;
 pub mod object_store;
-pub mod probe;
 pub mod rest;
 mod timed;
 
 pub use timed::{CALL_TIMEOUT, Timed};
 
 use crate::commit::{CommitBackend, RestBackend, SqlBackend};
-use crate::settings::redact_url;
+use crate::redact::redact_url;
 use rest::{RestCatalog, RestCatalogConfig, RestSession, S3Settings};
 
 /// Why a catalog could not be opened.
