@@ -329,7 +329,7 @@ async fn partitioned_upsert(lake: Lake, format_version: u8) -> Result<()> {
             Some(p) if file.file_format() == iceberg::spec::DataFileFormat::Puffin => vec![p],
             _ => {
                 let mut rows = Default::default();
-                floe::sink::upsert::read_position_deletes(&table, f.path(), &mut rows).await?;
+                floe_iceberg::read_position_deletes(&table, f.path(), &mut rows).await?;
                 rows.into_keys().collect()
             }
         };

@@ -6,6 +6,8 @@
 
 mod catalog;
 mod commit;
+mod deletes;
+pub mod dv;
 pub mod error;
 pub mod redact;
 
@@ -22,6 +24,7 @@ pub use commit::{
     Rewrite, RewriteOutcome, RewritePlan, SpecFile, SqlBackend, StagedSnapshot, StoredOffsets,
     TopicPartition, WRITER_KEY, commit, commit_rewrite, commit_updates,
 };
+pub use deletes::{read_position_deletes, write_position_deletes};
 pub use error::{Error, ErrorClass};
 
 /// `floe_commit_retries_total{pipeline}`: commit attempts retried after a catalog

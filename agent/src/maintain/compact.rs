@@ -34,9 +34,9 @@ use iceberg::table::Table;
 use roaring::RoaringTreemap;
 
 use super::{MaintainError, Target, size};
-use crate::sink::upsert::{self, dv};
 use crate::sink::writer::PartitionWriter;
 use floe_iceberg::CatalogHandle;
+use floe_iceberg::dv;
 use floe_iceberg::manifests::{self, FileKey, LiveFile};
 use floe_iceberg::{
     COMMIT_KEY, MAINTENANCE_KEY, Rewrite, RewriteOutcome, RewritePlan, SpecFile, commit_rewrite,
@@ -378,7 +378,7 @@ async fn read_delete_file(
         return Ok(vec![(target, dv::read(table, file).await?)]);
     }
     let mut rows = HashMap::default();
-    upsert::read_position_deletes(table, file.file_path(), &mut rows).await?;
+    floe_iceberg::read_position_deletes(table, file.file_path(), &mut rows).await?;
     Ok(rows
         .into_iter()
         .map(|(path, positions)| (path, positions.into_iter().collect()))
@@ -540,7 +540,7 @@ impl Compaction {
         for (g, rows) in by_group {
             let (spec_id, partition) = self.groups[g].clone();
             let file =
-                upsert::write_position_deletes(table, &self.prefix, spec_id, partition, rows)
+                floe_iceberg::write_position_deletes(table, &self.prefix, spec_id, partition, rows)
                     .await?;
             out.push((spec_id, file));
         }

@@ -273,6 +273,9 @@ pub enum MaintainError {
     /// Reading delete files or writing new ones failed.
     #[error(transparent)]
     Upsert(#[from] crate::sink::upsert::UpsertError),
+    /// An operation of the Iceberg layer failed (delete files, expiry, orphans).
+    #[error(transparent)]
+    Table(#[from] floe_iceberg::Error),
     /// Anything else.
     #[error("{0}")]
     Other(String),

@@ -22,7 +22,7 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use super::UpsertError;
 use crate::record::key::{KeyHash, KeySpec};
-use floe_iceberg::manifests;
+use floe_iceberg::{manifests, read_position_deletes};
 
 /// A row of a data file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -298,7 +298,7 @@ impl KeyIndex {
                             live.path()
                         ))
                     })?;
-                    let positions = super::dv::read(table, file).await?;
+                    let positions = floe_iceberg::dv::read(table, file).await?;
                     deleted
                         .entry(target.clone())
                         .or_default()
@@ -401,38 +401,4 @@ async fn read_keys(
         out.extend(KeySpec::of_columns(&columns).map_err(UpsertError::Unsupported)?);
     }
     Ok(out)
-}
-
-/// Adds the (file, position) pairs of a position-delete file to `deleted`.
-pub async fn read_position_deletes(
-    table: &Table,
-    path: &str,
-    deleted: &mut HashMap<String, Vec<u64>, RandomState>,
-) -> Result<(), UpsertError> {
-    use arrow_array::cast::AsArray;
-    use arrow_array::types::Int64Type;
-
-    let bytes = table.file_io().new_input(path)?.read().await?;
-    let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)?.build()?;
-    for batch in reader {
-        let batch = batch?;
-        let (Some(files), Some(positions)) = (
-            batch.column_by_name("file_path"),
-            batch.column_by_name("pos"),
-        ) else {
-            return Err(UpsertError::Unsupported(format!(
-                "position-delete file {path} lacks file_path/pos"
-            )));
-        };
-        let files = arrow_cast::cast(files, &arrow_schema::DataType::Utf8)?;
-        let files = files.as_string::<i32>();
-        let positions = positions.as_primitive::<Int64Type>();
-        for row in 0..batch.num_rows() {
-            deleted
-                .entry(files.value(row).to_string())
-                .or_default()
-                .push(positions.value(row) as u64);
-        }
-    }
-    Ok(())
 }

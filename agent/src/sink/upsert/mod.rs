@@ -15,8 +15,6 @@
 //! Read cost: every delete file of the table is read by every scan until compaction
 //! rewrites the data files; busy upsert tables need regular compaction (see docs/upsert.md).
 
-mod deletes;
-pub mod dv;
 mod index;
 
 use std::collections::HashMap;
@@ -26,8 +24,9 @@ use foldhash::fast::RandomState;
 use iceberg::spec::{FormatVersion, NestedField, PrimitiveType, Schema, TableMetadata, Type};
 
 pub use crate::record::key::{KeyHash, KeySpec, MESSAGE_KEY};
-pub use deletes::write_position_deletes;
-pub use index::{FileInfo, KeyIndex, RebuildStats, read_position_deletes};
+pub use index::{FileInfo, KeyIndex, RebuildStats};
+
+use floe_iceberg::{dv, write_position_deletes};
 
 /// Name of the operation column of upsert tables (`insert` or `update`).
 pub const OP_COLUMN: &str = "_op";
@@ -55,6 +54,18 @@ pub enum UpsertError {
     /// The table or the key does not fit upsert mode.
     #[error("{0}")]
     Unsupported(String),
+}
+
+impl From<floe_iceberg::Error> for UpsertError {
+    fn from(e: floe_iceberg::Error) -> UpsertError {
+        match e {
+            floe_iceberg::Error::Iceberg(e) => UpsertError::Iceberg(e),
+            floe_iceberg::Error::Parquet(e) => UpsertError::Parquet(e),
+            floe_iceberg::Error::Arrow(e) => UpsertError::Arrow(e),
+            floe_iceberg::Error::Unsupported(m) => UpsertError::Unsupported(m),
+            other => UpsertError::Unsupported(other.to_string()),
+        }
+    }
 }
 
 /// One chunk's worth of upserts, after "last message per key wins".

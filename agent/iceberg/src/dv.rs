@@ -20,7 +20,7 @@ use iceberg::spec::{DataContentType, DataFile, DataFileBuilder, DataFileFormat, 
 use iceberg::table::Table;
 use roaring::RoaringTreemap;
 
-use super::UpsertError;
+use crate::Error;
 
 /// The magic bytes that start a deletion vector.
 const MAGIC: [u8; 4] = [0xD1, 0xD3, 0x39, 0x64];
@@ -71,9 +71,9 @@ pub fn deserialize(blob: &[u8]) -> Result<RoaringTreemap, String> {
 }
 
 /// The row positions deletion vector `dv` (a manifest entry) deletes.
-pub async fn read(table: &Table, dv: &DataFile) -> Result<RoaringTreemap, UpsertError> {
+pub async fn read(table: &Table, dv: &DataFile) -> Result<RoaringTreemap, Error> {
     let (Some(offset), Some(size)) = (dv.content_offset(), dv.content_size_in_bytes()) else {
-        return Err(UpsertError::Unsupported(format!(
+        return Err(Error::Unsupported(format!(
             "deletion vector in {} lacks its blob offset or length",
             dv.file_path()
         )));
@@ -81,10 +81,10 @@ pub async fn read(table: &Table, dv: &DataFile) -> Result<RoaringTreemap, Upsert
     let reader = table.file_io().new_input(dv.file_path())?.reader().await?;
     let start = offset as u64;
     let bytes = reader.read(start..start + size as u64).await?;
-    let positions = deserialize(&bytes)
-        .map_err(|e| UpsertError::Unsupported(format!("{}: {e}", dv.file_path())))?;
+    let positions =
+        deserialize(&bytes).map_err(|e| Error::Unsupported(format!("{}: {e}", dv.file_path())))?;
     if positions.len() != dv.record_count() {
-        return Err(UpsertError::Unsupported(format!(
+        return Err(Error::Unsupported(format!(
             "deletion vector in {} holds {} positions, its entry says {}",
             dv.file_path(),
             positions.len(),
@@ -116,7 +116,7 @@ pub async fn write(
     table: &Table,
     name_prefix: &str,
     mut targets: Vec<Target>,
-) -> Result<Vec<(i32, DataFile)>, UpsertError> {
+) -> Result<Vec<(i32, DataFile)>, Error> {
     targets.retain(|t| !t.positions.is_empty());
     let mut out = Vec::with_capacity(targets.len());
     for t in targets {
@@ -125,11 +125,7 @@ pub async fn write(
     Ok(out)
 }
 
-async fn write_one(
-    table: &Table,
-    name_prefix: &str,
-    t: Target,
-) -> Result<(i32, DataFile), UpsertError> {
+async fn write_one(table: &Table, name_prefix: &str, t: Target) -> Result<(i32, DataFile), Error> {
     let path = format!(
         "{}/data/{name_prefix}-{}-dv.puffin",
         table.metadata().location(),
@@ -174,7 +170,7 @@ async fn write_one(
         .content_offset(Some(PUFFIN_HEADER as i64))
         .content_size_in_bytes(Some(length as i64))
         .build()
-        .map_err(|e| UpsertError::Unsupported(format!("deletion vector metadata: {e}")))?;
+        .map_err(|e| Error::Unsupported(format!("deletion vector metadata: {e}")))?;
     Ok((t.spec_id, file))
 }
 
