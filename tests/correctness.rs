@@ -181,7 +181,7 @@ async fn stale_view(sink: &str, table: &str) -> Result<()> {
         ..Default::default()
     };
     let t = catalog.catalog.load_table(&ident).await?;
-    let report = floe::maintain::expire::expire(&catalog, t, &config, false).await?;
+    let report = floe_iceberg::expire::expire(&catalog, t, &config.expire_options(), false).await?;
     assert!(report.starts_with("removed"), "{report}");
 
     // The quiet pipeline gets a record again: it commits it.

@@ -647,7 +647,9 @@ impl Run {
             };
             floe::maintain::compact::compact(&self.catalog, table, &target, false).await
         } else {
-            floe::maintain::expire::expire(&self.catalog, table, &config, false).await
+            floe_iceberg::expire::expire(&self.catalog, table, &config.expire_options(), false)
+                .await
+                .map_err(floe::maintain::MaintainError::from)
         };
         // A maintenance run that lost a race is retried at its next interval; the
         // pipelines must be unaffected either way.

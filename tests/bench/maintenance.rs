@@ -284,7 +284,7 @@ keep_metadata_files = 10
         .iter()
         .filter(|f| f.content() == DataContentType::Data)
         .count();
-    let metadata_dir = floe::maintain::orphans::local_dir(table.metadata().location())
+    let metadata_dir = floe_iceberg::orphans::local_dir(table.metadata().location())
         .context("local table")?
         .join("metadata");
     Ok(LongTable {

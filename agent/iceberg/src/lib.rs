@@ -9,6 +9,8 @@ mod commit;
 mod deletes;
 pub mod dv;
 pub mod error;
+pub mod expire;
+pub mod orphans;
 pub mod redact;
 
 pub use catalog::rest;
@@ -26,6 +28,7 @@ pub use commit::{
 };
 pub use deletes::{read_position_deletes, write_position_deletes};
 pub use error::{Error, ErrorClass};
+pub use expire::ExpireOptions;
 
 /// `floe_commit_retries_total{pipeline}`: commit attempts retried after a catalog
 /// conflict or an unknown outcome (the pipeline is the commit's `floe.pipeline` summary

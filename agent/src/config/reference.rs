@@ -135,10 +135,7 @@ fn every_field_of_every_section_is_documented() {
         ("decode", fields_of::<crate::decode::DecodeConfig>()),
         ("schema", fields_of::<crate::schema::SchemaConfig>()),
         ("sink", fields_of::<crate::sink::SinkConfig>()),
-        (
-            "maintenance",
-            fields_of::<crate::maintain::MaintenanceConfig>(),
-        ),
+        ("maintenance", fields_of::<crate::sink::MaintenanceConfig>()),
         (
             "dead_letter",
             fields_of::<crate::dead_letter::DeadLetterConfig>(),

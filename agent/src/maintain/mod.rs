@@ -20,134 +20,17 @@
 //! at the next interval.
 
 pub mod compact;
-pub mod expire;
-pub mod orphans;
 
 use std::fmt::Write as _;
-use std::time::Duration;
 
+use floe_iceberg::{expire, orphans};
 use iceberg::table::Table;
 use iceberg::{NamespaceIdent, TableIdent};
-use serde::Deserialize;
 use tokio::sync::watch;
 
 use crate::config::{Config, PipelineConfig};
+pub use crate::sink::{MIN_ORPHAN_AGE, MaintenanceConfig};
 use floe_iceberg::CatalogHandle;
-
-/// `[pipelines.sink.maintenance]`: maintenance of the pipeline's tables.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct MaintenanceConfig {
-    /// How often `floe run` maintains each table of the pipeline (default 10m).
-    #[serde(
-        default = "default_interval",
-        deserialize_with = "crate::settings::duration::deserialize"
-    )]
-    pub interval: Duration,
-    /// Compact small files and apply deletes (default true).
-    #[serde(default = "yes")]
-    pub compact: bool,
-    /// Size compaction aims for (default: the sink's `target_file_size`).
-    #[serde(default, deserialize_with = "optional_size")]
-    pub target_file_size: Option<u64>,
-    /// A partition is compacted once it has this many small files (smaller than 3/4 of
-    /// the target), or any file with deletes (default 5).
-    #[serde(default = "default_min_input_files")]
-    pub min_input_files: usize,
-    /// Snapshots of `main` always kept, newest first (default 10).
-    #[serde(default = "default_keep_snapshots")]
-    pub keep_snapshots: usize,
-    /// Snapshots newer than this are kept too (default 1h; "0s": only `keep_snapshots`).
-    #[serde(
-        default = "default_max_snapshot_age",
-        deserialize_with = "crate::settings::duration::deserialize"
-    )]
-    pub max_snapshot_age: Duration,
-    /// Unreferenced files older than this are deleted (default 3d, at least 1h: a slow
-    /// commit's files must not look orphaned).
-    #[serde(
-        default = "default_orphan_age",
-        deserialize_with = "crate::settings::duration::deserialize"
-    )]
-    pub orphan_age: Duration,
-    /// Entries kept in the metadata log; older metadata files are deleted (default 10).
-    #[serde(default = "default_keep_metadata_files")]
-    pub keep_metadata_files: usize,
-}
-
-impl Default for MaintenanceConfig {
-    fn default() -> Self {
-        MaintenanceConfig {
-            interval: default_interval(),
-            compact: true,
-            target_file_size: None,
-            min_input_files: default_min_input_files(),
-            keep_snapshots: default_keep_snapshots(),
-            max_snapshot_age: default_max_snapshot_age(),
-            orphan_age: default_orphan_age(),
-            keep_metadata_files: default_keep_metadata_files(),
-        }
-    }
-}
-
-/// The smallest `orphan_age`.
-pub const MIN_ORPHAN_AGE: Duration = Duration::from_secs(3600);
-
-fn default_interval() -> Duration {
-    Duration::from_secs(600)
-}
-fn yes() -> bool {
-    true
-}
-fn default_min_input_files() -> usize {
-    5
-}
-fn default_keep_snapshots() -> usize {
-    10
-}
-fn default_max_snapshot_age() -> Duration {
-    Duration::from_secs(3600)
-}
-fn default_orphan_age() -> Duration {
-    Duration::from_secs(3 * 86_400)
-}
-fn default_keep_metadata_files() -> usize {
-    10
-}
-
-fn optional_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    crate::settings::size::deserialize(d).map(Some)
-}
-
-impl MaintenanceConfig {
-    /// Problems serde cannot see, as `(field, message)` pairs.
-    pub fn problems(&self) -> Vec<(String, String)> {
-        let mut out = Vec::new();
-        if self.interval < Duration::from_secs(1) {
-            out.push(("interval".into(), "must be at least 1s".into()));
-        }
-        if self.keep_snapshots == 0 {
-            out.push(("keep_snapshots".into(), "must be at least 1".into()));
-        }
-        if self.orphan_age < MIN_ORPHAN_AGE {
-            out.push((
-                "orphan_age".into(),
-                "must be at least 1h: files of a commit still in progress must not look orphaned"
-                    .into(),
-            ));
-        }
-        if self.keep_metadata_files == 0 {
-            out.push(("keep_metadata_files".into(), "must be at least 1".into()));
-        }
-        if self.min_input_files < 2 {
-            out.push(("min_input_files".into(), "must be at least 2".into()));
-        }
-        if self.target_file_size == Some(0) {
-            out.push(("target_file_size".into(), "must be positive".into()));
-        }
-        out
-    }
-}
 
 /// One table to maintain, with its settings.
 #[derive(Debug, Clone)]
@@ -314,18 +197,25 @@ pub async fn run_table(catalog: &CatalogHandle, target: &Target, dry_run: bool) 
             table = t;
         }
     }
-    let r = expire::expire(catalog, table.clone(), &target.config, dry_run).await;
-    report.jobs.push(job("expire", r));
+    let options = target.config.expire_options();
+    let r = expire::expire(catalog, table.clone(), &options, dry_run).await;
+    report
+        .jobs
+        .push(job("expire", r.map_err(MaintainError::from)));
     if let Ok(t) = load().await {
         table = t;
     }
-    let r = expire::trim_metadata(catalog, table.clone(), &target.config, dry_run).await;
-    report.jobs.push(job("metadata", r));
+    let r = expire::trim_metadata(catalog, table.clone(), &options, dry_run).await;
+    report
+        .jobs
+        .push(job("metadata", r.map_err(MaintainError::from)));
     if let Ok(t) = load().await {
         table = t;
     }
     let r = orphans::remove_orphans(&table, target.config.orphan_age, dry_run).await;
-    report.jobs.push(job("orphans", r));
+    report
+        .jobs
+        .push(job("orphans", r.map_err(MaintainError::from)));
     report
 }
 

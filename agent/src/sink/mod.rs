@@ -12,6 +12,7 @@
 //!   can be written.
 //! - `writer`: Parquet data files written in one go (compaction), one partition at a time.
 
+mod maintenance;
 pub mod partition;
 pub mod stream;
 mod table;
@@ -22,6 +23,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub use maintenance::{MIN_ORPHAN_AGE, MaintenanceConfig};
 pub use table::{CommitOutcome, TableSink};
 
 /// The placeholder in `table` that names a table after each topic.
@@ -128,7 +130,7 @@ pub struct SinkConfig {
     /// Table maintenance run by the agent (compaction, snapshot expiry, cleanup); off
     /// when absent.
     #[serde(default)]
-    pub maintenance: Option<crate::maintain::MaintenanceConfig>,
+    pub maintenance: Option<MaintenanceConfig>,
 }
 
 /// Write mode.
