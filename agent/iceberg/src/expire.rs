@@ -78,6 +78,8 @@ fn to_expire(metadata: &TableMetadata, config: &ExpireOptions, now_ms: i64) -> V
     out
 }
 
+// upstream: public snapshot refs (iceberg-rust 0.10 keeps TableMetadata::refs private;
+// delete when it is public)
 /// Every branch and tag: (name, snapshot id, whether a branch). iceberg-rust keeps the
 /// refs private; they are read from the metadata's JSON form.
 fn refs(metadata: &TableMetadata) -> Vec<(String, i64, bool)> {
@@ -124,6 +126,8 @@ fn offsets_properties(metadata: &TableMetadata) -> Result<HashMap<String, String
     Ok(out)
 }
 
+// upstream: expire_snapshots with file deletion (iceberg-rust 0.10 has RemoveSnapshots
+// but no ExpireSnapshots action that deletes unreachable files; delete when it has)
 /// Expires snapshots of `table` and deletes the files only they referenced.
 pub async fn expire(
     catalog: &CatalogHandle,

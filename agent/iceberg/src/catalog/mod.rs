@@ -60,6 +60,17 @@ pub enum CatalogError {
     },
 }
 
+impl CatalogError {
+    /// Whether opening the catalog again later can succeed.
+    pub fn class(&self) -> crate::ErrorClass {
+        match self {
+            CatalogError::Unreachable { source, .. } => crate::error::iceberg_class(source),
+            CatalogError::Rest { source, .. } => source.class(),
+            CatalogError::Local { .. } => crate::ErrorClass::Fatal,
+        }
+    }
+}
+
 /// An open catalog: the `Catalog` for reads and table creation, the backend our commit
 /// layer uses for snapshot commits and, for a REST catalog, its session.
 #[derive(Debug, Clone)]
@@ -366,6 +377,9 @@ impl Warehouse {
     }
 }
 
+// upstream: SQL catalog error kinds (iceberg-catalog-sql 0.10 reports a missing table
+// and a lost creation race as Unexpected errors; delete when it uses TableNotFound
+// and TableAlreadyExists)
 /// Whether a catalog error says the table (or its namespace) does not exist. The SQL
 /// catalog reports a missing table as an unexpected error with this message; that
 /// string is matched here, once, for every caller.

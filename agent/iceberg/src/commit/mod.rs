@@ -144,6 +144,9 @@ pub struct Committed {
     pub snapshot_id: i64,
 }
 
+// upstream: row-delta commits (iceberg-rust 0.10 has no RowDelta/overwrite action that
+// adds data and delete files in one snapshot, and no fence precondition on it; delete
+// when it has both)
 /// Commits `staged` on top of `base` (see the module docs).
 pub async fn commit(
     catalog: &dyn Catalog,
