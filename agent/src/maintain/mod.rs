@@ -4,7 +4,7 @@
 //! Jobs, in the order one run does them (see `docs/maintenance.md`):
 //! - [`compact`]: per partition, bin-packs small data files into files of the target
 //!   size and applies position deletes and deletion vectors, so the delete files they
-//!   carry disappear; committed as a `replace` snapshot through [`crate::commit`], which
+//!   carry disappear; committed as a `replace` snapshot through [`floe_iceberg::commit_rewrite`], which
 //!   plans it again on every concurrent commit (carrying that commit's deletes over to
 //!   the new files) and carries every pipeline's offsets forward.
 //! - [`expire`]: removes old snapshots (beyond the newest `keep_snapshots` and older than

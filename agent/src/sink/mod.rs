@@ -1,6 +1,6 @@
 //! Sink stage: the table writer. Rows stream into Parquet data files as they arrive;
 //! every commit interval the files written since the last commit (and, in upsert mode,
-//! the deletes of the rows they replace) are handed to [`crate::commit`] as one snapshot.
+//! the deletes of the rows they replace) are handed to [`floe_iceberg::commit`] as one snapshot.
 //!
 //! - `table`: loads or creates the target table, evolves its schema, streams rows into
 //!   files and commits them as one snapshot that carries the Kafka offsets.

@@ -6,7 +6,7 @@
 //! - `aws`: the agent's own AWS identity (aws-config's default chain, assume role).
 //! - `object_store`: listing and deleting a table's files on S3 (orphan cleanup).
 //! - [`CatalogHandle`]: what the other stages use: the `iceberg::Catalog` for loads and
-//!   creation, and the commit backend of [`crate::commit`].
+//!   creation, and the commit backend of [`crate::commit()`].
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -77,7 +77,7 @@ impl CatalogError {
 pub struct CatalogHandle {
     /// Loads, lists and creates tables.
     pub catalog: Arc<dyn Catalog>,
-    /// Applies commits (see [`crate::commit`]).
+    /// Applies commits (see [`crate::commit()`]).
     pub committer: Arc<dyn CommitBackend>,
     /// The REST session, for `type = "rest"` (token checks in `floe check`).
     pub rest: Option<RestSession>,
