@@ -39,6 +39,10 @@ source scripts/env.sh
 step "format"
 cargo fmt --all -- --check
 
+step "module cycles"
+# No two agent modules import each other outside tests.
+python3 scripts/check-module-cycles.py
+
 step "build"
 cargo build --locked --workspace --all-targets
 export FLOE_BIN="$CARGO_TARGET_DIR/debug/floe"

@@ -316,7 +316,7 @@ async fn a_topic_pattern_adds_a_table_per_topic_as_topics_appear() -> Result<()>
         ("raw_shop_c", "shop.c"),
     ] {
         let t = lake.table(table).await?;
-        let offsets = floe::commit::OffsetMap::from_table(t.metadata(), "split")?;
+        let offsets = floe_iceberg::OffsetMap::from_table(t.metadata(), "split")?;
         let topics: Vec<&str> = offsets.0.keys().map(|tp| &*tp.0).collect();
         if topics.iter().any(|t| *t != topic) {
             bail!("{table} stores offsets of {topics:?}, expected only {topic}");

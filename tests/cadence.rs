@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
-use floe::commit::manifests;
+use floe_iceberg::manifests;
 use floe_tests::lake::Lake;
 use floe_tests::{AgentProcess, Broker};
 use serde_json::json;

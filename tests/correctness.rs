@@ -169,9 +169,9 @@ async fn stale_view(sink: &str, table: &str) -> Result<()> {
         covered(&ws, table, "busy", i + 1).await?;
     }
     // Expiry keeps only the newest snapshot and deletes the files of the others.
-    let catalog = floe::catalog::open_catalog(
+    let catalog = floe_iceberg::open_catalog(
         "local",
-        &floe::catalog::CatalogConfig::embedded(ws.path("catalog.db"), ws.path("warehouse")),
+        &floe_iceberg::CatalogConfig::embedded(ws.path("catalog.db"), ws.path("warehouse")),
     )
     .await?;
     let ident = iceberg::TableIdent::from_strs(["ns", table])?;
@@ -181,7 +181,7 @@ async fn stale_view(sink: &str, table: &str) -> Result<()> {
         ..Default::default()
     };
     let t = catalog.catalog.load_table(&ident).await?;
-    let report = floe::maintain::expire::expire(&catalog, t, &config, false).await?;
+    let report = floe_iceberg::expire::expire(&catalog, t, &config.expire_options(), false).await?;
     assert!(report.starts_with("removed"), "{report}");
 
     // The quiet pipeline gets a record again: it commits it.

@@ -442,7 +442,7 @@ async fn committed_offsets(stack: &RestStack, table: &str) -> Result<i64> {
     let t = catalog
         .load_table(&iceberg::TableIdent::from_strs(["faults", table])?)
         .await?;
-    let offsets = floe::commit::OffsetMap::from_table(t.metadata(), table)?;
+    let offsets = floe_iceberg::OffsetMap::from_table(t.metadata(), table)?;
     Ok(offsets.0.values().sum())
 }
 
@@ -464,7 +464,7 @@ async fn first_snapshot_after(
         .min_by_key(|s| s.timestamp_ms());
     Ok(first.and_then(|s| {
         let text = s.summary().additional_properties.get("floe.offsets")?;
-        let map = floe::commit::OffsetMap::from_summary_value(text).ok()?;
+        let map = floe_iceberg::OffsetMap::from_summary_value(text).ok()?;
         Some(map.0.values().sum())
     }))
 }

@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, bail, ensure};
-use floe::commit::manifests;
-use floe::commit::{OffsetMap, OffsetsSource};
+use floe_iceberg::manifests;
+use floe_iceberg::{OffsetMap, OffsetsSource};
 use floe_tests::lake::{Lake, WAIT};
 use floe_tests::{AgentProcess, Broker, floe_bin};
 use iceberg::spec::DataContentType;
@@ -164,7 +164,7 @@ async fn concurrent(lake: Lake) -> Result<()> {
     // Orphans: one old and one fresh unreferenced file in the data folder.
     let orphans = if lake.rest.is_none() {
         let table = lake.table("events").await?;
-        let dir = floe::maintain::orphans::local_dir(table.metadata().location())
+        let dir = floe_iceberg::orphans::local_dir(table.metadata().location())
             .context("local table")?
             .join("data");
         let old = dir.join("crashed-upload.parquet");
@@ -225,7 +225,7 @@ async fn concurrent(lake: Lake) -> Result<()> {
                 .filter_map(|l| version(&l.metadata_file))
                 .min()
                 .context("metadata log versions")?;
-            let metadata_dir = floe::maintain::orphans::local_dir(t.metadata().location())
+            let metadata_dir = floe_iceberg::orphans::local_dir(t.metadata().location())
                 .context("local")?
                 .join("metadata");
             let stale: Vec<String> = std::fs::read_dir(&metadata_dir)?
@@ -257,7 +257,7 @@ async fn concurrent(lake: Lake) -> Result<()> {
             .write(bytes::Bytes::from_static(b"not referenced"))
             .await?;
         ensure!(io.exists(&orphan).await?, "the orphan was not written");
-        let report = floe::maintain::orphans::remove_orphans(&table, Duration::ZERO, false).await?;
+        let report = floe_iceberg::orphans::remove_orphans(&table, Duration::ZERO, false).await?;
         println!("orphan cleanup on S3: {report}");
         ensure!(report.starts_with("deleted "), "{report}");
         ensure!(

@@ -402,7 +402,7 @@ async fn stored(catalog: &dyn iceberg::Catalog, pipeline: &str) -> Result<BTreeM
         Err(_) => return Ok(BTreeMap::new()),
     };
     Ok(
-        floe::commit::OffsetMap::from_table(table.metadata(), pipeline)?
+        floe_iceberg::OffsetMap::from_table(table.metadata(), pipeline)?
             .0
             .into_iter()
             .map(|((_, p), o)| (p, o))
@@ -418,7 +418,7 @@ struct Run {
     p_config: PathBuf,
     f: Option<Driven>,
     f_config: PathBuf,
-    catalog: floe::catalog::CatalogHandle,
+    catalog: floe_iceberg::CatalogHandle,
     step: usize,
 }
 
@@ -429,9 +429,9 @@ async fn run(mode: Mode, seed: u64, steps: usize) -> Result<()> {
     let p = Driven::start(&ws, &p_config, "t").await?;
     let assign: Vec<_> = (0..PARTITIONS).map(|i| (i, None, vec![None])).collect();
     p.pipeline.assign("t", &assign);
-    let catalog = floe::catalog::open_catalog(
+    let catalog = floe_iceberg::open_catalog(
         "local",
-        &floe::catalog::CatalogConfig::embedded(ws.path("catalog.db"), ws.path("warehouse")),
+        &floe_iceberg::CatalogConfig::embedded(ws.path("catalog.db"), ws.path("warehouse")),
     )
     .await?;
     let mut run = Run {
@@ -592,7 +592,7 @@ impl Run {
         let ident = iceberg::TableIdent::from_strs(["ns", "t"])?;
         let table = self.catalog.catalog.load_table(&ident).await?;
         let column = name.clone();
-        floe::commit::commit_updates(
+        floe_iceberg::commit_updates(
             self.catalog.catalog.as_ref(),
             self.catalog.committer.as_ref(),
             table,
@@ -610,7 +610,7 @@ impl Run {
                     .with_identifier_field_ids(current.identifier_field_ids())
                     .with_fields(fields)
                     .build()
-                    .map_err(|e| floe::commit::CommitFailure::Iceberg {
+                    .map_err(|e| floe_iceberg::CommitFailure::Iceberg {
                         table: base.identifier().to_string(),
                         source: Box::new(e),
                     })?;
@@ -647,7 +647,9 @@ impl Run {
             };
             floe::maintain::compact::compact(&self.catalog, table, &target, false).await
         } else {
-            floe::maintain::expire::expire(&self.catalog, table, &config, false).await
+            floe_iceberg::expire::expire(&self.catalog, table, &config.expire_options(), false)
+                .await
+                .map_err(floe::maintain::MaintainError::from)
         };
         // A maintenance run that lost a race is retried at its next interval; the
         // pipelines must be unaffected either way.

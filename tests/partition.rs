@@ -10,7 +10,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, ensure};
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Int32Type, TimestampMicrosecondType};
-use floe::commit::manifests::{self, LiveFile};
+use floe_iceberg::manifests::{self, LiveFile};
 use floe_tests::lake::{Lake, WAIT};
 use floe_tests::{AgentProcess, Broker, spawn_agent};
 use iceberg::arrow::{PartitionValueCalculator, arrow_struct_to_literal};
@@ -329,7 +329,7 @@ async fn partitioned_upsert(lake: Lake, format_version: u8) -> Result<()> {
             Some(p) if file.file_format() == iceberg::spec::DataFileFormat::Puffin => vec![p],
             _ => {
                 let mut rows = Default::default();
-                floe::sink::upsert::read_position_deletes(&table, f.path(), &mut rows).await?;
+                floe_iceberg::read_position_deletes(&table, f.path(), &mut rows).await?;
                 rows.into_keys().collect()
             }
         };

@@ -39,7 +39,7 @@ async fn stored(ws: &Workspace, table: &str, pipeline: &str) -> Result<Vec<(i32,
     let t = catalog
         .load_table(&iceberg::TableIdent::from_strs(["ns", table])?)
         .await?;
-    let mut out: Vec<(i32, i64)> = floe::commit::OffsetMap::from_table(t.metadata(), pipeline)?
+    let mut out: Vec<(i32, i64)> = floe_iceberg::OffsetMap::from_table(t.metadata(), pipeline)?
         .0
         .into_iter()
         .map(|((_, p), o)| (p, o))

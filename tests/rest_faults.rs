@@ -35,8 +35,8 @@ async fn open_at(stack: &RestStack, uri: &str) -> Result<Arc<dyn Catalog>> {
         .remove("catalogs")
         .and_then(|c| c.as_table().and_then(|t| t.get("probe").cloned()))
         .context("catalog section")?;
-    let config: floe::catalog::CatalogConfig = section.try_into()?;
-    Ok(floe::catalog::open_catalog("probe", &config).await?.catalog)
+    let config: floe_iceberg::CatalogConfig = section.try_into()?;
+    Ok(floe_iceberg::open_catalog("probe", &config).await?.catalog)
 }
 
 fn records(range: std::ops::Range<i64>, source: &str) -> Vec<floe_tests::Message> {

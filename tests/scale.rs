@@ -168,7 +168,7 @@ async fn stored(lake: &Lake, table: &str, pipeline: &str) -> Result<BTreeMap<i32
     let t = catalog
         .load_table(&iceberg::TableIdent::from_strs(["scale", table])?)
         .await?;
-    Ok(floe::commit::OffsetMap::from_table(t.metadata(), pipeline)?
+    Ok(floe_iceberg::OffsetMap::from_table(t.metadata(), pipeline)?
         .0
         .into_iter()
         .map(|((_, p), o)| (p, o))

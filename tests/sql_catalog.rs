@@ -82,14 +82,14 @@ async fn agents_on_two_machines_share_a_postgres_catalog_through_kills() -> Resu
     // and the table itself.
     let a = AgentProcess::start(Path::new(&a_config), &[])?;
     let b = AgentProcess::start(Path::new(&b_config), &[])?;
-    let config = floe::catalog::CatalogConfig::Sql {
+    let config = floe_iceberg::CatalogConfig::Sql {
         uri: pg.uri.clone(),
         warehouse: warehouse.display().to_string(),
         s3: Default::default(),
         aws: Default::default(),
     };
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let catalog = floe::catalog::open_catalog("lake", &config).await?.catalog;
+    let catalog = floe_iceberg::open_catalog("lake", &config).await?.catalog;
     let covered = |n: i64| {
         let catalog = catalog.clone();
         async move {
@@ -206,7 +206,7 @@ async fn a_postgres_catalog_keeps_its_tables_on_s3() -> Result<()> {
         ("AWS_EC2_METADATA_DISABLED", "true"),
     ];
     let agent = AgentProcess::start(&path, &env)?;
-    let config = floe::catalog::CatalogConfig::Sql {
+    let config = floe_iceberg::CatalogConfig::Sql {
         uri: pg.uri.clone(),
         warehouse: warehouse.clone(),
         s3: toml::from_str(&format!(
@@ -215,7 +215,7 @@ async fn a_postgres_catalog_keeps_its_tables_on_s3() -> Result<()> {
         ))?,
         aws: Default::default(),
     };
-    let catalog = floe::catalog::open_catalog("lake", &config).await?.catalog;
+    let catalog = floe_iceberg::open_catalog("lake", &config).await?.catalog;
     if let Err(e) = wait_for_messages(
         catalog.as_ref(),
         "shop",

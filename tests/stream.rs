@@ -256,7 +256,7 @@ async fn a_revoked_partition_commits_its_streamed_rows_with_their_offsets() -> R
     let table = catalog
         .load_table(&iceberg::TableIdent::from_strs(["ns", "t"])?)
         .await?;
-    let stored = floe::commit::OffsetMap::from_table(table.metadata(), "p")?;
+    let stored = floe_iceberg::OffsetMap::from_table(table.metadata(), "p")?;
     let stored_1 = stored.0.get(&(std::sync::Arc::from("t"), 1)).copied();
     for reader in ["pyiceberg", "duckdb"] {
         let dump = ws.read(reader, "ns", "t", "id")?;

@@ -394,7 +394,7 @@ async fn randomised(lake: Lake, format_version: u8) -> Result<()> {
     // Files per commit, from the snapshot summaries, in commit order. (Each commit holds
     // about one partition's worth of messages, i.e. about 250 of the keys.)
     let table = lake.table("state").await?;
-    let live = floe::commit::manifests::live_files(
+    let live = floe_iceberg::manifests::live_files(
         &table,
         table.metadata().current_snapshot().expect("snapshot"),
     )

@@ -4,8 +4,6 @@
 //! one `match`: a bad record goes to the dead letters, a transient failure is retried
 //! with capped exponential backoff and jitter, a fatal one stops the pipeline.
 
-use std::time::Duration;
-
 /// What an error means for the pipeline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorClass {
@@ -29,87 +27,21 @@ pub trait Classify {
     }
 }
 
-/// Attached as the source of an iceberg-rust error whose cause is known to be final
-/// (a catalog's 400/401/403 answer): the error's kind alone (`Unexpected`) would read as
-/// transient, and retrying a missing privilege forever hides it from the operator.
-#[derive(Debug, thiserror::Error)]
-#[error("retrying cannot help: {0}")]
-pub struct NotRetryable(pub &'static str);
+pub use floe_iceberg::error::{NotRetryable, backoff, is_missing_file, with_causes};
 
-/// The class of an iceberg-rust error: data and feature errors, and errors marked
-/// [`NotRetryable`], are fatal; the rest (I/O, storage, catalog answers) transient unless
-/// the crate says otherwise.
+impl From<floe_iceberg::ErrorClass> for ErrorClass {
+    fn from(class: floe_iceberg::ErrorClass) -> ErrorClass {
+        match class {
+            floe_iceberg::ErrorClass::Transient => ErrorClass::Transient,
+            floe_iceberg::ErrorClass::Fatal => ErrorClass::Fatal,
+        }
+    }
+}
+
+/// The class of an iceberg-rust error ([`floe_iceberg::error::iceberg_class`]): data and
+/// feature errors, and errors marked [`NotRetryable`], are fatal; the rest transient.
 pub fn iceberg_class(e: &iceberg::Error) -> ErrorClass {
-    use iceberg::ErrorKind as K;
-    if e.retryable() {
-        return ErrorClass::Transient;
-    }
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        if s.is::<NotRetryable>() {
-            return ErrorClass::Fatal;
-        }
-        source = s.source();
-    }
-    match e.kind() {
-        K::DataInvalid
-        | K::FeatureUnsupported
-        | K::NamespaceNotFound
-        | K::TableNotFound
-        | K::PreconditionFailed => ErrorClass::Fatal,
-        _ => ErrorClass::Transient,
-    }
-}
-
-/// Whether an iceberg-rust error says a file does not exist: the local file system
-/// reports `NotFound` in its message, object stores through opendal as the `NotFound`
-/// kind of the error's source. iceberg-rust has no error kind for it.
-///
-/// A file of a table that is missing when a commit is prepared means the table view is
-/// stale (another writer's snapshot expiry or compaction removed it): reload and retry.
-pub fn is_missing_file(e: &iceberg::Error) -> bool {
-    fn says_missing(text: &str) -> bool {
-        text.contains("No such file or directory") || text.contains("NotFound")
-    }
-    if says_missing(e.message()) {
-        return true;
-    }
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        if let Some(io) = s.downcast_ref::<std::io::Error>()
-            && io.kind() == std::io::ErrorKind::NotFound
-        {
-            return true;
-        }
-        if says_missing(&s.to_string()) {
-            return true;
-        }
-        source = s.source();
-    }
-    false
-}
-
-/// An error and its causes on one line, `error: cause: cause`.
-pub fn with_causes(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
-
-/// Capped exponential backoff with jitter: `attempt` 1 waits about `base`, doubling
-/// up to `cap`; the wait is spread over its upper half so retries do not align.
-pub fn backoff(attempt: u32, base: Duration, cap: Duration) -> Duration {
-    let ms = (base.as_millis() as u64)
-        .saturating_mul(1 << attempt.saturating_sub(1).min(16))
-        .min(cap.as_millis() as u64)
-        .max(1);
-    let jitter = u64::from(uuid::Uuid::new_v4().as_u128() as u16) % (ms / 2 + 1);
-    Duration::from_millis(ms / 2 + jitter)
+    floe_iceberg::error::iceberg_class(e).into()
 }
 
 #[cfg(test)]
@@ -117,40 +49,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_error_marked_not_retryable_is_fatal_whatever_its_kind() {
-        let plain = iceberg::Error::new(iceberg::ErrorKind::Unexpected, "HTTP 403");
+    fn iceberg_classes_map_onto_the_agents() {
+        let plain = iceberg::Error::new(iceberg::ErrorKind::Unexpected, "HTTP 503");
         assert_eq!(iceberg_class(&plain), ErrorClass::Transient);
         let marked = iceberg::Error::new(iceberg::ErrorKind::Unexpected, "HTTP 403")
             .with_source(NotRetryable("the catalog refused the request"));
         assert_eq!(iceberg_class(&marked), ErrorClass::Fatal);
-    }
-
-    #[test]
-    fn a_missing_file_is_recognised_on_local_disk_and_behind_a_source() {
-        let local = iceberg::Error::new(
-            iceberg::ErrorKind::DataInvalid,
-            "Failed to read file /w/t/metadata/snap-1.avro: No such file or directory (os error 2)",
-        );
-        assert!(is_missing_file(&local));
-        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "gone");
-        let wrapped =
-            iceberg::Error::new(iceberg::ErrorKind::Unexpected, "io failed").with_source(io);
-        assert!(is_missing_file(&wrapped));
-        let other = iceberg::Error::new(iceberg::ErrorKind::DataInvalid, "bad manifest");
-        assert!(!is_missing_file(&other));
-    }
-
-    #[test]
-    fn backoff_doubles_up_to_the_cap_with_jitter() {
-        let base = Duration::from_millis(100);
-        let cap = Duration::from_secs(5);
-        for attempt in 1..30 {
-            let d = backoff(attempt, base, cap);
-            let full = (100u64 << (attempt - 1).min(16)).min(5000);
-            assert!(
-                d.as_millis() as u64 >= full / 2 && d.as_millis() as u64 <= full,
-                "{attempt}: {d:?}"
-            );
-        }
     }
 }

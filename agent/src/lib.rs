@@ -2,7 +2,10 @@
 //!
 //! # Layout
 //!
-//! Modules follow a record from Kafka to Iceberg; no two stages import each other.
+//! Modules follow a record from Kafka to Iceberg; no two modules import each other
+//! outside tests (`scripts/check-module-cycles.py` checks it). The Iceberg write path
+//! (catalogs, commits, delete files, expiry, orphans) is the [`floe_iceberg`] crate
+//! (`agent/iceberg/`), used through its root API; it does not depend on the agent.
 //!
 //! - [`record`]: below every stage: the Kafka [`record::Message`], topic-partition maps,
 //!   the `_kafka_*` columns, JSON parsed once into a token tape ([`record::json`]), the
@@ -14,19 +17,20 @@
 //! - [`transform`]: the configured chain of WebAssembly plugins (wasmtime, sandboxed).
 //! - [`schema`]: admits, rejects or fails each row; infers and evolves the Iceberg schema.
 //! - [`batch`]: admitted rows -> Arrow record batches, built as rows arrive.
-//! - [`catalog`]: the embedded SQLite catalog or an Iceberg REST catalog.
-//! - [`commit`]: snapshots with data and delete files, the offsets they carry (in the
-//!   summary and a table property), the per-partition fence, and the catalog backends.
-//! - [`sink`]: the table writer (Parquet files per partition, upsert deletes) on top of
-//!   the commit layer.
-//! - [`maintain`]: compaction, snapshot expiry, orphan and metadata cleanup.
+//! - [`sink`]: the table writer (Parquet files per partition, the upsert index and its
+//!   deletes), committing through [`floe_iceberg::commit`] with the per-partition fence.
+//! - [`maintain`]: the maintenance schedule and compaction; snapshot expiry, orphan and
+//!   metadata cleanup are [`floe_iceberg`] operations.
 //! - [`dead_letter`]: where records that cannot become rows go, with their bytes.
 //! - [`pipeline`]: wires the stages: an intake thread (decode -> transform -> schema ->
 //!   batch) hands seals to a committer task, so reading never waits for Parquet or the
 //!   catalog; [`run`] starts every pipeline of a config.
 //! - [`telemetry`]: logs and Prometheus metrics. [`error`]: error classes and backoff.
-//! - [`config`]: the TOML file; every stage's settings, validated all at once.
-//! - [`check`]: `floe check`, a dry run of every pipeline's connections and privileges.
+//! - [`config`]: the TOML file; every stage's settings, validated all at once
+//!   (`[catalogs.NAME]` is [`floe_iceberg::CatalogConfig`]). [`settings`]: the serde
+//!   helpers and secret values the stages' structs share, below every stage.
+//! - [`check`]: `floe check`, a dry run of every pipeline's connections and privileges
+//!   (the catalog probe is `check/catalog.rs`).
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
@@ -36,9 +40,7 @@
 //! ```
 
 pub mod batch;
-pub mod catalog;
 pub mod check;
-pub mod commit;
 pub mod config;
 pub mod dead_letter;
 pub mod decode;
@@ -49,6 +51,7 @@ pub mod pipeline;
 pub mod probe;
 pub mod record;
 pub mod schema;
+pub mod settings;
 pub mod sink;
 pub mod source;
 pub mod telemetry;
@@ -65,7 +68,7 @@ use tokio::task::JoinSet;
 pub enum FloeError {
     /// A catalog could not be opened.
     #[error(transparent)]
-    Catalog(#[from] catalog::CatalogError),
+    Catalog(#[from] floe_iceberg::CatalogError),
     /// The metrics endpoint could not start.
     #[error(transparent)]
     Telemetry(#[from] telemetry::TelemetryError),
@@ -90,11 +93,11 @@ pub async fn run(
         telemetry::install(m)?;
     }
     let writer_id = uuid::Uuid::now_v7().to_string();
-    let mut catalogs: HashMap<String, catalog::CatalogHandle> = HashMap::new();
+    let mut catalogs: HashMap<String, floe_iceberg::CatalogHandle> = HashMap::new();
     for p in &config.pipelines {
         if !catalogs.contains_key(&p.sink.catalog) {
-            let c =
-                catalog::open_catalog(&p.sink.catalog, &config.catalogs[&p.sink.catalog]).await?;
+            let c = floe_iceberg::open_catalog(&p.sink.catalog, &config.catalogs[&p.sink.catalog])
+                .await?;
             catalogs.insert(p.sink.catalog.clone(), c);
         }
     }

@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use floe::catalog::{CatalogConfig, open_catalog};
 use floe::sink::TableSink;
+use floe_iceberg::{CatalogConfig, open_catalog};
 use floe_tests::{Broker, Message, Workspace, free_port, metric_value, scrape_metrics};
 use iceberg::{Catalog, TableIdent};
 use rdkafka::consumer::{BaseConsumer, Consumer};

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use floe::commit::manifests;
+use floe_iceberg::manifests;
 use floe_tests::Workspace;
 use iceberg::TableIdent;
 use iceberg::spec::DataContentType;
@@ -141,7 +141,7 @@ keep_metadata_files = 10
     let path = ws.path("floe.toml");
     std::fs::write(&path, &config)?;
     let parsed = floe::config::Config::load(&path).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let handle = floe::catalog::open_catalog("local", &parsed.catalogs["local"]).await?;
+    let handle = floe_iceberg::open_catalog("local", &parsed.catalogs["local"]).await?;
     let target = floe::maintain::targets(&parsed.pipelines[0])
         .into_iter()
         .next()
@@ -284,7 +284,7 @@ keep_metadata_files = 10
         .iter()
         .filter(|f| f.content() == DataContentType::Data)
         .count();
-    let metadata_dir = floe::maintain::orphans::local_dir(table.metadata().location())
+    let metadata_dir = floe_iceberg::orphans::local_dir(table.metadata().location())
         .context("local table")?
         .join("metadata");
     Ok(LongTable {

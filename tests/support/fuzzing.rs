@@ -162,10 +162,10 @@ pub fn rest_response(data: &[u8]) {
         CommitTableResponse, ListNamespaceResponse, ListTablesResponse, LoadTableResult,
     };
     if let Ok(loaded) = serde_json::from_slice::<LoadTableResult>(data) {
-        let _ = floe::commit::OffsetMap::from_table(&loaded.metadata, "p");
+        let _ = floe_iceberg::OffsetMap::from_table(&loaded.metadata, "p");
     }
     if let Ok(m) = serde_json::from_slice::<iceberg::spec::TableMetadata>(data) {
-        let _ = floe::commit::OffsetMap::from_table(&m, "p");
+        let _ = floe_iceberg::OffsetMap::from_table(&m, "p");
     }
     let _ = serde_json::from_slice::<ListNamespaceResponse>(data);
     let _ = serde_json::from_slice::<ListTablesResponse>(data);

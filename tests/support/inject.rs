@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex};
 use anyhow::Result;
 use async_trait::async_trait;
 use bytes::Bytes;
-use floe::catalog::CatalogHandle;
-use floe::commit::{CommitBackend, CommitError, SqlBackend};
+use floe_iceberg::CatalogHandle;
+use floe_iceberg::{CommitBackend, CommitError, SqlBackend};
 use futures::stream::BoxStream;
 use iceberg::io::{
     FileMetadata, FileRead, FileWrite, InputFile, LocalFsStorage, OutputFile, Storage,

@@ -68,15 +68,15 @@ impl Lake {
     }
 
     /// The catalog as the agent opens it (with its commit backend).
-    pub async fn handle(&self) -> Result<floe::catalog::CatalogHandle> {
+    pub async fn handle(&self) -> Result<floe_iceberg::CatalogHandle> {
         let text = self.catalog_toml();
         let mut root: toml::Table = toml::from_str(&text)?;
         let section = root
             .remove("catalogs")
             .and_then(|c| c.as_table().and_then(|t| t.get("local").cloned()))
             .context("catalog section")?;
-        let config: floe::catalog::CatalogConfig = section.try_into()?;
-        Ok(floe::catalog::open_catalog("local", &config).await?)
+        let config: floe_iceberg::CatalogConfig = section.try_into()?;
+        Ok(floe_iceberg::open_catalog("local", &config).await?)
     }
 
     /// The catalog, for reads.

@@ -357,8 +357,8 @@ path = "{d}/dead-letter.ndjson"
     /// Opens the embedded catalog read-side, for polling progress.
     pub async fn catalog(&self) -> Result<Arc<dyn Catalog>> {
         let config =
-            floe::catalog::CatalogConfig::embedded(self.path("catalog.db"), self.path("warehouse"));
-        Ok(floe::catalog::open_catalog("local", &config).await?.catalog)
+            floe_iceberg::CatalogConfig::embedded(self.path("catalog.db"), self.path("warehouse"));
+        Ok(floe_iceberg::open_catalog("local", &config).await?.catalog)
     }
 
     /// Rows committed to a table so far (see [`committed_rows`]).
@@ -999,7 +999,7 @@ pub async fn covered_messages(
     let Ok(t) = catalog.load_table(&ident).await else {
         return Ok(0);
     };
-    let offsets = floe::commit::OffsetMap::from_table(t.metadata(), pipeline)?;
+    let offsets = floe_iceberg::OffsetMap::from_table(t.metadata(), pipeline)?;
     Ok(offsets.0.values().sum())
 }
 

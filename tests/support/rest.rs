@@ -385,8 +385,8 @@ impl RestStack {
             .remove("catalogs")
             .and_then(|c| c.as_table().and_then(|t| t.get("probe").cloned()))
             .context("catalog section")?;
-        let config: floe::catalog::CatalogConfig = section.try_into()?;
-        Ok(floe::catalog::open_catalog("probe", &config).await?.catalog)
+        let config: floe_iceberg::CatalogConfig = section.try_into()?;
+        Ok(floe_iceberg::open_catalog("probe", &config).await?.catalog)
     }
 }
 

@@ -35,14 +35,14 @@ impl ScriptedPipeline {
     /// (a catalog with injected faults, say).
     pub async fn start_on(
         config: &Path,
-        catalog: Option<floe::catalog::CatalogHandle>,
+        catalog: Option<floe_iceberg::CatalogHandle>,
     ) -> Result<ScriptedPipeline> {
         let config = floe::config::Config::load(config).map_err(|e| anyhow::anyhow!("{e}"))?;
         let pipeline = config.pipelines[0].clone();
         let catalog = match catalog {
             Some(c) => c,
             None => {
-                floe::catalog::open_catalog(
+                floe_iceberg::open_catalog(
                     &pipeline.sink.catalog,
                     &config.catalogs[&pipeline.sink.catalog],
                 )

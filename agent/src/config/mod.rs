@@ -11,10 +11,8 @@ use std::path::Path;
 
 use serde::de::DeserializeOwned;
 
-mod redact;
-pub use redact::{Redact, Redacted, Secret, redact_url};
+pub use crate::settings::{Redact, Redacted, Secret, redact_url};
 
-use crate::catalog::CatalogConfig;
 use crate::dead_letter::DeadLetterConfig;
 use crate::decode::DecodeConfig;
 use crate::schema::SchemaConfig;
@@ -22,6 +20,7 @@ use crate::sink::SinkConfig;
 use crate::source::SourceConfig;
 use crate::telemetry::MetricsConfig;
 use crate::transform::{PluginsConfig, TransformConfig};
+use floe_iceberg::CatalogConfig;
 
 /// `[agent]`: process-wide settings.
 #[derive(Debug, Clone, Default, serde::Deserialize)]
@@ -482,54 +481,6 @@ fn expand(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, Strin
     }
     out.push_str(rest);
     Ok(out)
-}
-
-/// Serde helper: durations written as `"60s"`, `"1m"`, `"500ms"`.
-pub(crate) mod duration {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer};
-
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let s = String::deserialize(d)?;
-        humantime::parse_duration(&s).map_err(|e| {
-            serde::de::Error::custom(format!(
-                "invalid duration {s:?}: {e} (write e.g. \"60s\" or \"1m\")"
-            ))
-        })
-    }
-}
-
-/// Serde helper: sizes written as `"64MiB"` or a number of bytes.
-pub(crate) mod size {
-    use serde::{Deserialize, Deserializer};
-
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Bytes(u64),
-            Text(String),
-        }
-        match Raw::deserialize(d)? {
-            Raw::Bytes(n) => Ok(n),
-            Raw::Text(s) => s
-                .parse::<bytesize::ByteSize>()
-                .map(|b| b.as_u64())
-                .map_err(|e| {
-                    serde::de::Error::custom(format!(
-                        "invalid size {s:?}: {e} (write e.g. \"64MiB\")"
-                    ))
-                }),
-        }
-    }
-
-    /// [`deserialize`] for an optional size.
-    pub(crate) fn deserialize_option<'de, D: Deserializer<'de>>(
-        d: D,
-    ) -> Result<Option<u64>, D::Error> {
-        deserialize(d).map(Some)
-    }
 }
 
 #[cfg(test)]

@@ -135,20 +135,17 @@ fn every_field_of_every_section_is_documented() {
         ("decode", fields_of::<crate::decode::DecodeConfig>()),
         ("schema", fields_of::<crate::schema::SchemaConfig>()),
         ("sink", fields_of::<crate::sink::SinkConfig>()),
-        (
-            "maintenance",
-            fields_of::<crate::maintain::MaintenanceConfig>(),
-        ),
+        ("maintenance", fields_of::<crate::sink::MaintenanceConfig>()),
         (
             "dead_letter",
             fields_of::<crate::dead_letter::DeadLetterConfig>(),
         ),
         (
             "REST catalog",
-            fields_of::<crate::catalog::rest::RestCatalogConfig>(),
+            fields_of::<floe_iceberg::rest::RestCatalogConfig>(),
         ),
-        ("s3.*", fields_of::<crate::catalog::rest::S3Settings>()),
-        ("aws.*", fields_of::<crate::catalog::aws::AwsSettings>()),
+        ("s3.*", fields_of::<floe_iceberg::rest::S3Settings>()),
+        ("aws.*", fields_of::<floe_iceberg::aws::AwsSettings>()),
     ];
     let mut missing = Vec::new();
     for (section, fields) in &sections {

@@ -62,7 +62,7 @@ pub struct DeadLetterConfig {
     /// Size past which the file is rotated to `<path>.1` (default 128MiB).
     #[serde(
         default = "default_max_file_size",
-        deserialize_with = "crate::config::size::deserialize"
+        deserialize_with = "crate::settings::size::deserialize"
     )]
     pub max_file_size: u64,
     /// Rotated files kept (`<path>.1` .. `<path>.N`, default 10); the oldest is deleted.

@@ -23,7 +23,7 @@ use super::DecodeError;
 use super::avro::WriterSchema;
 use super::json_schema::JsonSchemaDoc;
 use super::protobuf::ProtoSchema;
-use crate::config::{Secret, redact_url};
+use crate::settings::{Secret, redact_url};
 
 /// Parsed schemas kept per client (ids); least recently used ones go first.
 const MAX_SCHEMAS: usize = 1024;
@@ -49,7 +49,7 @@ pub struct RegistryConfig {
     /// Per-request timeout (default 10s).
     #[serde(
         default = "default_timeout",
-        deserialize_with = "crate::config::duration::deserialize"
+        deserialize_with = "crate::settings::duration::deserialize"
     )]
     pub timeout: Duration,
 }

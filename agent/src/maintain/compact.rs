@@ -8,7 +8,7 @@
 //! removed, so a compacted table has no delete files left.
 //!
 //! Safety next to other writers. The rewrite is committed through
-//! [`crate::commit::commit_rewrite`], which plans it again against every newer table:
+//! [`floe_iceberg::commit_rewrite`], which plans it again against every newer table:
 //! - a concurrent append only adds files: kept as they are;
 //! - a concurrent delete of rows in a file being rewritten (an upsert commit, a
 //!   deletion vector merged with the old one) is carried over: the row's new position is
@@ -34,13 +34,13 @@ use iceberg::table::Table;
 use roaring::RoaringTreemap;
 
 use super::{MaintainError, Target, size};
-use crate::catalog::CatalogHandle;
-use crate::commit::manifests::{self, FileKey, LiveFile};
-use crate::commit::{
+use crate::sink::writer::PartitionWriter;
+use floe_iceberg::CatalogHandle;
+use floe_iceberg::dv;
+use floe_iceberg::manifests::{self, FileKey, LiveFile};
+use floe_iceberg::{
     COMMIT_KEY, MAINTENANCE_KEY, Rewrite, RewriteOutcome, RewritePlan, SpecFile, commit_rewrite,
 };
-use crate::sink::upsert::{self, dv};
-use crate::sink::writer::PartitionWriter;
 
 /// Files below this share of the target size count as small.
 const SMALL: f64 = 0.75;
@@ -378,7 +378,7 @@ async fn read_delete_file(
         return Ok(vec![(target, dv::read(table, file).await?)]);
     }
     let mut rows = HashMap::default();
-    upsert::read_position_deletes(table, file.file_path(), &mut rows).await?;
+    floe_iceberg::read_position_deletes(table, file.file_path(), &mut rows).await?;
     Ok(rows
         .into_iter()
         .map(|(path, positions)| (path, positions.into_iter().collect()))
@@ -540,7 +540,7 @@ impl Compaction {
         for (g, rows) in by_group {
             let (spec_id, partition) = self.groups[g].clone();
             let file =
-                upsert::write_position_deletes(table, &self.prefix, spec_id, partition, rows)
+                floe_iceberg::write_position_deletes(table, &self.prefix, spec_id, partition, rows)
                     .await?;
             out.push((spec_id, file));
         }

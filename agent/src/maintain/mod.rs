@@ -4,7 +4,7 @@
 //! Jobs, in the order one run does them (see `docs/maintenance.md`):
 //! - [`compact`]: per partition, bin-packs small data files into files of the target
 //!   size and applies position deletes and deletion vectors, so the delete files they
-//!   carry disappear; committed as a `replace` snapshot through [`crate::commit`], which
+//!   carry disappear; committed as a `replace` snapshot through [`floe_iceberg::commit_rewrite`], which
 //!   plans it again on every concurrent commit (carrying that commit's deletes over to
 //!   the new files) and carries every pipeline's offsets forward.
 //! - [`expire`]: removes old snapshots (beyond the newest `keep_snapshots` and older than
@@ -20,134 +20,17 @@
 //! at the next interval.
 
 pub mod compact;
-pub mod expire;
-pub mod orphans;
 
 use std::fmt::Write as _;
-use std::time::Duration;
 
+use floe_iceberg::{expire, orphans};
 use iceberg::table::Table;
 use iceberg::{NamespaceIdent, TableIdent};
-use serde::Deserialize;
 use tokio::sync::watch;
 
-use crate::catalog::CatalogHandle;
 use crate::config::{Config, PipelineConfig};
-
-/// `[pipelines.sink.maintenance]`: maintenance of the pipeline's tables.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct MaintenanceConfig {
-    /// How often `floe run` maintains each table of the pipeline (default 10m).
-    #[serde(
-        default = "default_interval",
-        deserialize_with = "crate::config::duration::deserialize"
-    )]
-    pub interval: Duration,
-    /// Compact small files and apply deletes (default true).
-    #[serde(default = "yes")]
-    pub compact: bool,
-    /// Size compaction aims for (default: the sink's `target_file_size`).
-    #[serde(default, deserialize_with = "optional_size")]
-    pub target_file_size: Option<u64>,
-    /// A partition is compacted once it has this many small files (smaller than 3/4 of
-    /// the target), or any file with deletes (default 5).
-    #[serde(default = "default_min_input_files")]
-    pub min_input_files: usize,
-    /// Snapshots of `main` always kept, newest first (default 10).
-    #[serde(default = "default_keep_snapshots")]
-    pub keep_snapshots: usize,
-    /// Snapshots newer than this are kept too (default 1h; "0s": only `keep_snapshots`).
-    #[serde(
-        default = "default_max_snapshot_age",
-        deserialize_with = "crate::config::duration::deserialize"
-    )]
-    pub max_snapshot_age: Duration,
-    /// Unreferenced files older than this are deleted (default 3d, at least 1h: a slow
-    /// commit's files must not look orphaned).
-    #[serde(
-        default = "default_orphan_age",
-        deserialize_with = "crate::config::duration::deserialize"
-    )]
-    pub orphan_age: Duration,
-    /// Entries kept in the metadata log; older metadata files are deleted (default 10).
-    #[serde(default = "default_keep_metadata_files")]
-    pub keep_metadata_files: usize,
-}
-
-impl Default for MaintenanceConfig {
-    fn default() -> Self {
-        MaintenanceConfig {
-            interval: default_interval(),
-            compact: true,
-            target_file_size: None,
-            min_input_files: default_min_input_files(),
-            keep_snapshots: default_keep_snapshots(),
-            max_snapshot_age: default_max_snapshot_age(),
-            orphan_age: default_orphan_age(),
-            keep_metadata_files: default_keep_metadata_files(),
-        }
-    }
-}
-
-/// The smallest `orphan_age`.
-pub const MIN_ORPHAN_AGE: Duration = Duration::from_secs(3600);
-
-fn default_interval() -> Duration {
-    Duration::from_secs(600)
-}
-fn yes() -> bool {
-    true
-}
-fn default_min_input_files() -> usize {
-    5
-}
-fn default_keep_snapshots() -> usize {
-    10
-}
-fn default_max_snapshot_age() -> Duration {
-    Duration::from_secs(3600)
-}
-fn default_orphan_age() -> Duration {
-    Duration::from_secs(3 * 86_400)
-}
-fn default_keep_metadata_files() -> usize {
-    10
-}
-
-fn optional_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    crate::config::size::deserialize(d).map(Some)
-}
-
-impl MaintenanceConfig {
-    /// Problems serde cannot see, as `(field, message)` pairs.
-    pub fn problems(&self) -> Vec<(String, String)> {
-        let mut out = Vec::new();
-        if self.interval < Duration::from_secs(1) {
-            out.push(("interval".into(), "must be at least 1s".into()));
-        }
-        if self.keep_snapshots == 0 {
-            out.push(("keep_snapshots".into(), "must be at least 1".into()));
-        }
-        if self.orphan_age < MIN_ORPHAN_AGE {
-            out.push((
-                "orphan_age".into(),
-                "must be at least 1h: files of a commit still in progress must not look orphaned"
-                    .into(),
-            ));
-        }
-        if self.keep_metadata_files == 0 {
-            out.push(("keep_metadata_files".into(), "must be at least 1".into()));
-        }
-        if self.min_input_files < 2 {
-            out.push(("min_input_files".into(), "must be at least 2".into()));
-        }
-        if self.target_file_size == Some(0) {
-            out.push(("target_file_size".into(), "must be positive".into()));
-        }
-        out
-    }
-}
+pub use crate::sink::{MIN_ORPHAN_AGE, MaintenanceConfig};
+use floe_iceberg::CatalogHandle;
 
 /// One table to maintain, with its settings.
 #[derive(Debug, Clone)]
@@ -229,7 +112,7 @@ pub async fn current_targets(
     };
     let mut listed = match catalog.catalog.list_tables(&namespace).await {
         Ok(tables) => tables,
-        Err(e) if crate::catalog::is_not_found(&e) => vec![],
+        Err(e) if floe_iceberg::is_not_found(&e) => vec![],
         Err(e) => return Err(e),
     };
     listed.sort_by(|a, b| a.name().cmp(b.name()));
@@ -269,10 +152,13 @@ pub enum MaintainError {
     Iceberg(#[from] iceberg::Error),
     /// A commit failed.
     #[error(transparent)]
-    Commit(#[from] Box<crate::commit::CommitFailure>),
+    Commit(#[from] Box<floe_iceberg::CommitFailure>),
     /// Reading delete files or writing new ones failed.
     #[error(transparent)]
     Upsert(#[from] crate::sink::upsert::UpsertError),
+    /// An operation of the Iceberg layer failed (delete files, expiry, orphans).
+    #[error(transparent)]
+    Table(#[from] floe_iceberg::Error),
     /// Anything else.
     #[error("{0}")]
     Other(String),
@@ -287,7 +173,7 @@ pub async fn run_table(catalog: &CatalogHandle, target: &Target, dry_run: bool) 
     let load = || async { catalog.catalog.load_table(&target.ident).await };
     let mut table: Table = match load().await {
         Ok(t) => t,
-        Err(e) if crate::catalog::is_not_found(&e) => {
+        Err(e) if floe_iceberg::is_not_found(&e) => {
             report.jobs.push(JobReport {
                 job: "load",
                 detail: "the table does not exist yet: nothing to do".into(),
@@ -311,18 +197,25 @@ pub async fn run_table(catalog: &CatalogHandle, target: &Target, dry_run: bool) 
             table = t;
         }
     }
-    let r = expire::expire(catalog, table.clone(), &target.config, dry_run).await;
-    report.jobs.push(job("expire", r));
+    let options = target.config.expire_options();
+    let r = expire::expire(catalog, table.clone(), &options, dry_run).await;
+    report
+        .jobs
+        .push(job("expire", r.map_err(MaintainError::from)));
     if let Ok(t) = load().await {
         table = t;
     }
-    let r = expire::trim_metadata(catalog, table.clone(), &target.config, dry_run).await;
-    report.jobs.push(job("metadata", r));
+    let r = expire::trim_metadata(catalog, table.clone(), &options, dry_run).await;
+    report
+        .jobs
+        .push(job("metadata", r.map_err(MaintainError::from)));
     if let Ok(t) = load().await {
         table = t;
     }
     let r = orphans::remove_orphans(&table, target.config.orphan_age, dry_run).await;
-    report.jobs.push(job("orphans", r));
+    report
+        .jobs
+        .push(job("orphans", r.map_err(MaintainError::from)));
     report
 }
 
@@ -347,15 +240,14 @@ pub async fn maintain(
     config: &Config,
     table: Option<&str>,
     dry_run: bool,
-) -> Result<Vec<TableReport>, crate::catalog::CatalogError> {
+) -> Result<Vec<TableReport>, floe_iceberg::CatalogError> {
     let mut catalogs = std::collections::HashMap::new();
     let mut reports = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for p in &config.pipelines {
         if !catalogs.contains_key(&p.sink.catalog) {
-            let c =
-                crate::catalog::open_catalog(&p.sink.catalog, &config.catalogs[&p.sink.catalog])
-                    .await?;
+            let c = floe_iceberg::open_catalog(&p.sink.catalog, &config.catalogs[&p.sink.catalog])
+                .await?;
             catalogs.insert(p.sink.catalog.clone(), c);
         }
         let targets = match current_targets(p, &catalogs[&p.sink.catalog]).await {

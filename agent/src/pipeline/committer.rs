@@ -26,13 +26,13 @@ use tokio::sync::{mpsc, watch};
 use super::PipelineError;
 use super::handoff::{Chunk, Handoff, Mark, Report, TableState};
 use super::tables::TableMap;
-use crate::commit::OffsetMap;
 use crate::config::PipelineConfig;
 use crate::error::{Classify, ErrorClass, backoff};
 use crate::record::PartitionMap;
 use crate::sink::{CommitOutcome, SinkError, TableSink};
 use crate::source::KnownOffsets;
 use crate::{failpoint, telemetry};
+use floe_iceberg::OffsetMap;
 
 /// A table with no new rows still records the pipeline's progress every this many
 /// intervals, so a restart does not re-read much for it.
@@ -707,8 +707,8 @@ fn offset_anomalies(
 ) -> HashMap<String, String> {
     let mut out = HashMap::new();
     for (key, found) in [
-        (crate::commit::GAP_KEY, gaps),
-        (crate::commit::RESET_KEY, resets),
+        (floe_iceberg::GAP_KEY, gaps),
+        (floe_iceberg::RESET_KEY, resets),
     ] {
         if found.is_empty() {
             continue;

@@ -13,10 +13,10 @@ use iceberg::spec::Schema;
 
 use super::PipelineError;
 use crate::batch::Buffered;
-use crate::commit::OffsetMap;
 use crate::record::PartitionMap;
 use crate::schema::SchemaTracker;
 use crate::sink::TableSink;
+use floe_iceberg::OffsetMap;
 
 /// What the intake hands to the committer, in order.
 pub(super) enum Handoff {

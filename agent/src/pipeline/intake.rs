@@ -21,7 +21,6 @@ use super::handoff::{Chunk, Handoff, Mark, Report};
 use super::tables::TableMap;
 use super::{PipelineError, TableOpener, tracker_for};
 use crate::batch::{ROW_OVERHEAD, RowBuffer, RowMeta};
-use crate::commit::OffsetMap;
 use crate::config::PipelineConfig;
 use crate::dead_letter::DeadLetterWriter;
 use crate::decode::{Decoded, Decoder};
@@ -35,6 +34,7 @@ use crate::telemetry;
 use crate::transform::{
     ChainInput, ChainResult, OnError, Produced, Releaser, TransformChain, TransformError,
 };
+use floe_iceberg::OffsetMap;
 
 /// Requests from the pipeline's owner.
 #[derive(Debug)]

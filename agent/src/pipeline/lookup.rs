@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use iceberg::{NamespaceIdent, TableIdent};
 
-use crate::catalog::CatalogHandle;
-use crate::commit::OffsetMap;
 use crate::config::PipelineConfig;
 use crate::record::TopicPartition;
 use crate::sink::TableSink;
 use crate::source::{Assignment, KnownOffsets, PositionLookup, resume_position};
+use floe_iceberg::CatalogHandle;
+use floe_iceberg::OffsetMap;
 
 use super::tables::TableMap;
 
@@ -83,7 +83,7 @@ impl TablePositions {
                     OffsetMap::from_table(t.metadata(), &self.pipeline)
                         .map_err(|e| e.to_string())?,
                 ),
-                Err(e) if crate::catalog::is_not_found(&e) => None,
+                Err(e) if floe_iceberg::is_not_found(&e) => None,
                 Err(e) => return Err(e.to_string()),
             };
             out.insert(i, offsets);

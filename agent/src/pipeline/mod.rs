@@ -40,7 +40,6 @@ use tokio::sync::{mpsc, watch};
 
 pub use errors::PipelineError;
 
-use crate::catalog::CatalogHandle;
 use crate::config::PipelineConfig;
 use crate::dead_letter::{DeadLetterError, DeadLetterTopic, DeadLetterWriter};
 use crate::decode::{Decoder, InvalidPolicy};
@@ -50,6 +49,7 @@ use crate::sink::TableSink;
 use crate::source::{KafkaSource, KnownOffsets, Source};
 use crate::telemetry;
 use crate::transform::{TransformChain, TransformEngine};
+use floe_iceberg::CatalogHandle;
 
 /// Runs one pipeline against Kafka until `shutdown` turns true or an error stops it.
 pub async fn run_pipeline(

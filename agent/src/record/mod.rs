@@ -10,15 +10,9 @@ pub mod json;
 pub mod key;
 pub mod values;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
-/// A topic-partition.
-pub type TopicPartition = (Arc<str>, i32);
-
-/// A map keyed by topic-partition. Looked up for every record, so it uses a fast
-/// (non-DoS-resistant) hasher; the keys come from the broker, not from message data.
-pub type PartitionMap<V> = HashMap<TopicPartition, V, foldhash::fast::RandomState>;
+pub use floe_iceberg::{PartitionMap, TopicPartition};
 
 /// One Kafka message as read, with everything the dead-letter path and the metadata
 /// columns need.

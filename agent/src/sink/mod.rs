@@ -1,6 +1,6 @@
 //! Sink stage: the table writer. Rows stream into Parquet data files as they arrive;
 //! every commit interval the files written since the last commit (and, in upsert mode,
-//! the deletes of the rows they replace) are handed to [`crate::commit`] as one snapshot.
+//! the deletes of the rows they replace) are handed to [`floe_iceberg::commit`] as one snapshot.
 //!
 //! - `table`: loads or creates the target table, evolves its schema, streams rows into
 //!   files and commits them as one snapshot that carries the Kafka offsets.
@@ -12,6 +12,7 @@
 //!   can be written.
 //! - `writer`: Parquet data files written in one go (compaction), one partition at a time.
 
+mod maintenance;
 pub mod partition;
 pub mod stream;
 mod table;
@@ -22,6 +23,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub use maintenance::{MIN_ORPHAN_AGE, MaintenanceConfig};
 pub use table::{CommitOutcome, TableSink};
 
 /// The placeholder in `table` that names a table after each topic.
@@ -78,7 +80,7 @@ pub struct SinkConfig {
     /// entries, and the Bloom filters and block fences of the entries on disk.
     #[serde(
         default = "default_index_memory",
-        deserialize_with = "crate::config::size::deserialize"
+        deserialize_with = "crate::settings::size::deserialize"
     )]
     pub index_memory: u64,
     /// Upsert mode: where each table's key index is kept
@@ -91,7 +93,7 @@ pub struct SinkConfig {
     /// (default 60s, at least 1s): a table gets one snapshot per interval.
     #[serde(
         default = "default_commit_interval",
-        deserialize_with = "crate::config::duration::deserialize"
+        deserialize_with = "crate::settings::duration::deserialize"
     )]
     pub commit_interval: Duration,
     /// Commit before the interval is up once this much data (records as read: values
@@ -100,12 +102,15 @@ pub struct SinkConfig {
     /// reading until a commit lands.
     #[serde(
         default = "default_max_uncommitted_bytes",
-        deserialize_with = "crate::config::size::deserialize"
+        deserialize_with = "crate::settings::size::deserialize"
     )]
     pub max_uncommitted_bytes: u64,
     /// No longer used: rows stream into files and commits follow `commit_interval` (and
     /// `max_uncommitted_bytes`). Accepted with a warning so older configs still load.
-    #[serde(default, deserialize_with = "crate::config::size::deserialize_option")]
+    #[serde(
+        default,
+        deserialize_with = "crate::settings::size::deserialize_option"
+    )]
     pub flush_bytes: Option<u64>,
     /// No longer used (see `flush_bytes`).
     #[serde(default)]
@@ -113,14 +118,14 @@ pub struct SinkConfig {
     /// Roll to a new Parquet file past this size (default 512MiB).
     #[serde(
         default = "default_target_file_size",
-        deserialize_with = "crate::config::size::deserialize"
+        deserialize_with = "crate::settings::size::deserialize"
     )]
     pub target_file_size: u64,
     /// A Parquet row group is flushed to storage past this size (default 32MiB): what an
     /// open file holds in memory.
     #[serde(
         default = "default_row_group_bytes",
-        deserialize_with = "crate::config::size::deserialize"
+        deserialize_with = "crate::settings::size::deserialize"
     )]
     pub row_group_bytes: u64,
     /// Data files open at once per table (one per partition written to; default 8).
@@ -139,7 +144,7 @@ pub struct SinkConfig {
     /// Table maintenance run by the agent (compaction, snapshot expiry, cleanup); off
     /// when absent.
     #[serde(default)]
-    pub maintenance: Option<crate::maintain::MaintenanceConfig>,
+    pub maintenance: Option<MaintenanceConfig>,
 }
 
 /// Write mode.
@@ -314,7 +319,7 @@ pub enum SinkError {
     Fenced(String),
     /// Stored offsets could not be read.
     #[error(transparent)]
-    Offsets(#[from] crate::commit::OffsetsError),
+    Offsets(#[from] floe_iceberg::OffsetsError),
     /// The records could not be turned into Arrow batches.
     #[error(transparent)]
     Batch(#[from] crate::batch::BatchError),
@@ -336,7 +341,7 @@ pub enum SinkError {
     Upsert(#[from] upsert::UpsertError),
     /// A snapshot commit failed (after retries where they could help).
     #[error(transparent)]
-    Commit(Box<crate::commit::CommitFailure>),
+    Commit(Box<floe_iceberg::CommitFailure>),
     /// Other writers kept changing the table under a commit: try again later.
     #[error("{0}")]
     Contended(String),
@@ -353,7 +358,7 @@ impl SinkError {
             SinkError::Iceberg { source, .. } => is_missing_file(source),
             SinkError::Upsert(upsert::UpsertError::Iceberg(e)) => is_missing_file(e),
             SinkError::Commit(failure) => match failure.as_ref() {
-                crate::commit::CommitFailure::Iceberg { source, .. } => is_missing_file(source),
+                floe_iceberg::CommitFailure::Iceberg { source, .. } => is_missing_file(source),
                 _ => false,
             },
             _ => false,
@@ -370,7 +375,7 @@ impl crate::error::Classify for SinkError {
         }
         match self {
             SinkError::Iceberg { source, .. } => crate::error::iceberg_class(source),
-            SinkError::Commit(failure) => failure.class(),
+            SinkError::Commit(failure) => failure.class().into(),
             SinkError::Upsert(upsert::UpsertError::Iceberg(e)) => crate::error::iceberg_class(e),
             SinkError::Upsert(upsert::UpsertError::Parquet(_)) => Transient,
             SinkError::Fenced(_) | SinkError::Contended(_) => Transient,

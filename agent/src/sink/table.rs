@@ -25,11 +25,13 @@ use super::upsert::{
 };
 use super::{Mode, SinkConfig, SinkError, partition};
 use crate::batch::{self, Buffered};
-use crate::catalog::CatalogHandle;
-use crate::commit::{self, CommitFailure, CommitOptions, Committed, Fence, StagedSnapshot};
-use crate::commit::{COMMIT_KEY, OffsetMap, PIPELINE_KEY, WRITER_KEY};
 use crate::record::PartitionMap;
 use crate::schema::SchemaTracker;
+use floe_iceberg::CatalogHandle;
+use floe_iceberg::{
+    self as commit, CommitFailure, CommitOptions, Committed, Fence, StagedSnapshot,
+};
+use floe_iceberg::{COMMIT_KEY, OffsetMap, PIPELINE_KEY, WRITER_KEY};
 
 /// Times a commit whose deletes went stale (other writers keep committing) is redone
 /// before it is given up on (a transient failure: the committer retries the seal).
@@ -205,7 +207,7 @@ impl TableSink {
     pub async fn reload(&mut self) -> Result<(), SinkError> {
         self.table = match self.catalog.catalog.load_table(&self.ident).await {
             Ok(t) => Some(t),
-            Err(e) if crate::catalog::is_not_found(&e) => None,
+            Err(e) if floe_iceberg::is_not_found(&e) => None,
             Err(e) => return Err(self.err("load table", e)),
         };
         if self.table.is_none()
@@ -563,7 +565,7 @@ impl TableSink {
             .await
         {
             Ok(table) => table,
-            Err(e) if crate::catalog::is_already_exists(&e) => {
+            Err(e) if floe_iceberg::is_already_exists(&e) => {
                 // Another agent created it at the same moment. Its schema (field ids) may
                 // differ from the one our buffered rows were built for: load it and have
                 // the pipeline re-read from the offsets it stores.

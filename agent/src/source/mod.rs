@@ -52,7 +52,7 @@ pub struct SourceConfig {
     #[serde(default)]
     /// Values may hold secrets (`sasl.jaas.config`, `ssl.key.password`): `Debug`
     /// shows the property names only.
-    pub properties: crate::config::Redacted<BTreeMap<String, String>>,
+    pub properties: crate::settings::Redacted<BTreeMap<String, String>>,
 }
 
 /// Start position for partitions the table has no offsets for.
@@ -107,7 +107,7 @@ pub struct SaslConfig {
     pub region: Option<String>,
     /// AWS_MSK_IAM: how the agent finds its AWS identity (profile, role to assume).
     #[serde(default)]
-    pub aws: crate::catalog::aws::AwsSettings,
+    pub aws: floe_iceberg::aws::AwsSettings,
 }
 
 impl std::fmt::Debug for SaslConfig {

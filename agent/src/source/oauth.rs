@@ -19,7 +19,7 @@ use base64::Engine as _;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use rdkafka::client::OAuthToken;
 
-use crate::catalog::aws::{AwsCredentials, AwsSettings};
+use floe_iceberg::aws::{AwsCredentials, AwsSettings};
 
 /// How long an MSK IAM token is valid (what AWS's own signers use).
 const MSK_TOKEN_LIFE: Duration = Duration::from_secs(900);

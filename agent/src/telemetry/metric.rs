@@ -72,7 +72,7 @@ pub const FENCES: &str = "floe_fences_total";
 /// `floe_rebalances_total{pipeline,kind}`.
 pub const REBALANCES: &str = "floe_rebalances_total";
 /// `floe_commit_retries_total{pipeline}`.
-pub const COMMIT_RETRIES: &str = "floe_commit_retries_total";
+pub const COMMIT_RETRIES: &str = floe_iceberg::COMMIT_RETRIES;
 /// `floe_transient_retries_total{pipeline,stage}`.
 pub const TRANSIENT_RETRIES: &str = "floe_transient_retries_total";
 /// `floe_offset_gap_records_total{pipeline}`.

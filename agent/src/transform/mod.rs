@@ -54,7 +54,7 @@ pub struct TransformConfig {
     /// them into its config type).
     #[serde(default = "empty_table", rename = "with")]
     /// May hold credentials: `Debug` shows its keys only.
-    pub with: crate::config::Redacted<toml::Value>,
+    pub with: crate::settings::Redacted<toml::Value>,
     /// Resource limits.
     #[serde(default)]
     pub limits: Limits,
@@ -70,8 +70,8 @@ pub struct TransformConfig {
     pub allow_random: bool,
 }
 
-fn empty_table() -> crate::config::Redacted<toml::Value> {
-    crate::config::Redacted(toml::Value::Table(toml::Table::new()))
+fn empty_table() -> crate::settings::Redacted<toml::Value> {
+    crate::settings::Redacted(toml::Value::Table(toml::Table::new()))
 }
 
 impl TransformConfig {
@@ -106,14 +106,14 @@ pub struct Limits {
     /// Linear memory a plugin instance may grow to (default 64MiB).
     #[serde(
         default = "default_memory",
-        deserialize_with = "crate::config::size::deserialize"
+        deserialize_with = "crate::settings::size::deserialize"
     )]
     pub memory: u64,
     /// Wall-clock time one call may take (default 5s); also how long shutdown waits
     /// for a plugin at most.
     #[serde(
         default = "default_timeout",
-        deserialize_with = "crate::config::duration::deserialize"
+        deserialize_with = "crate::settings::duration::deserialize"
     )]
     pub timeout: Duration,
     /// Records per call (default 1024).
@@ -122,7 +122,7 @@ pub struct Limits {
     /// Bytes of record values per call (default 4MiB).
     #[serde(
         default = "default_batch_bytes",
-        deserialize_with = "crate::config::size::deserialize"
+        deserialize_with = "crate::settings::size::deserialize"
     )]
     pub batch_bytes: u64,
     /// Records one call may output (default 100000).
@@ -131,7 +131,7 @@ pub struct Limits {
     /// Bytes of answers one call may return (default 32MiB).
     #[serde(
         default = "default_max_output_bytes",
-        deserialize_with = "crate::config::size::deserialize"
+        deserialize_with = "crate::settings::size::deserialize"
     )]
     pub max_output_bytes: u64,
 }

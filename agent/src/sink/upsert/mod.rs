@@ -8,15 +8,13 @@
 //!   one **position-delete file** per partition per commit (format v2), or one
 //!   **deletion vector** per data file, all in one Puffin file per commit (format v3),
 //!   found through the [`KeyIndex`];
-//! - both go into one snapshot (operation `overwrite`) through [`super::commit`], which
+//! - both go into one snapshot (operation `overwrite`) through [`floe_iceberg::commit`], which
 //!   requires the exact parent the deletes were computed against: if another writer
 //!   changed the table's data meanwhile, the index is rebuilt and the deletes recomputed.
 //!
 //! Read cost: every delete file of the table is read by every scan until compaction
 //! rewrites the data files; busy upsert tables need regular compaction (see docs/upsert.md).
 
-mod deletes;
-pub mod dv;
 mod index;
 
 use std::collections::HashMap;
@@ -26,8 +24,9 @@ use foldhash::fast::RandomState;
 use iceberg::spec::{FormatVersion, NestedField, PrimitiveType, Schema, TableMetadata, Type};
 
 pub use crate::record::key::{KeyHash, KeySpec, MESSAGE_KEY};
-pub use deletes::write_position_deletes;
-pub use index::{FileInfo, IndexSettings, KeyIndex, RebuildStats, read_position_deletes};
+pub use index::{FileInfo, IndexSettings, KeyIndex, RebuildStats};
+
+use floe_iceberg::{dv, write_position_deletes};
 
 /// Name of the operation column of upsert tables (`insert` or `update`).
 pub const OP_COLUMN: &str = "_op";
@@ -74,6 +73,18 @@ impl UpsertError {
         UpsertError::Dir {
             dir: dir.display().to_string(),
             source,
+        }
+    }
+}
+
+impl From<floe_iceberg::Error> for UpsertError {
+    fn from(e: floe_iceberg::Error) -> UpsertError {
+        match e {
+            floe_iceberg::Error::Iceberg(e) => UpsertError::Iceberg(e),
+            floe_iceberg::Error::Parquet(e) => UpsertError::Parquet(e),
+            floe_iceberg::Error::Arrow(e) => UpsertError::Arrow(e),
+            floe_iceberg::Error::Unsupported(m) => UpsertError::Unsupported(m),
+            other => UpsertError::Unsupported(other.to_string()),
         }
     }
 }
@@ -148,7 +159,7 @@ pub struct CommitDeletes {
     /// New delete files with their partition spec ids.
     pub files: Vec<(i32, iceberg::spec::DataFile)>,
     /// Format v3: the deletion vectors the new ones replace (removed by the commit).
-    pub replaced: Vec<crate::commit::manifests::FileKey>,
+    pub replaced: Vec<floe_iceberg::manifests::FileKey>,
     /// Format v3: per data file path, its new deletion vector.
     pub vectors: Vec<(Arc<str>, iceberg::spec::DataFile)>,
 }
@@ -176,8 +187,7 @@ pub async fn write_deletes(
             let mut all: roaring::RoaringTreemap = t.positions.iter().copied().collect();
             if let Some(old) = &t.dv {
                 all |= dv::read(table, old).await?;
-                out.replaced
-                    .push(crate::commit::manifests::FileKey::of(old));
+                out.replaced.push(floe_iceberg::manifests::FileKey::of(old));
             }
             vectors.push(dv::Target {
                 data_file: t.path.to_string(),

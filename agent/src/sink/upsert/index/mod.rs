@@ -36,8 +36,8 @@ use iceberg::table::Table;
 use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
 
 use super::UpsertError;
-use crate::commit::manifests;
 use crate::record::key::{KeyHash, KeySpec};
+use floe_iceberg::{dv, manifests, read_position_deletes};
 use store::{KeyStore, Manifest};
 
 /// Rows per batch when reading key columns.
@@ -350,7 +350,7 @@ impl KeyIndex {
                             live.path()
                         ))
                     })?;
-                    let positions = super::dv::read(table, file).await?;
+                    let positions = dv::read(table, file).await?;
                     deleted
                         .entry(target.clone())
                         .or_default()
@@ -631,7 +631,7 @@ impl KeyIndex {
                     let Some(target) = file.referenced_data_file() else {
                         return Ok(false);
                     };
-                    let positions = super::dv::read(table, file).await?;
+                    let positions = dv::read(table, file).await?;
                     deleted.entry(target).or_default().extend(positions.iter());
                 } else {
                     read_position_deletes(table, file.file_path(), &mut deleted).await?;
@@ -823,45 +823,6 @@ async fn scan_keys(
                 f(pos, key)?;
             }
             pos += 1;
-        }
-    }
-    Ok(())
-}
-
-/// Adds the (file, position) pairs of a position-delete file to `deleted`.
-pub async fn read_position_deletes(
-    table: &Table,
-    path: &str,
-    deleted: &mut HashMap<String, Vec<u64>, RandomState>,
-) -> Result<(), UpsertError> {
-    use arrow_array::cast::AsArray;
-    use arrow_array::types::Int64Type;
-
-    let input = table.file_io().new_input(path)?;
-    let meta = input.metadata().await?;
-    let reader = iceberg::arrow::ArrowFileReader::new(meta, input.reader().await?);
-    let mut stream = ParquetRecordBatchStreamBuilder::new(reader)
-        .await?
-        .with_batch_size(KEY_BATCH_ROWS)
-        .build()?;
-    while let Some(batch) = stream.next().await {
-        let batch = batch?;
-        let (Some(files), Some(positions)) = (
-            batch.column_by_name("file_path"),
-            batch.column_by_name("pos"),
-        ) else {
-            return Err(UpsertError::Unsupported(format!(
-                "position-delete file {path} lacks file_path/pos"
-            )));
-        };
-        let files = arrow_cast::cast(files, &arrow_schema::DataType::Utf8)?;
-        let files = files.as_string::<i32>();
-        let positions = positions.as_primitive::<Int64Type>();
-        for row in 0..batch.num_rows() {
-            deleted
-                .entry(files.value(row).to_string())
-                .or_default()
-                .push(positions.value(row) as u64);
         }
     }
     Ok(())

@@ -18,16 +18,27 @@ use iceberg::TableUpdate;
 use iceberg::spec::{MAIN_BRANCH, SnapshotRef, TableMetadata};
 use iceberg::table::Table;
 
-use super::{MaintainError, MaintenanceConfig};
-use crate::catalog::CatalogHandle;
-use crate::commit::manifests;
-use crate::commit::{DELETE_AFTER_COMMIT, OffsetMap, OffsetsSource, StoredOffsets, commit_updates};
+use crate::Error;
+use crate::commit_updates;
+use crate::manifests;
+use crate::{CatalogHandle, DELETE_AFTER_COMMIT, OffsetMap, OffsetsSource, StoredOffsets};
+
+/// What snapshot expiry and metadata trimming keep.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpireOptions {
+    /// Snapshots of `main` always kept, newest first.
+    pub keep_snapshots: usize,
+    /// Snapshots newer than this are kept too (zero: only `keep_snapshots`).
+    pub max_snapshot_age: std::time::Duration,
+    /// Entries kept in the metadata log; older metadata files are deleted.
+    pub keep_metadata_files: usize,
+}
 
 /// Table property: entries kept in the metadata log.
 const PREVIOUS_VERSIONS_MAX: &str = "write.metadata.previous-versions-max";
 
 /// The snapshot ids to remove from `metadata`.
-fn to_expire(metadata: &TableMetadata, config: &MaintenanceConfig, now_ms: i64) -> Vec<i64> {
+fn to_expire(metadata: &TableMetadata, config: &ExpireOptions, now_ms: i64) -> Vec<i64> {
     let mut keep: HashSet<i64> = HashSet::new();
     let mut current = metadata.current_snapshot();
     let mut n = 0;
@@ -67,6 +78,8 @@ fn to_expire(metadata: &TableMetadata, config: &MaintenanceConfig, now_ms: i64) 
     out
 }
 
+// upstream: public snapshot refs (iceberg-rust 0.10 keeps TableMetadata::refs private;
+// delete when it is public)
 /// Every branch and tag: (name, snapshot id, whether a branch). iceberg-rust keeps the
 /// refs private; they are read from the metadata's JSON form.
 fn refs(metadata: &TableMetadata) -> Vec<(String, i64, bool)> {
@@ -113,13 +126,15 @@ fn offsets_properties(metadata: &TableMetadata) -> Result<HashMap<String, String
     Ok(out)
 }
 
+// upstream: expire_snapshots with file deletion (iceberg-rust 0.10 has RemoveSnapshots
+// but no ExpireSnapshots action that deletes unreachable files; delete when it has)
 /// Expires snapshots of `table` and deletes the files only they referenced.
 pub async fn expire(
     catalog: &CatalogHandle,
     table: Table,
-    config: &MaintenanceConfig,
+    config: &ExpireOptions,
     dry_run: bool,
-) -> Result<String, MaintainError> {
+) -> Result<String, Error> {
     let now = chrono::Utc::now().timestamp_millis();
     let before = table.metadata().snapshots().count();
     let planned = to_expire(table.metadata(), config, now);
@@ -143,12 +158,11 @@ pub async fn expire(
             if ids.is_empty() {
                 return Ok(None);
             }
-            let props = offsets_properties(metadata).map_err(|e| {
-                crate::commit::CommitFailure::Iceberg {
+            let props =
+                offsets_properties(metadata).map_err(|e| crate::CommitFailure::Iceberg {
                     table: base.identifier().to_string(),
                     source: Box::new(iceberg::Error::new(iceberg::ErrorKind::DataInvalid, e)),
-                }
-            })?;
+                })?;
             let mut updates = Vec::new();
             if !props.is_empty() {
                 updates.push(TableUpdate::SetProperties { updates: props });
@@ -192,7 +206,7 @@ async fn delete_unreachable(
     old: &Table,
     new: &Table,
     removed: &[SnapshotRef],
-) -> Result<(usize, usize, usize), MaintainError> {
+) -> Result<(usize, usize, usize), Error> {
     let mut kept_lists = HashSet::new();
     let mut kept_manifests = HashSet::new();
     let mut kept_files = HashSet::new();
@@ -270,9 +284,9 @@ async fn delete_unreachable(
 pub async fn trim_metadata(
     catalog: &CatalogHandle,
     table: Table,
-    config: &MaintenanceConfig,
+    config: &ExpireOptions,
     dry_run: bool,
-) -> Result<String, MaintainError> {
+) -> Result<String, Error> {
     let keep = config.keep_metadata_files.to_string();
     let wanted = HashMap::from([
         (PREVIOUS_VERSIONS_MAX.to_string(), keep),
@@ -314,7 +328,7 @@ pub async fn trim_metadata(
     }
     let log = table.metadata().metadata_log();
     msg.push(format!("metadata log holds {} entries", log.len()));
-    match super::orphans::local_dir(table.metadata().location()) {
+    match crate::orphans::local_dir(table.metadata().location()) {
         Some(dir) => {
             let deleted = sweep_old_metadata(&table, &dir.join("metadata"), dry_run).await?;
             msg.push(format!(
@@ -333,7 +347,7 @@ async fn sweep_old_metadata(
     table: &Table,
     dir: &std::path::Path,
     dry_run: bool,
-) -> Result<usize, MaintainError> {
+) -> Result<usize, Error> {
     let current = table.metadata_location().unwrap_or_default().to_string();
     let mut versions: Vec<u64> = table
         .metadata()
@@ -369,8 +383,8 @@ async fn sweep_old_metadata(
         Ok(n)
     })
     .await
-    .map_err(|e| MaintainError::Other(e.to_string()))?
-    .map_err(|e| MaintainError::Other(format!("sweeping old metadata files: {e}")))?;
+    .map_err(|e| Error::Other(e.to_string()))?
+    .map_err(|e| Error::Other(format!("sweeping old metadata files: {e}")))?;
     Ok(deleted)
 }
 
@@ -393,8 +407,7 @@ mod tests {
     use iceberg::{NamespaceIdent, TableCreation, TableIdent, TableRequirement};
 
     use super::*;
-    use crate::catalog::{CatalogConfig, open_catalog};
-    use crate::commit::{CommitBackend, CommitError, StagedSnapshot};
+    use crate::{CatalogConfig, CommitBackend, CommitError, StagedSnapshot, open_catalog};
 
     /// Applies the first commit but answers it as lost (a 5xx after the catalog wrote it).
     #[derive(Debug)]
@@ -473,10 +486,10 @@ mod tests {
             inner: handle.committer.clone(),
             calls: AtomicU32::new(0),
         });
-        let config = MaintenanceConfig {
+        let config = ExpireOptions {
             keep_snapshots: 1,
             max_snapshot_age: std::time::Duration::ZERO,
-            ..MaintenanceConfig::default()
+            keep_metadata_files: 10,
         };
         let table = handle.catalog.load_table(&ident).await.unwrap();
         let report = expire(&handle, table, &config, false).await.unwrap();

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use crate::config::Redacted;
-pub use crate::config::Secret;
+use crate::redact::Redacted;
+pub use crate::redact::Secret;
 
 /// Whether the catalog hands out storage credentials for each table.
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]

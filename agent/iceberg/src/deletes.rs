@@ -1,5 +1,7 @@
 //! Position-delete files: Parquet files of `(file_path, pos)` rows, sorted, as the Iceberg
-//! spec defines them (iceberg-rust 0.10 has no writer for them).
+//! spec defines them.
+// upstream: position-delete writer (iceberg-rust 0.10 has no writer for position-delete
+// files, and its readers are not public; delete when it has both)
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -7,13 +9,15 @@ use std::sync::Arc;
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
 use bytes::Bytes;
+use foldhash::fast::RandomState;
 use iceberg::spec::{DataContentType, DataFile, DataFileBuilder, DataFileFormat, Datum, Struct};
 use iceberg::table::Table;
 use parquet::arrow::ArrowWriter;
+use parquet::arrow::ParquetRecordBatchStreamBuilder;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 
-use super::UpsertError;
+use crate::Error;
 
 /// Reserved field id of `file_path` in position-delete files (Iceberg spec).
 const FILE_PATH_ID: i32 = 2_147_483_546;
@@ -29,7 +33,7 @@ pub async fn write_position_deletes(
     spec_id: i32,
     partition: Struct,
     mut rows: Vec<(String, u64)>,
-) -> Result<DataFile, UpsertError> {
+) -> Result<DataFile, Error> {
     rows.sort_unstable();
     rows.dedup();
     let field = |name: &str, t: DataType, id: i32| {
@@ -80,5 +84,46 @@ pub async fn write_position_deletes(
     }
     builder
         .build()
-        .map_err(|e| UpsertError::Unsupported(format!("position-delete file metadata: {e}")))
+        .map_err(|e| Error::Unsupported(format!("position-delete file metadata: {e}")))
+}
+
+/// Adds the (file, position) pairs of a position-delete file to `deleted`, reading it a
+/// batch at a time.
+pub async fn read_position_deletes(
+    table: &Table,
+    path: &str,
+    deleted: &mut HashMap<String, Vec<u64>, RandomState>,
+) -> Result<(), Error> {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::Int64Type;
+    use futures::StreamExt;
+
+    let input = table.file_io().new_input(path)?;
+    let meta = input.metadata().await?;
+    let reader = iceberg::arrow::ArrowFileReader::new(meta, input.reader().await?);
+    let mut stream = ParquetRecordBatchStreamBuilder::new(reader)
+        .await?
+        .with_batch_size(64 * 1024)
+        .build()?;
+    while let Some(batch) = stream.next().await {
+        let batch = batch?;
+        let (Some(files), Some(positions)) = (
+            batch.column_by_name("file_path"),
+            batch.column_by_name("pos"),
+        ) else {
+            return Err(Error::Unsupported(format!(
+                "position-delete file {path} lacks file_path/pos"
+            )));
+        };
+        let files = arrow_cast::cast(files, &arrow_schema::DataType::Utf8)?;
+        let files = files.as_string::<i32>();
+        let positions = positions.as_primitive::<Int64Type>();
+        for row in 0..batch.num_rows() {
+            deleted
+                .entry(files.value(row).to_string())
+                .or_default()
+                .push(positions.value(row) as u64);
+        }
+    }
+    Ok(())
 }

@@ -84,6 +84,8 @@ pub struct ListedFile {
     pub modified: Option<SystemTime>,
 }
 
+// upstream: FileIO listing (iceberg-rust 0.10 FileIO cannot list a prefix; delete when
+// it can, with the table's own credentials)
 /// An object store opened at a table location.
 pub struct ObjectStore {
     op: Operator,

@@ -9,7 +9,7 @@
 //! hour) out of reach; the config refuses less than an hour.
 //!
 //! Local (`file://`) warehouses are walked on the file system; S3 warehouses are listed
-//! through [`crate::catalog::object_store`] with the table's own storage settings and
+//! through [`floe_iceberg::object_store`] with the table's own storage settings and
 //! credentials.
 
 use std::collections::HashSet;
@@ -18,9 +18,9 @@ use std::time::{Duration, SystemTime};
 
 use iceberg::table::Table;
 
-use super::MaintainError;
-use crate::catalog::object_store::ObjectStore;
-use crate::commit::manifests;
+use crate::Error;
+use crate::manifests;
+use crate::object_store::ObjectStore;
 
 /// The local directory of a `file://` (or plain path) location, `None` for object stores.
 pub fn local_dir(location: &str) -> Option<PathBuf> {
@@ -38,11 +38,7 @@ fn normalize(path: &str) -> String {
 }
 
 /// Deletes unreferenced files older than `age` under `table`'s location.
-pub async fn remove_orphans(
-    table: &Table,
-    age: Duration,
-    dry_run: bool,
-) -> Result<String, MaintainError> {
+pub async fn remove_orphans(table: &Table, age: Duration, dry_run: bool) -> Result<String, Error> {
     let location = table.metadata().location();
     let cutoff = SystemTime::now()
         .checked_sub(age)
@@ -52,13 +48,13 @@ pub async fn remove_orphans(
         remove_local(root, referenced, cutoff, dry_run).await?
     } else {
         let props = table.file_io().config().props();
-        let Some(store) = ObjectStore::open(location, props).map_err(MaintainError::Other)? else {
+        let Some(store) = ObjectStore::open(location, props).map_err(Error::Other)? else {
             return Ok(format!(
                 "skipped: listing files is not supported for {location}"
             ));
         };
         // Listed first: a file written after the listing is never a candidate.
-        let listed = store.list().await.map_err(MaintainError::Other)?;
+        let listed = store.list().await.map_err(Error::Other)?;
         let referenced = referenced(table).await?;
         let mut deleted = 0;
         let mut bytes = 0;
@@ -66,10 +62,7 @@ pub async fn remove_orphans(
             let old = f.modified.is_some_and(|m| m < cutoff);
             if old && !referenced.contains(&f.location) {
                 if !dry_run {
-                    store
-                        .delete(&f.location)
-                        .await
-                        .map_err(MaintainError::Other)?;
+                    store.delete(&f.location).await.map_err(Error::Other)?;
                 }
                 deleted += 1;
                 bytes += f.size;
@@ -81,7 +74,7 @@ pub async fn remove_orphans(
         "{} {deleted} unreferenced files older than {} ({}) of {found}",
         if dry_run { "would delete" } else { "deleted" },
         humantime::format_duration(age),
-        super::size(bytes)
+        bytesize::ByteSize::b(bytes).display().iec()
     ))
 }
 
@@ -91,7 +84,7 @@ async fn remove_local(
     referenced: HashSet<String>,
     cutoff: SystemTime,
     dry_run: bool,
-) -> Result<(usize, usize, u64), MaintainError> {
+) -> Result<(usize, usize, u64), Error> {
     tokio::task::spawn_blocking(move || {
         let mut found = 0usize;
         let mut orphans = Vec::new();
@@ -113,12 +106,12 @@ async fn remove_local(
         Ok::<_, std::io::Error>((found, orphans.len(), bytes))
     })
     .await
-    .map_err(|e| MaintainError::Other(e.to_string()))?
-    .map_err(|e| MaintainError::Other(format!("listing the table's files: {e}")))
+    .map_err(|e| Error::Other(e.to_string()))?
+    .map_err(|e| Error::Other(format!("listing the table's files: {e}")))
 }
 
 /// Every file the table's metadata references (local paths for local tables).
-async fn referenced(table: &Table) -> Result<HashSet<String>, MaintainError> {
+async fn referenced(table: &Table) -> Result<HashSet<String>, Error> {
     let metadata = table.metadata();
     let mut out = HashSet::new();
     if let Some(current) = table.metadata_location() {

@@ -22,12 +22,17 @@
 //! expiry, by Floe or by another engine. The consumer group's offsets are written only
 //! after the Iceberg commit and are never read back.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use iceberg::spec::TableMetadata;
 
-use crate::record::PartitionMap;
+/// A topic-partition.
+pub type TopicPartition = (Arc<str>, i32);
+
+/// A map keyed by topic-partition. Looked up for every record, so it uses a fast
+/// (non-DoS-resistant) hasher; the keys come from the broker, not from message data.
+pub type PartitionMap<V> = HashMap<TopicPartition, V, foldhash::fast::RandomState>;
 
 /// Summary key holding the offsets JSON.
 pub const OFFSETS_KEY: &str = "floe.offsets";

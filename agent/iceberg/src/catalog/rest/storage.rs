@@ -28,6 +28,8 @@ const SESSION_TOKEN: &str = "s3.session-token";
 const EXPIRES_AT_MS: &str = "s3.session-token-expires-at-ms";
 
 /// Builds the FileIO of a table from what load-table returned.
+// upstream: vended storage credentials use (iceberg-rust 0.10 takes a table's vended
+// credentials once and never renews them; delete when its FileIO refreshes them)
 pub(crate) fn table_file_io(
     session: &RestSession,
     s3: &S3Settings,

@@ -6,9 +6,10 @@ use std::sync::Arc;
 use iceberg::table::Table;
 use iceberg::{Catalog, NamespaceIdent, TableIdent};
 
-use super::rest::{RestCatalog, RestCatalogConfig, RestSession};
-use super::{CatalogConfig, is_not_found, open_catalog};
-use crate::config::redact_url;
+use floe_iceberg::redact::redact_url;
+use floe_iceberg::rest::{RestCatalog, RestCatalogConfig, RestSession};
+use floe_iceberg::{CatalogConfig, is_not_found, open_catalog};
+
 use crate::probe::{Outcome, Steps};
 
 /// What the pipeline needs of the catalog.

@@ -37,7 +37,8 @@ use iceberg::{Catalog, TableIdent, TableUpdate};
 pub use backend::{CommitBackend, CommitError, DELETE_AFTER_COMMIT, RestBackend, SqlBackend};
 pub use offsets::{
     COMMIT_KEY, GAP_KEY, OFFSETS_KEY, OFFSETS_PROPERTY_PREFIX, OffsetMap, OffsetsError,
-    OffsetsSource, PIPELINE_KEY, RESET_KEY, StoredOffsets, WRITER_KEY,
+    OffsetsSource, PIPELINE_KEY, PartitionMap, RESET_KEY, StoredOffsets, TopicPartition,
+    WRITER_KEY,
 };
 pub use rewrite::{
     MAINTENANCE_KEY, Rewrite, RewriteOutcome, RewritePlan, commit_rewrite, commit_updates,
@@ -54,7 +55,7 @@ pub struct Fence {
     pub pipeline: String,
     /// Per partition the commit covers: the offset its records start from (`None`: the
     /// table stores nothing for it yet). Other partitions are not checked.
-    pub expected: crate::record::PartitionMap<Option<i64>>,
+    pub expected: crate::PartitionMap<Option<i64>>,
 }
 
 /// Why [`commit`] returned without committing.
@@ -97,8 +98,9 @@ pub enum CommitFailure {
     },
 }
 
-impl crate::error::Classify for CommitFailure {
-    fn class(&self) -> crate::error::ErrorClass {
+impl CommitFailure {
+    /// Whether retrying the commit (after reloading the table) can help.
+    pub fn class(&self) -> crate::error::ErrorClass {
         use crate::error::ErrorClass::*;
         match self {
             CommitFailure::Fenced { .. }
@@ -142,6 +144,9 @@ pub struct Committed {
     pub snapshot_id: i64,
 }
 
+// upstream: row-delta commits (iceberg-rust 0.10 has no RowDelta/overwrite action that
+// adds data and delete files in one snapshot, and no fence precondition on it; delete
+// when it has both)
 /// Commits `staged` on top of `base` (see the module docs).
 pub async fn commit(
     catalog: &dyn Catalog,
@@ -214,7 +219,7 @@ pub async fn commit(
         }
         tracing::warn!(table = %ident, attempt, %error, "commit did not land; reloading the table");
         if let Some(p) = options.properties.get(crate::commit::PIPELINE_KEY) {
-            crate::telemetry::commit_retry(p);
+            metrics::counter!(crate::COMMIT_RETRIES, "pipeline" => p.to_string()).increment(1);
         }
         tokio::time::sleep(backoff(attempt)).await;
         base = reload(catalog, &ident).await?;

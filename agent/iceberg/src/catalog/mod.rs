@@ -6,7 +6,7 @@
 //! - `aws`: the agent's own AWS identity (aws-config's default chain, assume role).
 //! - `object_store`: listing and deleting a table's files on S3 (orphan cleanup).
 //! - [`CatalogHandle`]: what the other stages use: the `iceberg::Catalog` for loads and
-//!   creation, and the commit backend of [`crate::commit`].
+//!   creation, and the commit backend of [`crate::commit()`].
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -20,14 +20,13 @@ use serde::Deserialize;
 
 pub mod aws;
 pub mod object_store;
-pub mod probe;
 pub mod rest;
 mod timed;
 
 pub use timed::{CALL_TIMEOUT, Timed};
 
 use crate::commit::{CommitBackend, RestBackend, SqlBackend};
-use crate::config::redact_url;
+use crate::redact::redact_url;
 use rest::{RestCatalog, RestCatalogConfig, RestSession, S3Settings};
 
 /// Why a catalog could not be opened.
@@ -61,13 +60,24 @@ pub enum CatalogError {
     },
 }
 
+impl CatalogError {
+    /// Whether opening the catalog again later can succeed.
+    pub fn class(&self) -> crate::ErrorClass {
+        match self {
+            CatalogError::Unreachable { source, .. } => crate::error::iceberg_class(source),
+            CatalogError::Rest { source, .. } => source.class(),
+            CatalogError::Local { .. } => crate::ErrorClass::Fatal,
+        }
+    }
+}
+
 /// An open catalog: the `Catalog` for reads and table creation, the backend our commit
 /// layer uses for snapshot commits and, for a REST catalog, its session.
 #[derive(Debug, Clone)]
 pub struct CatalogHandle {
     /// Loads, lists and creates tables.
     pub catalog: Arc<dyn Catalog>,
-    /// Applies commits (see [`crate::commit`]).
+    /// Applies commits (see [`crate::commit()`]).
     pub committer: Arc<dyn CommitBackend>,
     /// The REST session, for `type = "rest"` (token checks in `floe check`).
     pub rest: Option<RestSession>,
@@ -367,6 +377,9 @@ impl Warehouse {
     }
 }
 
+// upstream: SQL catalog error kinds (iceberg-catalog-sql 0.10 reports a missing table
+// and a lost creation race as Unexpected errors; delete when it uses TableNotFound
+// and TableAlreadyExists)
 /// Whether a catalog error says the table (or its namespace) does not exist. The SQL
 /// catalog reports a missing table as an unexpected error with this message; that
 /// string is matched here, once, for every caller.

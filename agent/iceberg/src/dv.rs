@@ -20,7 +20,7 @@ use iceberg::spec::{DataContentType, DataFile, DataFileBuilder, DataFileFormat, 
 use iceberg::table::Table;
 use roaring::RoaringTreemap;
 
-use super::UpsertError;
+use crate::Error;
 
 /// The magic bytes that start a deletion vector.
 const MAGIC: [u8; 4] = [0xD1, 0xD3, 0x39, 0x64];
@@ -29,6 +29,8 @@ const ROW_POSITION_ID: i32 = 2_147_483_645;
 /// Length of the Puffin file's leading magic: the first blob starts there.
 const PUFFIN_HEADER: u64 = 4;
 
+// upstream: deletion-vector writer and reader (iceberg-rust 0.10 has the Puffin writer but
+// no deletion-vector blob codec or DV file writer; delete when it has them)
 /// Serializes `positions` as a `deletion-vector-v1` blob.
 pub fn serialize(positions: &RoaringTreemap) -> Vec<u8> {
     let mut body = Vec::with_capacity(MAGIC.len() + positions.serialized_size());
@@ -71,9 +73,9 @@ pub fn deserialize(blob: &[u8]) -> Result<RoaringTreemap, String> {
 }
 
 /// The row positions deletion vector `dv` (a manifest entry) deletes.
-pub async fn read(table: &Table, dv: &DataFile) -> Result<RoaringTreemap, UpsertError> {
+pub async fn read(table: &Table, dv: &DataFile) -> Result<RoaringTreemap, Error> {
     let (Some(offset), Some(size)) = (dv.content_offset(), dv.content_size_in_bytes()) else {
-        return Err(UpsertError::Unsupported(format!(
+        return Err(Error::Unsupported(format!(
             "deletion vector in {} lacks its blob offset or length",
             dv.file_path()
         )));
@@ -81,10 +83,10 @@ pub async fn read(table: &Table, dv: &DataFile) -> Result<RoaringTreemap, Upsert
     let reader = table.file_io().new_input(dv.file_path())?.reader().await?;
     let start = offset as u64;
     let bytes = reader.read(start..start + size as u64).await?;
-    let positions = deserialize(&bytes)
-        .map_err(|e| UpsertError::Unsupported(format!("{}: {e}", dv.file_path())))?;
+    let positions =
+        deserialize(&bytes).map_err(|e| Error::Unsupported(format!("{}: {e}", dv.file_path())))?;
     if positions.len() != dv.record_count() {
-        return Err(UpsertError::Unsupported(format!(
+        return Err(Error::Unsupported(format!(
             "deletion vector in {} holds {} positions, its entry says {}",
             dv.file_path(),
             positions.len(),
@@ -116,7 +118,7 @@ pub async fn write(
     table: &Table,
     name_prefix: &str,
     mut targets: Vec<Target>,
-) -> Result<Vec<(i32, DataFile)>, UpsertError> {
+) -> Result<Vec<(i32, DataFile)>, Error> {
     targets.retain(|t| !t.positions.is_empty());
     let mut out = Vec::with_capacity(targets.len());
     for t in targets {
@@ -125,11 +127,7 @@ pub async fn write(
     Ok(out)
 }
 
-async fn write_one(
-    table: &Table,
-    name_prefix: &str,
-    t: Target,
-) -> Result<(i32, DataFile), UpsertError> {
+async fn write_one(table: &Table, name_prefix: &str, t: Target) -> Result<(i32, DataFile), Error> {
     let path = format!(
         "{}/data/{name_prefix}-{}-dv.puffin",
         table.metadata().location(),
@@ -174,7 +172,7 @@ async fn write_one(
         .content_offset(Some(PUFFIN_HEADER as i64))
         .content_size_in_bytes(Some(length as i64))
         .build()
-        .map_err(|e| UpsertError::Unsupported(format!("deletion vector metadata: {e}")))?;
+        .map_err(|e| Error::Unsupported(format!("deletion vector metadata: {e}")))?;
     Ok((t.spec_id, file))
 }
 

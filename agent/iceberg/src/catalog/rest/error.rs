@@ -83,6 +83,15 @@ fn status_text(status: u16, message: &str) -> String {
 }
 
 impl RestError {
+    /// Whether retrying can help ([`RestError::transient`] as a class).
+    pub fn class(&self) -> crate::ErrorClass {
+        if self.transient() {
+            crate::ErrorClass::Transient
+        } else {
+            crate::ErrorClass::Fatal
+        }
+    }
+
     /// The HTTP status, if the catalog answered with one.
     pub fn status(&self) -> Option<u16> {
         match self {

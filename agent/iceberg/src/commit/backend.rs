@@ -33,6 +33,19 @@ pub enum CommitError {
     Failed(String),
 }
 
+impl CommitError {
+    /// Whether another attempt (after reloading the table) can land.
+    pub fn class(&self) -> crate::ErrorClass {
+        match self {
+            CommitError::Conflict(_) | CommitError::Unknown(_) => crate::ErrorClass::Transient,
+            CommitError::Failed(_) => crate::ErrorClass::Fatal,
+        }
+    }
+}
+
+// upstream: public TableCommit builder / TransactionAction (iceberg-rust 0.10 builds
+// TableCommit only inside its Transaction, and the SQL catalog has no update_table;
+// delete when a caller can commit its own requirements and updates)
 /// A catalog that applies requirements and updates atomically.
 #[async_trait]
 pub trait CommitBackend: Send + Sync + std::fmt::Debug {

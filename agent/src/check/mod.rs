@@ -1,7 +1,9 @@
 //! `floe check`: tries every pipeline's catalog, table, storage and broker with the
 //! configured credentials, loads and initialises its plugins, and reports one
 //! pass/fail line per step with the reason. The steps themselves are the stages'
-//! probes (`catalog::probe`, `source::probe`, `transform::probe`).
+//! probes (`catalog` here, `source::probe`, `transform::probe`).
+
+mod catalog;
 
 use std::fmt::Write as _;
 
@@ -27,13 +29,13 @@ pub async fn check(config: &Config) -> Vec<CheckLine> {
     let mut lines = Vec::new();
     for p in &config.pipelines {
         let mut steps = crate::probe::Steps::default();
-        let target = crate::catalog::probe::Target {
+        let target = catalog::Target {
             catalog: &p.sink.catalog,
             namespace: &p.sink.namespace,
             table: &p.sink.table,
             create_table: p.sink.create_table,
         };
-        crate::catalog::probe::probe(&config.catalogs[&p.sink.catalog], &target, &mut steps).await;
+        catalog::probe(&config.catalogs[&p.sink.catalog], &target, &mut steps).await;
         crate::source::probe::probe(&p.source, &mut steps).await;
         crate::transform::probe::probe(&config.plugins, &p.name, &p.transforms, &mut steps);
         lines.extend(steps.0.into_iter().map(|s| CheckLine {

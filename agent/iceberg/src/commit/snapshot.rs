@@ -21,6 +21,8 @@ use uuid::Uuid;
 
 use super::manifests::{self, FileKey};
 
+// upstream: snapshot producer (iceberg-rust 0.10 keeps its SnapshotProducer crate-
+// private, so manifests and the manifest list are written here; delete with row-delta)
 /// The files of one commit, written as manifests that do not depend on the parent.
 pub struct StagedSnapshot {
     snapshot_id: i64,
@@ -441,6 +443,8 @@ pub(crate) fn summary_properties(
     out
 }
 
+// upstream: DataFile::partition_spec_id (iceberg-rust does not expose it; delete when it
+// does)
 /// A file with the id of the partition spec its partition tuple belongs to
 /// (iceberg-rust does not expose the id a `DataFile` carries).
 pub type SpecFile = (i32, DataFile);

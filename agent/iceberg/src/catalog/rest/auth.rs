@@ -16,6 +16,8 @@ const REFRESH_AT_SHARE: f64 = 0.8;
 /// Attempts of one token fetch when the endpoint is unreachable or answers 408/429/5xx.
 const TOKEN_ATTEMPTS: u32 = 6;
 
+// upstream: REST token refresh (iceberg-catalog-rest 0.10 keeps its first OAuth2 token
+// forever and does not retry after a 401; delete when it refreshes)
 /// Where tokens come from.
 pub(crate) enum TokenSource {
     /// No `Authorization` header.

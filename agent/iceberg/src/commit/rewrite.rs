@@ -64,6 +64,8 @@ pub enum RewriteOutcome {
 /// committing every second it usually lands at the first or second attempt).
 const REWRITE_ATTEMPTS: u32 = 60;
 
+// upstream: rewrite-files action (iceberg-rust 0.10 has no RewriteFiles/ReplaceFiles
+// transaction action; delete when it has one that rebases like this)
 /// Commits a rewrite as a `replace` snapshot with `properties` (plus the carried
 /// offsets) in its summary; see the module docs. Manifests that do not change between
 /// attempts (the new files', the rewritten ones of the parent) are written once.

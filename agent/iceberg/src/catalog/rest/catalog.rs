@@ -29,6 +29,9 @@ use super::config::S3Settings;
 use super::session::{RestSession, encode, namespace_path};
 use super::storage::table_file_io;
 
+// upstream: REST catalog client (iceberg-catalog-rest 0.10 has no token refresh, no SigV4
+// signing and no vended-credential renewal; only its wire types are used here; delete
+// when it has them)
 /// A REST catalog. Every table it returns writes with the storage credentials in use
 /// (vended, renewed before they expire; or the agent's own).
 #[derive(Debug)]
