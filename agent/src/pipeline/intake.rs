@@ -5,9 +5,10 @@
 //! to the table's Arrow buffer. A buffer that fills is handed to the committer as a
 //! chunk (it streams into the table's open data files); every `commit_interval` (or past
 //! `max_uncommitted_bytes` written) the rest follows with a mark that commits it all.
-//! Rejected records go to the dead-letter file with their
-//! original bytes. Everything here is blocking work (parsing, WebAssembly, fsync), which
-//! is why it runs on its own thread and not on an async worker.
+//! Rejected records go to the dead-letter file with their original bytes; each mark
+//! logs them by reason with a count. Everything here is blocking work (parsing,
+//! WebAssembly, fsync), which is why it runs on its own thread and not on an async
+//! worker.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -23,7 +24,7 @@ use super::{PipelineError, TableOpener, tracker_for};
 use crate::batch::{ROW_OVERHEAD, RowBuffer, RowMeta};
 use crate::commit::OffsetMap;
 use crate::config::PipelineConfig;
-use crate::dead_letter::DeadLetterWriter;
+use crate::dead_letter::{DeadLetterWriter, Summary};
 use crate::decode::{Decoded, Decoder};
 use crate::error::{Classify, ErrorClass, backoff};
 use crate::record::json::{JsonView, Obj, Parsed, Tape, Tapes};
@@ -106,6 +107,8 @@ pub(super) struct State {
     /// The tapes of a batch's records for the plugins (kept for their memory).
     tapes: Tapes,
     last_commit: Option<Instant>,
+    /// Records newly dead-lettered since the last mark, for the log.
+    dead_lettered: Summary,
 }
 
 /// Where the intake is in its protocol with the committer.
@@ -873,9 +876,13 @@ impl Intake {
         tracing::debug!(pipeline = %self.name(), topic = %m.topic, partition = m.partition, offset = m.offset, stage, reason, "dead-lettered");
         telemetry::records_failed(self.name(), stage);
         telemetry::dead_letter(self.name(), stage);
-        self.dead_letters
+        let new = self
+            .dead_letters
             .write(m, stage, reason)
             .map_err(|e| self.err_dl(e))?;
+        if new {
+            self.state.dead_lettered.add(stage, reason, m);
+        }
         Ok(())
     }
 
@@ -936,6 +943,7 @@ impl Intake {
         // Dead letters up to here are durable before any commit moves offsets past them.
         self.dead_letters.sync().map_err(|e| self.err_dl(e))?;
         crate::failpoint::hit(crate::failpoint::AFTER_DEAD_LETTERS);
+        self.state.dead_lettered.log(&self.config.name);
         self.state.marks += 1;
         self.state
             .letters_at_mark
