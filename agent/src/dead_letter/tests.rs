@@ -16,6 +16,20 @@ fn resume(offset: i64) -> PartitionMap<i64> {
     PartitionMap::from_iter([((Arc::from("t"), 2), offset)])
 }
 
+/// A file in `dir` rotated past 4 KiB, with at most `max_files` rotated files.
+fn rotating(dir: &Path, max_files: u32) -> DeadLetterConfig {
+    DeadLetterConfig {
+        max_file_size: 4096,
+        max_files,
+        ..DeadLetterConfig::at(dir.join("p.ndjson"))
+    }
+}
+
+/// The permission bits of `path`.
+fn mode(path: &Path) -> u32 {
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
 #[test]
 fn keeps_original_bytes_and_skips_redeliveries_after_reopen() {
     let dir = tempfile::tempdir().unwrap();
@@ -101,34 +115,18 @@ fn the_file_is_readable_by_its_owner_only() {
     let config = DeadLetterConfig::at(dir.path().join("p.ndjson"));
     let w = DeadLetterWriter::open("p", &config).unwrap();
     drop(w);
-    let mode = std::fs::metadata(&config.path)
-        .unwrap()
-        .permissions()
-        .mode()
-        & 0o777;
-    assert_eq!(mode, 0o600, "{mode:o}");
+    assert_eq!(mode(&config.path), 0o600, "{:o}", mode(&config.path));
     // A file left world-readable by an older version is narrowed.
     std::fs::set_permissions(&config.path, std::fs::Permissions::from_mode(0o644)).unwrap();
     let w = DeadLetterWriter::open("p", &config).unwrap();
     drop(w);
-    let mode = std::fs::metadata(&config.path)
-        .unwrap()
-        .permissions()
-        .mode()
-        & 0o777;
-    assert_eq!(mode, 0o600, "{mode:o}");
+    assert_eq!(mode(&config.path), 0o600, "{:o}", mode(&config.path));
 }
 
 #[test]
 fn rotates_past_the_size_limit_and_keeps_max_files() {
     let dir = tempfile::tempdir().unwrap();
-    let config = DeadLetterConfig {
-        path: dir.path().join("p.ndjson"),
-        max_file_size: 4096,
-        max_files: 2,
-        topic: None,
-        file: true,
-    };
+    let config = rotating(dir.path(), 2);
     let mut w = DeadLetterWriter::open("p", &config).unwrap();
     let payload = vec![b'x'; 1000];
     for offset in 0..40 {
@@ -166,8 +164,7 @@ fn rotates_past_the_size_limit_and_keeps_max_files() {
         ((last + 1 - offsets.len() as i64)..=last).collect::<Vec<_>>()
     );
     for p in [config.rotated(1), config.rotated(2)] {
-        let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o600);
+        assert_eq!(mode(&p), 0o600);
     }
 }
 
@@ -210,13 +207,7 @@ fn only_the_re_deliverable_tail_is_read_at_start() {
 #[test]
 fn re_deliverable_records_of_a_rotated_file_are_still_known() {
     let dir = tempfile::tempdir().unwrap();
-    let config = DeadLetterConfig {
-        path: dir.path().join("p.ndjson"),
-        max_file_size: 4096,
-        max_files: 3,
-        topic: None,
-        file: true,
-    };
+    let config = rotating(dir.path(), 3);
     let mut w = DeadLetterWriter::open("p", &config).unwrap();
     let payload = vec![b'y'; 5000];
     w.write(&rec(50, &payload), "decode", "bad").unwrap();
