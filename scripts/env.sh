@@ -10,7 +10,9 @@
 #   FLOE_SPARK_JARS    Iceberg's Spark runtime jar and the shaded Jackson jar, comma-separated
 #
 # Works from any cwd; never installs anything. If the venv is missing it says so
-# on stderr and returns 1 (run scripts/setup.sh first).
+# on stderr and returns 1 (run scripts/setup.sh first). Spark and rustberg are optional:
+# missing, they are named on stderr, except with FLOE_SETUP_MODE=demo (scripts/demo.sh),
+# which installs neither.
 # Note: no `set -e`/`set -u` here, since this file runs inside the caller's shell.
 
 __floe_env() {
@@ -42,7 +44,7 @@ __floe_env() {
     if [[ -f "$spark_venv/.floe-setup-ok" && -n "$spark_runtime" ]]; then
         export FLOE_SPARK_PYTHON="$spark_venv/bin/python"
         export FLOE_SPARK_JARS="$spark_runtime,$spark_venv/floe-jackson-shaded.jar"
-    else
+    elif [[ "${FLOE_SETUP_MODE:-}" != demo ]]; then   # setup.sh --demo does not install it
         echo "env.sh: Spark is not installed in $spark_venv; run $script_dir/setup.sh (the Spark reader needs it)" >&2
     fi
     local rustberg="${FLOE_CACHE:-/var/cache/floe}/tools/rustberg-0.3.0/bin/rustberg"

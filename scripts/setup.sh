@@ -3,9 +3,11 @@
 #
 #   scripts/setup.sh --demo   the Python venv only (Tansu broker, confluent-kafka, PyIceberg,
 #                             DuckDB + extensions): what scripts/demo.sh needs, about a minute
-#   scripts/setup.sh          the same, plus the Iceberg REST catalog server the REST tests
-#                             run (rustberg, built from crates.io once, about 25 minutes on
-#                             2 cores): what scripts/test.sh needs
+#   scripts/setup.sh          the same, plus what only the tests use: Spark (its own venv
+#                             and a Java 17 runtime), PostgreSQL with its JDBC driver, and
+#                             the Iceberg REST catalog server the REST tests run (rustberg,
+#                             built from crates.io once, about 25 minutes on 2 cores): what
+#                             scripts/test.sh needs
 #
 # The venv is ${FLOE_CACHE}/venv-<first 12 hex of sha256(scripts/requirements.txt)>, shared
 # by both (it also holds moto and flask for the REST tests: they install in seconds).
@@ -109,41 +111,47 @@ build_venv() {
 # Spark 3.5 (the third table reader, local warehouses only): its own cached venv, a Java
 # runtime, and Iceberg's Spark runtime jar completed with the Jackson classes it expects
 # in shaded form (tests/readers/shade_jackson.py builds them from pyspark's own jars).
-spark_req="$script_dir/requirements-spark.txt"
-spark_hash="$(sha256sum "$spark_req" | cut -c1-12)"
-spark_venv="$cache/spark-$spark_hash"
-if ! command -v java >/dev/null 2>&1; then
-    if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
-        apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless >/dev/null
-    else
-        die "Spark needs a Java 17 runtime: install openjdk-17-jre-headless"
-    fi
-fi
-(
-    if command -v flock >/dev/null; then
-        exec 7>"$cache/.spark.lock"
-        flock 7
-    fi
-    if [[ ! -f "$spark_venv/.floe-setup-ok" ]]; then
-        log="$cache/setup-spark-$spark_hash.log"
-        rm -rf -- "$spark_venv"
-        if ! {
-            python3 -m venv "$spark_venv" &&
-            PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 \
-                "$spark_venv/bin/python" -m pip install --quiet --no-warn-script-location -r "$spark_req" &&
-            "$spark_venv/bin/python" "$repo_root/tests/readers/shade_jackson.py" \
-                --pyspark-jars "$(compgen -G "$spark_venv/lib/python3*/site-packages/pyspark/jars" | head -n1)" \
-                --out "$spark_venv/floe-jackson-shaded.jar"
-        } >"$log" 2>&1; then
-            echo "setup.sh: installing Spark into $spark_venv failed; log follows ($log):" >&2
-            tail -n 40 "$log" >&2
-            rm -rf -- "$spark_venv"
-            exit 1
+# The demo does not read with Spark: installed for the tests only.
+install_spark() {
+    spark_req="$script_dir/requirements-spark.txt"
+    spark_hash="$(sha256sum "$spark_req" | cut -c1-12)"
+    spark_venv="$cache/spark-$spark_hash"
+    if ! command -v java >/dev/null 2>&1; then
+        if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+            apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+        else
+            die "Spark needs a Java 17 runtime: install openjdk-17-jre-headless"
         fi
-        printf '%s\n' "$spark_hash" >"$spark_venv/.floe-setup-ok"
-        rm -f -- "$log"
     fi
-)
+    (
+        if command -v flock >/dev/null; then
+            exec 7>"$cache/.spark.lock"
+            flock 7
+        fi
+        if [[ ! -f "$spark_venv/.floe-setup-ok" ]]; then
+            log="$cache/setup-spark-$spark_hash.log"
+            rm -rf -- "$spark_venv"
+            if ! {
+                python3 -m venv "$spark_venv" &&
+                PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 \
+                    "$spark_venv/bin/python" -m pip install --quiet --no-warn-script-location -r "$spark_req" &&
+                "$spark_venv/bin/python" "$repo_root/tests/readers/shade_jackson.py" \
+                    --pyspark-jars "$(compgen -G "$spark_venv/lib/python3*/site-packages/pyspark/jars" | head -n1)" \
+                    --out "$spark_venv/floe-jackson-shaded.jar"
+            } >"$log" 2>&1; then
+                echo "setup.sh: installing Spark into $spark_venv failed; log follows ($log):" >&2
+                tail -n 40 "$log" >&2
+                rm -rf -- "$spark_venv"
+                exit 1
+            fi
+            printf '%s\n' "$spark_hash" >"$spark_venv/.floe-setup-ok"
+            rm -f -- "$log"
+        fi
+    )
+}
+if [[ "$mode" == tests ]]; then
+    install_spark
+fi
 
 # PostgreSQL server for the SQL catalog tests (scripts/pg.sh starts throwaway servers on
 # loopback; the package's own cluster is not created, so nothing runs after install).
@@ -200,6 +208,6 @@ if [[ "${FLOE_WASM_TARGETS:-0}" == "1" ]]; then
     wasm_note=" + rust wasm targets"
 fi
 
-rustberg_note=""
-[[ "$mode" == tests ]] && rustberg_note=" + rustberg $rustberg_version"
-echo "floe setup ok: $venv$rustberg_note$wasm_note"
+tests_note=""
+[[ "$mode" == tests ]] && tests_note=" + Spark, PostgreSQL, rustberg $rustberg_version"
+echo "floe setup ok: $venv$tests_note$wasm_note"

@@ -109,19 +109,28 @@ async fn a_fenced_zombie_rewinds_to_the_table_and_duplicates_nothing() -> Result
     owner.stop().await??;
     assert_eq!(stored(&ws, "fence", "fence").await?, [(0, 10)]);
     // The zombie's commit is fenced: it goes back to what the table stores (offset 10)
-    // in a new epoch, and records of the old epoch are ignored.
+    // in a new epoch, and records of the old epoch are ignored. If its table creation
+    // met the owner's between the owner's creation and its data commit, it first goes
+    // back to the table as it was then (nothing stored): delivered again, as a broker
+    // would, those records are fenced by the owner's commit.
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut redelivered = 0;
     let seek = loop {
         if let Some(SourceCommand::Seek { epoch, positions }) = zombie.seeks().pop() {
-            break (epoch, positions);
+            if positions == vec![((Arc::from("t"), 0), None)] && redelivered < epoch {
+                zombie.push(messages("t", 0, 0, &first));
+                redelivered = epoch;
+            } else if positions != vec![((Arc::from("t"), 0), None)] {
+                break (epoch, positions);
+            }
         }
         anyhow::ensure!(
             std::time::Instant::now() < deadline,
-            "no seek after the fence"
+            "no seek to the owner's offsets after the fence"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    assert_eq!(seek.0, 1);
+    assert!(seek.0 >= 1, "a new epoch");
     assert_eq!(seek.1, vec![((Arc::from("t"), 0), Some(10))]);
     zombie.push(messages("t", 0, 10, &[Some(&json(10))]));
     zombie.stop().await??;

@@ -3,7 +3,7 @@
 mod top;
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -169,10 +169,7 @@ fn main() -> ExitCode {
                 );
                 ExitCode::SUCCESS
             }
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::FAILURE
-            }
+            Err(e) => failed(e),
         },
         Command::Plugin(PluginCommand::Test {
             plugin,
@@ -196,24 +193,14 @@ fn main() -> ExitCode {
             ) {
                 Ok(summary) if summary.errors == 0 => ExitCode::SUCCESS,
                 Ok(_) => ExitCode::from(3),
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    ExitCode::FAILURE
-                }
+                Err(e) => failed(e),
             }
         }
         Command::Check { config } => {
-            let config = match Config::load(&config) {
-                Ok(c) => c,
-                Err(e) => {
-                    eprintln!("{}: {e}", config.display());
-                    return ExitCode::from(2);
-                }
+            let (config, runtime) = match config_and_runtime(&config) {
+                Ok(loaded) => loaded,
+                Err(code) => return code,
             };
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .expect("tokio runtime");
             let lines = runtime.block_on(floe::check::check(&config));
             print!("{}", floe::check::render(&lines));
             if floe::check::all_passed(&lines) {
@@ -227,17 +214,10 @@ fn main() -> ExitCode {
             table,
             dry_run,
         } => {
-            let config = match Config::load(&config) {
-                Ok(c) => c,
-                Err(e) => {
-                    eprintln!("{}: {e}", config.display());
-                    return ExitCode::from(2);
-                }
+            let (config, runtime) = match config_and_runtime(&config) {
+                Ok(loaded) => loaded,
+                Err(code) => return code,
             };
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .expect("tokio runtime");
             match runtime.block_on(floe::maintain::maintain(&config, table.as_deref(), dry_run)) {
                 Ok(reports) if reports.is_empty() => {
                     eprintln!(
@@ -254,10 +234,7 @@ fn main() -> ExitCode {
                         ExitCode::FAILURE
                     }
                 }
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    ExitCode::FAILURE
-                }
+                Err(e) => failed(e),
             }
         }
         Command::Run {
@@ -270,17 +247,10 @@ fn main() -> ExitCode {
                 Some(area) => floe::telemetry::init_logging_to(log_format, true, area.clone()),
                 None => init_plain_logging(log_format),
             }
-            let config = match Config::load(&config) {
-                Ok(c) => c,
-                Err(e) => {
-                    eprintln!("{}: {e}", config.display());
-                    return ExitCode::from(2);
-                }
+            let (config, runtime) = match config_and_runtime(&config) {
+                Ok(loaded) => loaded,
+                Err(code) => return code,
             };
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .expect("tokio runtime");
             let progress_task = progress.as_ref().map(|area| {
                 // Metrics are recorded from the start, whether or not [metrics] serves them.
                 floe::telemetry::recorder();
@@ -293,10 +263,7 @@ fn main() -> ExitCode {
             }
             match result {
                 Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    ExitCode::FAILURE
-                }
+                Err(e) => failed(e),
             }
         }
         Command::Top {
@@ -306,6 +273,26 @@ fn main() -> ExitCode {
             width,
         } => top::run_command(&metrics, interval, once, width),
     }
+}
+
+/// Loads the config at `path` and builds the runtime the command runs on; a config
+/// that does not load is reported, with exit code 2.
+fn config_and_runtime(path: &Path) -> Result<(Config, tokio::runtime::Runtime), ExitCode> {
+    let config = Config::load(path).map_err(|e| {
+        eprintln!("{}: {e}", path.display());
+        ExitCode::from(2)
+    })?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    Ok((config, runtime))
+}
+
+/// Reports a command's error; exit code 1.
+fn failed(e: impl std::fmt::Display) -> ExitCode {
+    eprintln!("error: {e}");
+    ExitCode::FAILURE
 }
 
 /// Logs to stderr, coloured only when stderr is a terminal.

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef, ListArray, MapArray, RecordBatch, StructArray, new_null_array};
-use arrow_schema::{ArrowError, DataType, Fields, SchemaRef, TimeUnit};
+use arrow_schema::{ArrowError, DataType, SchemaRef, TimeUnit};
 
 use crate::record::values::{parse_timestamp, parse_timestamp_nanos};
 
@@ -30,6 +30,54 @@ pub fn conform(batch: &RecordBatch, target: &SchemaRef) -> Result<RecordBatch, A
         columns,
         &arrow_array::RecordBatchOptions::new().with_row_count(Some(rows)),
     )
+}
+
+/// A list or map `array` rebuilt as the list or map type `target`: the same offsets and
+/// nulls, each child (a list's values; a map's keys and values) made its type in `target`
+/// by `child`.
+pub(super) fn rebuild_list_or_map(
+    array: &ArrayRef,
+    target: &DataType,
+    child: fn(&ArrayRef, &DataType) -> Result<ArrayRef, ArrowError>,
+) -> Result<ArrayRef, ArrowError> {
+    match target {
+        DataType::List(field) => {
+            let l = array.as_list::<i32>();
+            let values = child(l.values(), field.data_type())?;
+            Ok(Arc::new(ListArray::try_new(
+                field.clone(),
+                l.offsets().clone(),
+                values,
+                l.nulls().cloned(),
+            )?))
+        }
+        DataType::Map(entries, sorted) => {
+            let m = array.as_map();
+            let DataType::Struct(kv) = entries.data_type() else {
+                return Err(ArrowError::SchemaError(
+                    "map entries are not a struct".into(),
+                ));
+            };
+            let e = m.entries();
+            let children = e
+                .columns()
+                .iter()
+                .zip(kv)
+                .map(|(c, f)| child(c, f.data_type()))
+                .collect::<Result<Vec<_>, _>>()?;
+            let entries_array = StructArray::try_new(kv.clone(), children, e.nulls().cloned())?;
+            Ok(Arc::new(MapArray::try_new(
+                entries.clone(),
+                m.offsets().clone(),
+                entries_array,
+                m.nulls().cloned(),
+                *sorted,
+            )?))
+        }
+        other => Err(ArrowError::CastError(format!(
+            "{other} is not a list or map type"
+        ))),
+    }
 }
 
 fn conform_array(array: &ArrayRef, target: &DataType) -> Result<ArrayRef, ArrowError> {
@@ -58,37 +106,8 @@ fn conform_array(array: &ArrayRef, target: &DataType) -> Result<ArrayRef, ArrowE
                 s.nulls().cloned(),
             )?))
         }
-        (DataType::List(_), DataType::List(field)) => {
-            let l = array.as_list::<i32>();
-            let values = conform_array(l.values(), field.data_type())?;
-            Ok(Arc::new(ListArray::try_new(
-                field.clone(),
-                l.offsets().clone(),
-                values,
-                l.nulls().cloned(),
-            )?))
-        }
-        (DataType::Map(_, _), DataType::Map(entries, sorted)) => {
-            let m = array.as_map();
-            let DataType::Struct(kv) = entries.data_type() else {
-                return Err(ArrowError::SchemaError(
-                    "map entries are not a struct".into(),
-                ));
-            };
-            let keys = conform_array(m.keys(), kv[0].data_type())?;
-            let values = conform_array(m.values(), kv[1].data_type())?;
-            let entries_array = StructArray::try_new(
-                Fields::from(vec![kv[0].clone(), kv[1].clone()]),
-                vec![keys, values],
-                None,
-            )?;
-            Ok(Arc::new(MapArray::try_new(
-                entries.clone(),
-                m.offsets().clone(),
-                entries_array,
-                m.nulls().cloned(),
-                *sorted,
-            )?))
+        (DataType::List(_), DataType::List(_)) | (DataType::Map(_, _), DataType::Map(_, _)) => {
+            rebuild_list_or_map(array, target, conform_array)
         }
         // Timestamp columns whose type was not settled were buffered as their text.
         (DataType::Utf8, DataType::Timestamp(unit, tz)) => {

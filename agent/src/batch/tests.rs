@@ -179,3 +179,59 @@ fn kafka_timestamps_that_overflow_are_null_not_a_crash() {
             .is_null(0)
     );
 }
+
+#[test]
+fn lists_and_maps_are_rebuilt_with_their_children_conformed() {
+    use arrow_array::ArrayRef;
+    use arrow_array::builder::{Int32Builder, ListBuilder, MapBuilder, StringBuilder};
+    use arrow_schema::{DataType, Field, Fields, Schema as ArrowSchema};
+
+    let mut list = ListBuilder::new(Int32Builder::new());
+    list.values().append_value(1);
+    list.values().append_value(2);
+    list.append(true);
+    list.append(false);
+    let mut map = MapBuilder::new(None, StringBuilder::new(), Int32Builder::new());
+    map.keys().append_value("a");
+    map.values().append_value(7);
+    map.append(true).unwrap();
+    map.append(false).unwrap();
+    let batch = RecordBatch::try_from_iter([
+        ("l", Arc::new(list.finish()) as ArrayRef),
+        ("m", Arc::new(map.finish()) as ArrayRef),
+    ])
+    .unwrap();
+
+    // Ints widened to longs inside both, under the table's child names.
+    let entries = Fields::from(vec![
+        Field::new("key", DataType::Utf8, false),
+        Field::new("value", DataType::Int64, true),
+    ]);
+    let target = Arc::new(ArrowSchema::new(vec![
+        Field::new(
+            "l",
+            DataType::List(Arc::new(Field::new("element", DataType::Int64, true))),
+            true,
+        ),
+        Field::new(
+            "m",
+            DataType::Map(
+                Arc::new(Field::new("key_value", DataType::Struct(entries), false)),
+                false,
+            ),
+            true,
+        ),
+    ]));
+    let out = conform(&batch, &target).unwrap();
+    assert_eq!(out.schema(), target);
+
+    let l = out.column(0).as_list::<i32>();
+    assert!(l.is_null(1));
+    let values = l.value(0);
+    assert_eq!(values.as_primitive::<Int64Type>().values(), &[1, 2]);
+
+    let m = out.column(1).as_map();
+    assert!(m.is_null(1));
+    assert_eq!(m.keys().as_string::<i32>().value(0), "a");
+    assert_eq!(m.values().as_primitive::<Int64Type>().value(0), 7);
+}

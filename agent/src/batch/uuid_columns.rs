@@ -112,38 +112,8 @@ fn convert_array(a: &ArrayRef, target: &DataType) -> Result<ArrayRef, ArrowError
                 s.nulls().cloned(),
             )?))
         }
-        (DataType::List(_), DataType::List(element)) => {
-            let l = a.as_list::<i32>();
-            let values = convert_array(l.values(), element.data_type())?;
-            Ok(Arc::new(ListArray::try_new(
-                element.clone(),
-                l.offsets().clone(),
-                values,
-                l.nulls().cloned(),
-            )?))
-        }
-        (DataType::Map(_, _), DataType::Map(entries, sorted)) => {
-            let m = a.as_map();
-            let DataType::Struct(kv) = entries.data_type() else {
-                return Err(ArrowError::SchemaError(
-                    "map entries are not a struct".into(),
-                ));
-            };
-            let e = m.entries();
-            let children = e
-                .columns()
-                .iter()
-                .zip(kv)
-                .map(|(c, f)| convert_array(c, f.data_type()))
-                .collect::<Result<Vec<_>, _>>()?;
-            let entries_array = StructArray::try_new(kv.clone(), children, e.nulls().cloned())?;
-            Ok(Arc::new(MapArray::try_new(
-                entries.clone(),
-                m.offsets().clone(),
-                entries_array,
-                m.nulls().cloned(),
-                *sorted,
-            )?))
+        (DataType::List(_), DataType::List(_)) | (DataType::Map(_, _), DataType::Map(_, _)) => {
+            super::conform::rebuild_list_or_map(a, target, convert_array)
         }
         (from, to) => Err(ArrowError::CastError(format!(
             "cannot convert {from} to {to}"

@@ -255,6 +255,19 @@ fn section<T: DeserializeOwned>(
     }
 }
 
+/// The keys of a `[[pipelines]]` entry.
+pub(crate) const PIPELINE_KEYS: [&str; 9] = [
+    "name",
+    "source",
+    "decode",
+    "schema",
+    "transforms",
+    "max_consecutive_faults",
+    "transform_threads",
+    "sink",
+    "dead_letter",
+];
+
 /// A pipeline is split into its stage sections so each reports its own errors.
 fn pipeline(
     value: toml::Value,
@@ -265,7 +278,17 @@ fn pipeline(
         errors.push(err(path, "must be a table"));
         return None;
     };
+    for key in t.keys().filter(|k| !PIPELINE_KEYS.contains(&k.as_str())) {
+        errors.push(err(
+            &format!("{path}.{key}"),
+            &format!("unknown key (expected {})", PIPELINE_KEYS.join(", ")),
+        ));
+    }
     let mut take = |key: &str, required: bool| -> Option<toml::Value> {
+        debug_assert!(
+            PIPELINE_KEYS.contains(&key),
+            "{key} is not in PIPELINE_KEYS"
+        );
         let v = t.remove(key);
         if v.is_none() && required {
             errors.push(err(&format!("{path}.{key}"), "missing"));
@@ -281,12 +304,6 @@ fn pipeline(
     let threads = take("transform_threads", false);
     let sink = take("sink", true);
     let dead_letter = take("dead_letter", false);
-    for key in t.keys() {
-        errors.push(err(
-            &format!("{path}.{key}"),
-            "unknown key (expected name, source, decode, schema, transforms, max_consecutive_faults, transform_threads, sink, dead_letter)",
-        ));
-    }
     let name = name.and_then(|v| section::<String>(v, &format!("{path}.name"), errors));
     if let Some(n) = &name
         && (n.is_empty()

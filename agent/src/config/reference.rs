@@ -1,7 +1,7 @@
-//! The configuration reference (`docs/configuration.md`, and `docs/catalogs.md` for
-//! REST catalogs) checked against the config structs both ways, so neither can drift:
-//! every key the reference shows parses (its commented-out keys uncommented), and every
-//! field of every section is named in the docs.
+//! The configuration reference (`docs/configuration.md`) checked against the config
+//! structs both ways, so neither can drift: every key its example shows parses (its
+//! commented-out keys uncommented), and its "Every key" tables list exactly the keys
+//! of every section, each with a type and a default.
 
 use serde::de::{self, Deserialize, Visitor};
 
@@ -111,62 +111,180 @@ fn every_key_the_reference_shows_parses() {
     assert!(drift.is_empty(), "{drift:#?}\n--- parsed:\n{text}");
 }
 
+/// The keys of catalog variant `kind` (`type = "kind"`), from the error for a key it
+/// does not accept (serde lists the ones it does).
+fn catalog_fields(kind: &str) -> Vec<String> {
+    let text = format!("type = \"{kind}\"\nnot_a_key = 0\n");
+    let error = match toml::from_str::<floe_iceberg::CatalogConfig>(&text) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a {kind} catalog accepted an unknown key"),
+    };
+    let expected = error
+        .split_once("expected")
+        .map(|(_, rest)| rest)
+        .unwrap_or_else(|| panic!("{kind}: no list of keys in {error:?}"));
+    let mut fields = vec!["type".to_string()];
+    fields.extend(expected.split('`').skip(1).step_by(2).map(str::to_string));
+    fields
+}
+
+/// One table of "Every key": its heading and, per row, key, type and default.
+struct KeyTable {
+    heading: String,
+    rows: Vec<[String; 3]>,
+}
+
+/// The tables under `## Every key` of `docs/configuration.md`, by `###` heading.
+fn key_tables() -> Vec<KeyTable> {
+    let text = doc("configuration.md");
+    let section = text
+        .split("\n## Every key\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("docs/configuration.md has a section \"## Every key\"");
+    let mut tables: Vec<KeyTable> = Vec::new();
+    for line in section.lines() {
+        if let Some(heading) = line.strip_prefix("### ") {
+            tables.push(KeyTable {
+                heading: heading.to_string(),
+                rows: Vec::new(),
+            });
+            continue;
+        }
+        let Some(row) = line.strip_prefix('|') else {
+            continue;
+        };
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        if cells
+            .first()
+            .is_some_and(|c| *c == "key" || c.starts_with("---"))
+        {
+            continue;
+        }
+        let table = tables
+            .last_mut()
+            .unwrap_or_else(|| panic!("a table row before any ### heading: {line}"));
+        // Four cells and the empty one after the closing `|`.
+        assert_eq!(
+            cells.len(),
+            5,
+            "{}: a row needs key, type, default and meaning (no `|` inside cells): {line}",
+            table.heading
+        );
+        let key = cells[0]
+            .strip_prefix('`')
+            .and_then(|k| k.strip_suffix('`'))
+            .unwrap_or_else(|| panic!("{}: key not in backticks: {line}", table.heading));
+        table
+            .rows
+            .push([key.to_string(), cells[1].to_string(), cells[2].to_string()]);
+    }
+    tables
+}
+
 #[test]
-fn every_field_of_every_section_is_documented() {
-    let docs: String = [
-        "configuration.md",
-        "catalogs.md",
-        "types.md",
-        "maintenance.md",
-        "plugins.md",
-        "upsert.md",
-        "deploy.md",
-    ]
-    .iter()
-    .map(|d| doc(d))
-    .collect();
-    let sections = [
-        ("[agent]", fields_of::<super::AgentConfig>()),
-        ("[metrics]", fields_of::<crate::telemetry::MetricsConfig>()),
-        ("[plugins]", fields_of::<crate::transform::PluginsConfig>()),
-        ("source", fields_of::<crate::source::SourceConfig>()),
-        ("source.sasl", fields_of::<crate::source::SaslConfig>()),
-        ("source.tls", fields_of::<crate::source::TlsConfig>()),
-        ("decode", fields_of::<crate::decode::DecodeConfig>()),
-        ("schema", fields_of::<crate::schema::SchemaConfig>()),
-        ("sink", fields_of::<crate::sink::SinkConfig>()),
-        ("maintenance", fields_of::<crate::sink::MaintenanceConfig>()),
+fn every_key_of_every_section_is_documented_with_type_and_default() {
+    let to_strings = |keys: &[&str]| keys.iter().map(|k| k.to_string()).collect::<Vec<_>>();
+    let sections: Vec<(&str, Vec<String>)> = vec![
+        ("`[agent]`", fields_of::<super::AgentConfig>()),
         (
-            "dead_letter",
+            "`[metrics]`",
+            fields_of::<crate::telemetry::MetricsConfig>(),
+        ),
+        (
+            "`[plugins]`",
+            fields_of::<crate::transform::PluginsConfig>(),
+        ),
+        (
+            "`[catalogs.NAME]` with `type = \"embedded\"`",
+            catalog_fields("embedded"),
+        ),
+        (
+            "`[catalogs.NAME]` with `type = \"sql\"`",
+            catalog_fields("sql"),
+        ),
+        ("`[catalogs.NAME]` with `type = \"rest\"`", {
+            let mut f = vec!["type".to_string()];
+            f.extend(fields_of::<floe_iceberg::rest::RestCatalogConfig>());
+            f
+        }),
+        ("`s3.*`", fields_of::<floe_iceberg::rest::S3Settings>()),
+        ("`aws.*`", fields_of::<floe_iceberg::aws::AwsSettings>()),
+        ("`[[pipelines]]`", to_strings(&super::PIPELINE_KEYS)),
+        (
+            "`[pipelines.source]`",
+            fields_of::<crate::source::SourceConfig>(),
+        ),
+        (
+            "`[pipelines.source.sasl]`",
+            fields_of::<crate::source::SaslConfig>(),
+        ),
+        (
+            "`[pipelines.source.tls]`",
+            fields_of::<crate::source::TlsConfig>(),
+        ),
+        (
+            "`[pipelines.decode]`",
+            fields_of::<crate::decode::DecodeConfig>(),
+        ),
+        (
+            "`[pipelines.decode.registry]`",
+            fields_of::<crate::decode::registry::RegistryConfig>(),
+        ),
+        (
+            "`[pipelines.schema]`",
+            fields_of::<crate::schema::SchemaConfig>(),
+        ),
+        (
+            "`[[pipelines.transforms]]`",
+            fields_of::<crate::transform::TransformConfig>(),
+        ),
+        (
+            "`[pipelines.transforms.limits]`",
+            fields_of::<crate::transform::Limits>(),
+        ),
+        ("`[pipelines.sink]`", fields_of::<crate::sink::SinkConfig>()),
+        (
+            "`[pipelines.sink.maintenance]`",
+            fields_of::<crate::sink::MaintenanceConfig>(),
+        ),
+        (
+            "`[pipelines.dead_letter]`",
             fields_of::<crate::dead_letter::DeadLetterConfig>(),
         ),
-        (
-            "REST catalog",
-            fields_of::<floe_iceberg::rest::RestCatalogConfig>(),
-        ),
-        ("s3.*", fields_of::<floe_iceberg::rest::S3Settings>()),
-        ("aws.*", fields_of::<floe_iceberg::aws::AwsSettings>()),
     ];
-    let mut missing = Vec::new();
-    for (section, fields) in &sections {
-        assert!(!fields.is_empty(), "{section}: no fields found");
+    let tables = key_tables();
+    let mut problems = Vec::new();
+    for (heading, fields) in &sections {
+        assert!(!fields.is_empty(), "{heading}: no fields found");
+        let Some(table) = tables.iter().find(|t| t.heading == *heading) else {
+            problems.push(format!("no table \"### {heading}\""));
+            continue;
+        };
         for f in fields {
-            // `key = ...`, `` `key` ``, `s3.key = ...`, `` `s3.key` ``, a section
-            // `[pipelines.source.key]` or a prefix `key.name = ...`.
-            let named = [
-                format!("{f} ="),
-                format!("`{f}`"),
-                format!(".{f} ="),
-                format!(".{f}`"),
-                format!(".{f}]"),
-                format!("{f}."),
-            ]
-            .iter()
-            .any(|n| docs.contains(n.as_str()));
-            if !named {
-                missing.push(format!("{section}: {f}"));
+            if !table.rows.iter().any(|[key, ..]| key == f) {
+                problems.push(format!("{heading}: `{f}` is not in the table"));
+            }
+        }
+        for [key, ty, default] in &table.rows {
+            if !fields.contains(key) {
+                problems.push(format!("{heading}: `{key}` is not a key of the section"));
+            }
+            if ty.is_empty() || default.is_empty() {
+                problems.push(format!("{heading}: `{key}` needs a type and a default"));
             }
         }
     }
-    assert!(missing.is_empty(), "fields no doc names: {missing:#?}");
+    for t in &tables {
+        if !sections.iter().any(|(heading, _)| t.heading == *heading) {
+            problems.push(format!(
+                "### {}: a table no config struct is checked against",
+                t.heading
+            ));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "docs/configuration.md, Every key: {problems:#?}"
+    );
 }

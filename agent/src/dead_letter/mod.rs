@@ -27,6 +27,8 @@
 //!   file had from an earlier run is produced again when it is read again (that run may
 //!   have died before the topic acknowledged it): on the topic a dead letter may repeat
 //!   after a crash, never go missing.
+//! - The log gets one warning per distinct reason and commit interval, with a count
+//!   ([`summary`]).
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -41,8 +43,10 @@ use serde::Deserialize;
 
 use crate::record::{Message, PartitionMap, TopicPartition};
 
+pub mod summary;
 pub mod topic;
 
+pub use summary::Summary;
 pub use topic::DeadLetterTopic;
 
 /// Default size past which the file is rotated.

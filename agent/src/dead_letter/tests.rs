@@ -16,6 +16,20 @@ fn resume(offset: i64) -> PartitionMap<i64> {
     PartitionMap::from_iter([((Arc::from("t"), 2), offset)])
 }
 
+/// A file in `dir` rotated past 4 KiB, with at most `max_files` rotated files.
+fn rotating(dir: &Path, max_files: u32) -> DeadLetterConfig {
+    DeadLetterConfig {
+        max_file_size: 4096,
+        max_files,
+        ..DeadLetterConfig::at(dir.join("p.ndjson"))
+    }
+}
+
+/// The permission bits of `path`.
+fn mode(path: &Path) -> u32 {
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
 #[test]
 fn keeps_original_bytes_and_skips_redeliveries_after_reopen() {
     let dir = tempfile::tempdir().unwrap();
@@ -101,34 +115,18 @@ fn the_file_is_readable_by_its_owner_only() {
     let config = DeadLetterConfig::at(dir.path().join("p.ndjson"));
     let w = DeadLetterWriter::open("p", &config).unwrap();
     drop(w);
-    let mode = std::fs::metadata(&config.path)
-        .unwrap()
-        .permissions()
-        .mode()
-        & 0o777;
-    assert_eq!(mode, 0o600, "{mode:o}");
+    assert_eq!(mode(&config.path), 0o600, "{:o}", mode(&config.path));
     // A file left world-readable by an older version is narrowed.
     std::fs::set_permissions(&config.path, std::fs::Permissions::from_mode(0o644)).unwrap();
     let w = DeadLetterWriter::open("p", &config).unwrap();
     drop(w);
-    let mode = std::fs::metadata(&config.path)
-        .unwrap()
-        .permissions()
-        .mode()
-        & 0o777;
-    assert_eq!(mode, 0o600, "{mode:o}");
+    assert_eq!(mode(&config.path), 0o600, "{:o}", mode(&config.path));
 }
 
 #[test]
 fn rotates_past_the_size_limit_and_keeps_max_files() {
     let dir = tempfile::tempdir().unwrap();
-    let config = DeadLetterConfig {
-        path: dir.path().join("p.ndjson"),
-        max_file_size: 4096,
-        max_files: 2,
-        topic: None,
-        file: true,
-    };
+    let config = rotating(dir.path(), 2);
     let mut w = DeadLetterWriter::open("p", &config).unwrap();
     let payload = vec![b'x'; 1000];
     for offset in 0..40 {
@@ -166,8 +164,7 @@ fn rotates_past_the_size_limit_and_keeps_max_files() {
         ((last + 1 - offsets.len() as i64)..=last).collect::<Vec<_>>()
     );
     for p in [config.rotated(1), config.rotated(2)] {
-        let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o600);
+        assert_eq!(mode(&p), 0o600);
     }
 }
 
@@ -210,13 +207,7 @@ fn only_the_re_deliverable_tail_is_read_at_start() {
 #[test]
 fn re_deliverable_records_of_a_rotated_file_are_still_known() {
     let dir = tempfile::tempdir().unwrap();
-    let config = DeadLetterConfig {
-        path: dir.path().join("p.ndjson"),
-        max_file_size: 4096,
-        max_files: 3,
-        topic: None,
-        file: true,
-    };
+    let config = rotating(dir.path(), 3);
     let mut w = DeadLetterWriter::open("p", &config).unwrap();
     let payload = vec![b'y'; 5000];
     w.write(&rec(50, &payload), "decode", "bad").unwrap();
@@ -276,30 +267,25 @@ fn two_rejections_of_one_message_are_both_kept_once() {
     };
     let mut w = DeadLetterWriter::open("p", &config).unwrap();
     let m = rec(7, b"{\"a\":[1,2]}");
-    assert!(
-        w.write(&m, "transform", "plugin split: output 1 bad")
-            .unwrap()
-    );
-    assert!(
-        w.write(&m, "schema", "field `a`: column is long, value is string")
-            .unwrap(),
+    // Whether each of the two rejections of `m` is written (again).
+    let rewrite_both = |w: &mut DeadLetterWriter| {
+        [
+            w.write(&m, "transform", "plugin split: output 1 bad")
+                .unwrap(),
+            w.write(&m, "schema", "field `a`: column is long, value is string")
+                .unwrap(),
+        ]
+    };
+    assert_eq!(
+        rewrite_both(&mut w),
+        [true, true],
         "a second reason for the same message is a second line"
     );
-    assert!(
-        !w.write(&m, "transform", "plugin split: output 1 bad")
-            .unwrap()
-    );
+    assert_eq!(rewrite_both(&mut w), [false, false], "each written once");
     w.sync().unwrap();
     drop(w);
     let mut w = DeadLetterWriter::open("p", &config).unwrap();
-    assert!(
-        !w.write(&m, "transform", "plugin split: output 1 bad")
-            .unwrap()
-    );
-    assert!(
-        !w.write(&m, "schema", "field `a`: column is long, value is string")
-            .unwrap()
-    );
+    assert_eq!(rewrite_both(&mut w), [false, false], "both known");
     // Push the file past its size so it rotates: both stay known through the sidecar.
     for i in 0..40 {
         w.write(&rec(100 + i, &[b'x'; 200]), "decode", "filler")
@@ -309,14 +295,7 @@ fn two_rejections_of_one_message_are_both_kept_once() {
     w.forget_below(&resume(0));
     drop(w);
     let mut w = DeadLetterWriter::open("p", &config).unwrap();
-    assert!(
-        !w.write(&m, "transform", "plugin split: output 1 bad")
-            .unwrap()
-    );
-    assert!(
-        !w.write(&m, "schema", "field `a`: column is long, value is string")
-            .unwrap()
-    );
+    assert_eq!(rewrite_both(&mut w), [false, false], "both known");
     let mut all = DeadLetterWriter::read_all(&config.rotated(1)).unwrap();
     all.extend(DeadLetterWriter::read_all(&config.path).unwrap());
     let sevens: Vec<&str> = all

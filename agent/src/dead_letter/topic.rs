@@ -39,14 +39,7 @@ struct Deliveries {
 }
 
 impl rdkafka::ClientContext for Deliveries {
-    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
-
-    fn generate_oauth_token(
-        &self,
-        _config: Option<&str>,
-    ) -> Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
-        self.tokens.generate()
-    }
+    crate::source::oauth::oauth_context!(tokens);
 }
 
 impl ProducerContext for Deliveries {

@@ -711,6 +711,22 @@ pub fn validate_object(bytes: &[u8], tape: &mut Tape) -> Result<(), DecodeError>
 
 pub use crate::record::json_kind;
 
+/// Asserts that `columns` are the named columns of the given type names, in order
+/// (`note` says which fields have none).
+#[cfg(test)]
+pub(crate) fn assert_columns(columns: &StructType, expect: &[(&str, &str)], note: &str) {
+    let got: Vec<(String, String)> = columns
+        .fields()
+        .iter()
+        .map(|f| (f.name.clone(), crate::schema::type_name(&f.field_type)))
+        .collect();
+    let expect: Vec<(String, String)> = expect
+        .iter()
+        .map(|(name, ty)| (name.to_string(), ty.to_string()))
+        .collect();
+    assert_eq!(got, expect, "{note}");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,9 +5,10 @@
 //! to the table's Arrow buffer. A buffer that fills is handed to the committer as a
 //! chunk (it streams into the table's open data files); every `commit_interval` (or past
 //! `max_uncommitted_bytes` written) the rest follows with a mark that commits it all.
-//! Rejected records go to the dead-letter file with their
-//! original bytes. Everything here is blocking work (parsing, WebAssembly, fsync), which
-//! is why it runs on its own thread and not on an async worker.
+//! Rejected records go to the dead-letter file with their original bytes; each mark
+//! logs them by reason with a count. Everything here is blocking work (parsing,
+//! WebAssembly, fsync), which is why it runs on its own thread and not on an async
+//! worker.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -22,7 +23,7 @@ use super::tables::TableMap;
 use super::{PipelineError, TableOpener, tracker_for};
 use crate::batch::{ROW_OVERHEAD, RowBuffer, RowMeta};
 use crate::config::PipelineConfig;
-use crate::dead_letter::DeadLetterWriter;
+use crate::dead_letter::{DeadLetterWriter, Summary};
 use crate::decode::{Decoded, Decoder};
 use crate::error::{Classify, ErrorClass, backoff};
 use crate::record::json::{JsonView, Obj, Parsed, Tape, Tapes};
@@ -77,7 +78,7 @@ impl IntakeTable {
 
 /// Bookkeeping of the read position.
 #[derive(Default)]
-pub(super) struct State {
+struct State {
     /// Next offset expected per assigned partition.
     next: PartitionMap<i64>,
     /// Where the current interval's records start per partition.
@@ -106,9 +107,12 @@ pub(super) struct State {
     /// The tapes of a batch's records for the plugins (kept for their memory).
     tapes: Tapes,
     last_commit: Option<Instant>,
+    /// Records newly dead-lettered since the last mark, for the log.
+    dead_lettered: Summary,
 }
 
-/// Where the intake is in its protocol with the committer.
+/// Where the intake is in its protocol with the committer. [`Phase::allows`] lists the
+/// transitions; [`Intake::enter`] makes them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 enum Phase {
     /// Reading records and marking every interval.
@@ -124,6 +128,26 @@ enum Phase {
     Closing,
 }
 
+impl Phase {
+    /// Whether the intake may go from this phase to `to`: every transition there is.
+    fn allows(self, to: Phase) -> bool {
+        use Phase::{Closing, Reading, Rewinding};
+        matches!(
+            (self, to),
+            // A plugin fault or a plugin call interrupted: what is buffered is dropped
+            // and read again once the committer has rewound.
+            (Reading, Rewinding { then_close: false })
+                // The closing mark is handed over.
+                | (Reading, Closing)
+                // A stop is requested while rewinding: the closing mark follows.
+                | (Rewinding { .. }, Rewinding { then_close: true })
+                // The committer rewound: reading resumes (to hand over the closing
+                // mark at once, with `then_close`).
+                | (Rewinding { .. }, Reading)
+        )
+    }
+}
+
 impl State {
     fn rewinding(&self) -> bool {
         matches!(self.phase, Phase::Rewinding { .. })
@@ -132,37 +156,68 @@ impl State {
     fn closing(&self) -> bool {
         self.phase == Phase::Closing
     }
-
-    /// The dead-letter file at start: what it holds was written by earlier runs.
-    pub(super) fn start_dead_letters(&mut self, at: crate::dead_letter::Position) {
-        self.letters_committed = Some(at);
-    }
 }
 
-/// The intake of one pipeline.
-pub(super) struct Intake {
-    pub config: Arc<PipelineConfig>,
+/// The stages the intake runs each record through.
+pub(super) struct Stages {
+    /// Decodes keys and values.
     pub decoder: Decoder,
+    /// The pipeline's plugins (empty without any).
     pub chain: TransformChain,
+    /// Where rejected records go.
     pub dead_letters: DeadLetterWriter,
+}
+
+/// The pipeline's tables as the intake starts with them, and how it opens more.
+pub(super) struct Tables {
+    /// One per table of `map`, in its order.
     pub tables: Vec<IntakeTable>,
-    pub routes: HashMap<String, usize>,
-    /// With a table per topic: each topic's table (else every record's table is 0).
-    pub by_topic: HashMap<Arc<str>, usize>,
     /// The pipeline's tables by index (grows with a table per topic).
     pub map: Arc<TableMap>,
     /// Opens the table of a new topic.
     pub opener: TableOpener,
     /// The schema options new tables start with.
     pub options: Arc<SchemaOptions>,
-    pub source: Box<dyn Source>,
+}
+
+/// The intake's channels to the committer and from the pipeline's owner.
+pub(super) struct Links {
+    /// Chunks, marks and rewinds to the committer.
     pub handoffs: mpsc::Sender<Handoff>,
+    /// The committer's answers.
+    pub reports: Receiver<Report>,
+    /// Requests from the pipeline's owner.
+    pub control: Receiver<Control>,
     /// Bytes the committer wrote and has not committed (an early mark past the bound).
     pub uncommitted: Arc<AtomicU64>,
-    pub reports: Receiver<Report>,
-    pub control: Receiver<Control>,
-    pub runtime: tokio::runtime::Handle,
-    pub state: State,
+}
+
+/// The intake of one pipeline.
+pub(super) struct Intake {
+    config: Arc<PipelineConfig>,
+    decoder: Decoder,
+    chain: TransformChain,
+    dead_letters: DeadLetterWriter,
+    tables: Vec<IntakeTable>,
+    /// Stream name to table index (the pipeline's own table is 0, streams follow).
+    routes: HashMap<String, usize>,
+    /// With a table per topic: each topic's table (else every record's table is 0).
+    by_topic: HashMap<Arc<str>, usize>,
+    /// The pipeline's tables by index (grows with a table per topic).
+    map: Arc<TableMap>,
+    /// Opens the table of a new topic.
+    opener: TableOpener,
+    /// The schema options new tables start with.
+    options: Arc<SchemaOptions>,
+    source: Box<dyn Source>,
+    handoffs: mpsc::Sender<Handoff>,
+    /// Bytes the committer wrote and has not committed (an early mark past the bound).
+    uncommitted: Arc<AtomicU64>,
+    reports: Receiver<Report>,
+    control: Receiver<Control>,
+    /// For the async calls made from the intake thread (opening tables, the registry).
+    runtime: tokio::runtime::Handle,
+    state: State,
 }
 
 enum Flow {
@@ -213,6 +268,84 @@ struct Candidate<'a> {
 }
 
 impl Intake {
+    /// The intake of pipeline `config`, reading from `source`, in phase
+    /// [`Phase::Reading`]. What the dead-letter file holds now was written by earlier
+    /// runs.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime (its handle runs the intake's async calls).
+    pub(super) fn new(
+        config: Arc<PipelineConfig>,
+        stages: Stages,
+        tables: Tables,
+        source: Box<dyn Source>,
+        links: Links,
+    ) -> Intake {
+        let Stages {
+            decoder,
+            chain,
+            dead_letters,
+        } = stages;
+        let Tables {
+            tables,
+            map,
+            opener,
+            options,
+        } = tables;
+        let routes = config
+            .sink
+            .streams
+            .keys()
+            .cloned()
+            .zip(1..)
+            .collect::<HashMap<String, usize>>();
+        let mut by_topic = HashMap::new();
+        if map.per_topic() {
+            for topic in &config.source.topics {
+                let topic = Arc::<str>::from(topic.as_str());
+                let i = map.covering(&(topic.clone(), 0)).start;
+                by_topic.insert(topic, i);
+            }
+        }
+        let state = State {
+            letters_committed: Some(dead_letters.position()),
+            ..State::default()
+        };
+        Intake {
+            config,
+            decoder,
+            chain,
+            dead_letters,
+            tables,
+            routes,
+            by_topic,
+            map,
+            opener,
+            options,
+            source,
+            handoffs: links.handoffs,
+            uncommitted: links.uncommitted,
+            reports: links.reports,
+            control: links.control,
+            runtime: tokio::runtime::Handle::current(),
+            state,
+        }
+    }
+
+    /// Moves to phase `to`, if [`Phase::allows`] it (any other move is a bug, which
+    /// stops the pipeline).
+    fn enter(&mut self, to: Phase) -> Result<(), PipelineError> {
+        let from = self.state.phase;
+        if !from.allows(to) {
+            return Err(PipelineError::internal(
+                self.name(),
+                format!("the intake cannot go from phase {from:?} to {to:?}"),
+            ));
+        }
+        self.state.phase = to;
+        Ok(())
+    }
+
     fn name(&self) -> &str {
         &self.config.name
     }
@@ -267,7 +400,7 @@ impl Intake {
                     match self.state.phase {
                         Phase::Reading => self.mark(true)?,
                         Phase::Rewinding { .. } => {
-                            self.state.phase = Phase::Rewinding { then_close: true };
+                            self.enter(Phase::Rewinding { then_close: true })?;
                         }
                         Phase::Closing => {}
                     }
@@ -873,9 +1006,13 @@ impl Intake {
         tracing::debug!(pipeline = %self.name(), topic = %m.topic, partition = m.partition, offset = m.offset, stage, reason, "dead-lettered");
         telemetry::records_failed(self.name(), stage);
         telemetry::dead_letter(self.name(), stage);
-        self.dead_letters
+        let new = self
+            .dead_letters
             .write(m, stage, reason)
             .map_err(|e| self.err_dl(e))?;
+        if new {
+            self.state.dead_lettered.add(stage, reason, m);
+        }
         Ok(())
     }
 
@@ -936,6 +1073,7 @@ impl Intake {
         // Dead letters up to here are durable before any commit moves offsets past them.
         self.dead_letters.sync().map_err(|e| self.err_dl(e))?;
         crate::failpoint::hit(crate::failpoint::AFTER_DEAD_LETTERS);
+        self.state.dead_lettered.log(&self.config.name);
         self.state.marks += 1;
         self.state
             .letters_at_mark
@@ -952,7 +1090,7 @@ impl Intake {
         self.state.from = self.state.next.clone();
         self.state.handed_rows = false;
         if closing {
-            self.state.phase = Phase::Closing;
+            self.enter(Phase::Closing)?;
         }
         if self.handoffs.blocking_send(Handoff::Mark(mark)).is_err() {
             return Err(self.committer_gone());
@@ -972,7 +1110,7 @@ impl Intake {
 
     /// Asks the committer to rewind once everything handed over earlier is done.
     fn request_rewind(&mut self, reason: String) -> Result<(), PipelineError> {
-        self.state.phase = Phase::Rewinding { then_close: false };
+        self.enter(Phase::Rewinding { then_close: false })?;
         for t in &mut self.tables {
             let _ = t.buffer.take();
         }
@@ -1039,7 +1177,7 @@ impl Intake {
                 self.state.epoch = epoch;
                 let then_close = self.state.phase == Phase::Rewinding { then_close: true };
                 if self.state.rewinding() {
-                    self.state.phase = Phase::Reading;
+                    self.enter(Phase::Reading)?;
                 }
                 let resume = self.resume();
                 let mut positions = Vec::new();
@@ -1111,4 +1249,44 @@ impl Source for Stopped {
     }
     fn command(&self, _command: SourceCommand) {}
     fn shutdown(self: Box<Self>) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Phase::{self, Closing, Reading, Rewinding};
+
+    #[test]
+    fn the_phase_transition_table() {
+        let phases = [
+            Reading,
+            Rewinding { then_close: false },
+            Rewinding { then_close: true },
+            Closing,
+        ];
+        let allowed: Vec<(Phase, Phase)> = phases
+            .iter()
+            .flat_map(|&from| phases.iter().map(move |&to| (from, to)))
+            .filter(|&(from, to)| from.allows(to))
+            .collect();
+        assert_eq!(
+            allowed,
+            [
+                (Reading, Rewinding { then_close: false }),
+                (Reading, Closing),
+                (Rewinding { then_close: false }, Reading),
+                (
+                    Rewinding { then_close: false },
+                    Rewinding { then_close: true }
+                ),
+                (Rewinding { then_close: true }, Reading),
+                (
+                    Rewinding { then_close: true },
+                    Rewinding { then_close: true }
+                ),
+            ]
+        );
+        // Closing is final; the intake starts reading.
+        assert!(phases.iter().all(|&to| !Closing.allows(to)));
+        assert_eq!(Phase::default(), Reading);
+    }
 }

@@ -33,7 +33,6 @@ mod intake;
 mod lookup;
 mod tables;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, watch};
@@ -213,17 +212,6 @@ async fn run_with_source(
     );
     options.headers_column = config.sink.headers_column;
     let options = Arc::new(options);
-    let mut routes = HashMap::new();
-    for (i, stream) in config.sink.streams.keys().enumerate() {
-        routes.insert(stream.clone(), i + 1);
-    }
-    let mut by_topic = HashMap::new();
-    if map.per_topic() {
-        for topic in &config.source.topics {
-            let i = map.covering(&(Arc::from(topic.as_str()), 0)).start;
-            by_topic.insert(Arc::<str>::from(topic.as_str()), i);
-        }
-    }
     let mut tables = Vec::with_capacity(sinks.len());
     for sink in &sinks {
         tables.push(intake_table(&config, sink, &options)?);
@@ -251,27 +239,27 @@ async fn run_with_source(
         )
         .run(handoff_rx),
     );
-    let mut state = intake::State::default();
-    state.start_dead_letters(dead_letters.position());
-    let intake = intake::Intake {
-        config: config.clone(),
-        decoder,
-        chain,
-        dead_letters,
-        tables,
-        routes,
-        by_topic,
-        map,
-        opener,
-        options,
+    let intake = intake::Intake::new(
+        config.clone(),
+        intake::Stages {
+            decoder,
+            chain,
+            dead_letters,
+        },
+        intake::Tables {
+            tables,
+            map,
+            opener,
+            options,
+        },
         source,
-        handoffs: handoff_tx,
-        uncommitted,
-        reports: report_rx,
-        control: control_rx,
-        runtime: tokio::runtime::Handle::current(),
-        state,
-    };
+        intake::Links {
+            handoffs: handoff_tx,
+            reports: report_rx,
+            control: control_rx,
+            uncommitted,
+        },
+    );
     let intake = tokio::task::spawn_blocking(move || intake.run());
 
     // Wait for a stop request or for one side to end; then let the other side finish.

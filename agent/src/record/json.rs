@@ -87,6 +87,19 @@ struct Tok {
     len: u32,
 }
 
+impl Tok {
+    /// The token of `kind` whose text is `bytes[start..end]`.
+    #[inline]
+    fn spanning(kind: Kind, flag: bool, start: usize, end: usize) -> Tok {
+        Tok {
+            kind,
+            flag,
+            pos: start as u32,
+            len: (end - start) as u32,
+        }
+    }
+}
+
 /// A parsed JSON object that owns its text and tape.
 #[derive(Clone, PartialEq, Eq)]
 pub struct JsonObject {
@@ -910,12 +923,7 @@ fn tokenize_any(
                     return Err(syntax("expected a string key", i));
                 }
                 let (end, escaped) = scan_string(bytes, i)?;
-                tape.push(Tok {
-                    kind: Kind::Key,
-                    flag: escaped,
-                    pos: i as u32,
-                    len: (end - i) as u32,
-                });
+                tape.push(Tok::spanning(Kind::Key, escaped, i, end));
                 i = skip_ws(bytes, end);
                 if bytes.get(i) != Some(&b':') {
                     return Err(syntax("expected ':' after a key", i));
@@ -959,12 +967,7 @@ fn tokenize_any(
             }
             b'"' => {
                 let (end, escaped) = scan_string(bytes, i)?;
-                tape.push(Tok {
-                    kind: Kind::String,
-                    flag: escaped,
-                    pos: i as u32,
-                    len: (end - i) as u32,
-                });
+                tape.push(Tok::spanning(Kind::String, escaped, i, end));
                 i = end;
             }
             b't' | b'f' | b'n' => {
@@ -976,22 +979,12 @@ fn tokenize_any(
                 if !bytes[i..].starts_with(word) {
                     return Err(syntax("invalid literal", i));
                 }
-                tape.push(Tok {
-                    kind,
-                    flag: false,
-                    pos: i as u32,
-                    len: word.len() as u32,
-                });
+                tape.push(Tok::spanning(kind, false, i, i + word.len()));
                 i += word.len();
             }
             b'-' | b'0'..=b'9' => {
                 let (end, fraction) = scan_number(bytes, i)?;
-                tape.push(Tok {
-                    kind: Kind::Number,
-                    flag: fraction,
-                    pos: i as u32,
-                    len: (end - i) as u32,
-                });
+                tape.push(Tok::spanning(Kind::Number, fraction, i, end));
                 i = end;
             }
             _ => return Err(syntax("expected a value", i)),

@@ -6,6 +6,20 @@ fn obj(v: serde_json::Value) -> serde_json::Map<String, serde_json::Value> {
     v.as_object().unwrap().clone()
 }
 
+/// An optional primitive field.
+fn optional(id: i32, name: &str, ty: iceberg::spec::PrimitiveType) -> std::sync::Arc<NestedField> {
+    std::sync::Arc::new(NestedField::optional(id, name, Type::Primitive(ty)))
+}
+
+/// A required primitive field.
+fn required(id: i32, name: &str, ty: iceberg::spec::PrimitiveType) -> std::sync::Arc<NestedField> {
+    std::sync::Arc::new(NestedField::required(id, name, Type::Primitive(ty)))
+}
+
+fn decimal(precision: u32, scale: u32) -> iceberg::spec::PrimitiveType {
+    iceberg::spec::PrimitiveType::Decimal { precision, scale }
+}
+
 /// The type conflict of a rejection (panics on other rejections: a test helper).
 fn conflict(r: Rejection) -> Conflict {
     match r {
@@ -216,24 +230,9 @@ fn evolved_schema_keeps_ids_and_identifier_fields_and_widens() {
         .with_schema_id(3)
         .with_identifier_field_ids([1])
         .with_fields(vec![
-            Arc::new(NestedField::required(
-                1,
-                "id",
-                Type::Primitive(PrimitiveType::Long),
-            )),
-            Arc::new(NestedField::optional(
-                2,
-                "n",
-                Type::Primitive(PrimitiveType::Int),
-            )),
-            Arc::new(NestedField::optional(
-                3,
-                "price",
-                Type::Primitive(PrimitiveType::Decimal {
-                    precision: 9,
-                    scale: 2,
-                }),
-            )),
+            required(1, "id", PrimitiveType::Long),
+            optional(2, "n", PrimitiveType::Int),
+            optional(3, "price", decimal(9, 2)),
         ])
         .build()
         .unwrap();
@@ -250,19 +249,8 @@ fn evolved_schema_keeps_ids_and_identifier_fields_and_widens() {
             .is_err()
     );
     let declared = Arc::new(StructType::new(vec![
-        Arc::new(NestedField::optional(
-            0,
-            "n",
-            Type::Primitive(PrimitiveType::Long),
-        )),
-        Arc::new(NestedField::optional(
-            0,
-            "price",
-            Type::Primitive(PrimitiveType::Decimal {
-                precision: 12,
-                scale: 2,
-            }),
-        )),
+        optional(0, "n", PrimitiveType::Long),
+        optional(0, "price", decimal(12, 2)),
         Arc::new(NestedField::optional(
             0,
             "tags",
@@ -351,25 +339,12 @@ fn declared_types_do_not_widen_by_inference() {
 
 /// A committed table with `n: int` and `price: decimal(9,2)`.
 fn narrow_table() -> Schema {
-    use std::sync::Arc;
-
-    use iceberg::spec::{NestedField, PrimitiveType};
+    use iceberg::spec::PrimitiveType;
 
     Schema::builder()
         .with_fields(vec![
-            Arc::new(NestedField::optional(
-                1,
-                "n",
-                Type::Primitive(PrimitiveType::Int),
-            )),
-            Arc::new(NestedField::optional(
-                2,
-                "price",
-                Type::Primitive(PrimitiveType::Decimal {
-                    precision: 9,
-                    scale: 2,
-                }),
-            )),
+            optional(1, "n", PrimitiveType::Int),
+            optional(2, "price", decimal(9, 2)),
         ])
         .build()
         .unwrap()
@@ -392,17 +367,11 @@ fn declared_price(precision: u32) -> std::sync::Arc<iceberg::spec::StructType> {
 
 #[test]
 fn hints_widen_committed_columns() {
-    use std::sync::Arc;
-
-    use iceberg::spec::{NestedField, PrimitiveType, StructType};
+    use iceberg::spec::{PrimitiveType, StructType};
 
     // Through plugins the writer schema is a hint per record, not a declaration.
     let table = narrow_table();
-    let hints = StructType::new(vec![Arc::new(NestedField::optional(
-        0,
-        "n",
-        Type::Primitive(PrimitiveType::Long),
-    ))]);
+    let hints = StructType::new(vec![optional(0, "n", PrimitiveType::Long)]);
     let mut t = SchemaTracker::from_table(&table);
     let wide = obj(json!({"n": 3_000_000_000_i64}));
     assert!(t.observe(&wide).is_err(), "without the hint it conflicts");
@@ -468,26 +437,16 @@ fn float_columns_refuse_what_an_f32_cannot_hold() {
 
 #[test]
 fn a_double_hint_widens_a_float_column_even_for_values_a_float_holds() {
-    use std::sync::Arc;
-
-    use iceberg::spec::{NestedField, PrimitiveType, StructType};
+    use iceberg::spec::{PrimitiveType, StructType};
 
     let float = |t| {
         Schema::builder()
-            .with_fields(vec![Arc::new(NestedField::optional(
-                1,
-                "r",
-                Type::Primitive(t),
-            ))])
+            .with_fields(vec![optional(1, "r", t)])
             .build()
             .unwrap()
     };
     let table = float(PrimitiveType::Float);
-    let hints = StructType::new(vec![Arc::new(NestedField::optional(
-        0,
-        "r",
-        Type::Primitive(PrimitiveType::Double),
-    ))]);
+    let hints = StructType::new(vec![optional(0, "r", PrimitiveType::Double)]);
     let mut t = SchemaTracker::from_table(&table);
     // 1.1 "fits" a float only by rounding: stored as a float it would read 1.100000023841858.
     assert!(
@@ -510,11 +469,7 @@ fn nested_widenings_keep_their_ids() {
     let lines = |qty: PrimitiveType, id: i32| {
         Type::List(ListType::new(Arc::new(NestedField::list_element(
             id,
-            Type::Struct(StructType::new(vec![Arc::new(NestedField::optional(
-                id + 1,
-                "qty",
-                Type::Primitive(qty),
-            ))])),
+            Type::Struct(StructType::new(vec![optional(id + 1, "qty", qty)])),
             false,
         ))))
     };

@@ -93,14 +93,7 @@ struct Context {
 }
 
 impl ClientContext for Context {
-    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
-
-    fn generate_oauth_token(
-        &self,
-        _config: Option<&str>,
-    ) -> Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
-        self.tokens.generate()
-    }
+    super::oauth::oauth_context!(tokens);
 
     /// librdkafka retries a refused login or a failed TLS handshake forever; those need a
     /// fix in the settings, so the pipeline stops with what to check.

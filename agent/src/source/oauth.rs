@@ -204,6 +204,23 @@ fn msk_iam_token(region: &str, identity: Identity, now: SystemTime) -> Result<St
     Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(signed))
 }
 
+/// The OAUTHBEARER items of an rdkafka `ClientContext` impl whose tokens are its field
+/// `$tokens` (a [`ContextTokens`]): librdkafka asks for a token when one is due, and
+/// gets it from there. Written inside the impl: `oauth_context!(tokens);`.
+macro_rules! oauth_context {
+    ($tokens:ident) => {
+        const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+        fn generate_oauth_token(
+            &self,
+            _config: Option<&str>,
+        ) -> Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
+            self.$tokens.generate()
+        }
+    };
+}
+pub(crate) use oauth_context;
+
 /// The OAUTHBEARER part of a client context.
 #[derive(Debug, Default)]
 pub(crate) struct ContextTokens {

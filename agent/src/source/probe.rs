@@ -17,14 +17,7 @@ struct ProbeContext {
 }
 
 impl rdkafka::ClientContext for ProbeContext {
-    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
-
-    fn generate_oauth_token(
-        &self,
-        _config: Option<&str>,
-    ) -> Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
-        self.tokens.generate()
-    }
+    super::oauth::oauth_context!(tokens);
 
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
         if let Some(what) = super::security_failure(&error)

@@ -222,7 +222,7 @@ impl PluginInstance {
         }
     }
 
-    /// Runs one batch (an input buffer, see `wit/transform.wit`) and hands the answer
+    /// Runs one batch (an input buffer, see `sdk/wit/transform.wit`) and hands the answer
     /// buffer to `decode`, whose error is a fault too. After a fault the instance is
     /// dropped and rebuilt on the next call.
     pub fn call<R>(

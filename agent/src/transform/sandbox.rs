@@ -35,7 +35,7 @@ use super::TransformConfig;
 
 wasmtime::component::bindgen!({
     world: "transform",
-    path: "../wit/transform.wit",
+    path: "../sdk/wit/transform.wit",
     imports: { "floe-plugin:transform/host.panicked": trappable },
 });
 

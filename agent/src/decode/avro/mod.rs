@@ -279,17 +279,9 @@ impl Converter<'_> {
                 Value::Object(out)
             }
             (AvroSchema::Union(u), Avro::Union(index, inner)) => {
-                let branch = u
-                    .variants()
-                    .get(index as usize)
-                    .ok_or_else(|| bad("union branch out of range"))?;
-                let non_null = u
-                    .variants()
-                    .iter()
-                    .filter(|s| !matches!(s, AvroSchema::Null))
-                    .count();
+                let (branch, tagged) = union_branch(u, index)?;
                 let value = self.to_json(branch, *inner)?;
-                if non_null <= 1 || value.is_null() {
+                if !tagged || value.is_null() {
                     value
                 } else {
                     let mut wrapped = Map::new();
@@ -300,6 +292,24 @@ impl Converter<'_> {
             (_, other) => return Err(bad(&format!("{other:?}"))),
         })
     }
+}
+
+/// Branch `index` of union `u`, and whether its value is tagged with the branch's name
+/// (the union has several non-null branches).
+fn union_branch(
+    u: &apache_avro::schema::UnionSchema,
+    index: u32,
+) -> Result<(&AvroSchema, bool), DecodeError> {
+    let branch = u
+        .variants()
+        .get(index as usize)
+        .ok_or_else(|| bad("union branch out of range"))?;
+    let non_null = u
+        .variants()
+        .iter()
+        .filter(|s| !matches!(s, AvroSchema::Null))
+        .count();
+    Ok((branch, non_null > 1))
 }
 
 impl Converter<'_> {
@@ -358,16 +368,8 @@ impl Converter<'_> {
                 w.end_object();
             }
             (AvroSchema::Union(u), Avro::Union(index, inner)) => {
-                let branch = u
-                    .variants()
-                    .get(index as usize)
-                    .ok_or_else(|| bad("union branch out of range"))?;
-                let non_null = u
-                    .variants()
-                    .iter()
-                    .filter(|s| !matches!(s, AvroSchema::Null))
-                    .count();
-                if non_null <= 1 || matches!(*inner, Avro::Null) {
+                let (branch, tagged) = union_branch(u, index)?;
+                if !tagged || matches!(*inner, Avro::Null) {
                     self.write(w, branch, *inner)?;
                 } else {
                     w.begin_object();

@@ -11,7 +11,7 @@ use serde_json::json;
 
 use super::*;
 use crate::batch::tests::encode;
-use crate::schema::{SchemaTracker, type_name};
+use crate::schema::SchemaTracker;
 
 /// One field of every Avro type and logical type.
 pub(crate) const ALL_TYPES: &str = r#"{"type": "record", "name": "All", "namespace": "t", "fields": [
@@ -116,48 +116,41 @@ fn all_types_value(d: f64, multi: Avro) -> Avro {
 #[test]
 fn every_avro_type_maps_to_its_iceberg_type() {
     let schema = all_types_schema();
-    let got: Vec<(String, String)> = schema
-        .columns
-        .fields()
-        .iter()
-        .map(|f| (f.name.clone(), type_name(&f.field_type)))
-        .collect();
-    let expect = [
-        ("b", "boolean"),
-        ("i", "int"),
-        ("l", "long"),
-        ("f", "float"),
-        ("d", "double"),
-        ("s", "string"),
-        ("by", "binary"),
-        ("fx", "fixed(4)"),
-        ("e", "string"),
-        ("dec", "decimal(10, 2)"),
-        ("decf", "decimal(18, 4)"),
-        ("u", "uuid"),
-        ("day", "date"),
-        ("tm", "time"),
-        ("tu", "time"),
-        ("tsm", "timestamptz"),
-        ("tsu", "timestamptz"),
-        ("ltm", "timestamp"),
-        ("ltu", "timestamp"),
-        ("dur", "fixed(12)"),
-        ("opt", "string"),
-        (
-            "multi",
-            "struct<long: long, string: string, Inner2: struct<y: string>>",
-        ),
-        ("arr", "list<long>"),
-        ("m", "map<string, double>"),
-        ("rec", "struct<x: int>"),
-        ("recs", "list<struct<x: int>>"),
-    ];
-    let expect: Vec<(String, String)> = expect
-        .iter()
-        .map(|(a, b)| (a.to_string(), b.to_string()))
-        .collect();
-    assert_eq!(got, expect, "`nothing` (null) has no column");
+    crate::decode::assert_columns(
+        &schema.columns,
+        &[
+            ("b", "boolean"),
+            ("i", "int"),
+            ("l", "long"),
+            ("f", "float"),
+            ("d", "double"),
+            ("s", "string"),
+            ("by", "binary"),
+            ("fx", "fixed(4)"),
+            ("e", "string"),
+            ("dec", "decimal(10, 2)"),
+            ("decf", "decimal(18, 4)"),
+            ("u", "uuid"),
+            ("day", "date"),
+            ("tm", "time"),
+            ("tu", "time"),
+            ("tsm", "timestamptz"),
+            ("tsu", "timestamptz"),
+            ("ltm", "timestamp"),
+            ("ltu", "timestamp"),
+            ("dur", "fixed(12)"),
+            ("opt", "string"),
+            (
+                "multi",
+                "struct<long: long, string: string, Inner2: struct<y: string>>",
+            ),
+            ("arr", "list<long>"),
+            ("m", "map<string, double>"),
+            ("rec", "struct<x: int>"),
+            ("recs", "list<struct<x: int>>"),
+        ],
+        "`nothing` (null) has no column",
+    );
 }
 
 #[test]

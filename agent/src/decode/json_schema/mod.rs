@@ -157,6 +157,25 @@ impl JsonSchemaDoc {
 
 /// Writes `v` by `plan`. With `strict` (validated), a value a declared format cannot
 /// hold is an error; otherwise it is written as it is.
+/// Writes `members` as a JSON object, each value by `member` (an error names its key).
+fn write_members(
+    members: &serde_json::Map<String, Value>,
+    out: &mut Vec<u8>,
+    mut member: impl FnMut(&str, &Value, &mut Vec<u8>) -> Result<(), String>,
+) -> Result<(), String> {
+    out.push(b'{');
+    for (i, (name, value)) in members.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        text::string(out, name);
+        out.push(b':');
+        member(name, value, out).map_err(|e| format!("at /{name}: {e}"))?;
+    }
+    out.push(b'}');
+    Ok(())
+}
+
 fn write(plan: &Plan, v: &Value, strict: bool, out: &mut Vec<u8>) -> Result<(), String> {
     let as_is = |out: &mut Vec<u8>| {
         serde_json::to_writer(&mut *out, v).expect("writing JSON into a Vec cannot fail");
@@ -205,22 +224,16 @@ fn write(plan: &Plan, v: &Value, strict: bool, out: &mut Vec<u8>) -> Result<(), 
             Ok(())
         }
         (Plan::Object(props), Value::Object(members)) => {
-            out.push(b'{');
-            for (i, (name, member)) in members.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
+            write_members(members, out, |name, member, out| {
+                match props.iter().find(|p| p.name == name) {
+                    Some(p) => write(&p.plan, member, strict, out),
+                    None => {
+                        serde_json::to_writer(&mut *out, member)
+                            .expect("writing JSON into a Vec cannot fail");
+                        Ok(())
+                    }
                 }
-                text::string(out, name);
-                out.push(b':');
-                match props.iter().find(|p| &p.name == name) {
-                    Some(p) => write(&p.plan, member, strict, out)
-                        .map_err(|e| format!("at /{name}: {e}"))?,
-                    None => serde_json::to_writer(&mut *out, member)
-                        .expect("writing JSON into a Vec cannot fail"),
-                }
-            }
-            out.push(b'}');
-            Ok(())
+            })
         }
         (Plan::List(item), Value::Array(items)) => {
             out.push(b'[');
@@ -234,17 +247,9 @@ fn write(plan: &Plan, v: &Value, strict: bool, out: &mut Vec<u8>) -> Result<(), 
             Ok(())
         }
         (Plan::Map(value), Value::Object(members)) => {
-            out.push(b'{');
-            for (i, (name, member)) in members.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                text::string(out, name);
-                out.push(b':');
-                write(value, member, strict, out).map_err(|e| format!("at /{name}: {e}"))?;
-            }
-            out.push(b'}');
-            Ok(())
+            write_members(members, out, |_, member, out| {
+                write(value, member, strict, out)
+            })
         }
         // Kinds the validator accepted for a plain column, and mismatches under `coerce`
         // (the schema stage checks them against the column).

@@ -5,7 +5,6 @@ use prost_reflect::{DynamicMessage, MapKey, ReflectMessage, Value as PValue};
 use serde_json::{Value, json};
 
 use super::*;
-use crate::schema::type_name;
 
 const COMMON: &str = r#"
 syntax = "proto3";
@@ -165,45 +164,35 @@ fn full_order(message: &ProtoMessage) -> DynamicMessage {
 fn every_protobuf_type_maps_to_its_iceberg_type() {
     let schema = schema();
     let order = order_message(&schema);
-    let got: Vec<(String, String)> = order
-        .columns
-        .fields()
-        .iter()
-        .map(|f| (f.name.clone(), type_name(&f.field_type)))
-        .collect();
-    let expect = [
-        ("id", "long"),
-        ("customer", "string"),
-        ("total", "struct<currency: string, units: long>"),
-        ("status", "string"),
-        ("lines", "list<struct<sku: string, qty: int>>"),
-        ("counts", "map<string, int>"),
-        (
-            "payment",
-            "struct<card: string, transfer: struct<iban: string>>",
-        ),
-        ("placed_at", "timestamptz"),
-        ("wait", "long"),
-        ("coupon", "string"),
-        ("priority", "int"),
-        ("blob", "binary"),
-        ("big", "decimal(20, 0)"),
-        ("d", "double"),
-        ("f", "float"),
-        ("flag", "boolean"),
-        ("s32", "int"),
-        ("fx", "long"),
-        ("extra", "string"),
-        ("maybe", "int"),
-        ("tags", "list<string>"),
-    ];
-    let expect: Vec<(String, String)> = expect
-        .iter()
-        .map(|(a, b)| (a.to_string(), b.to_string()))
-        .collect();
-    assert_eq!(
-        got, expect,
-        "`nothing` (google.protobuf.Empty) has no column"
+    crate::decode::assert_columns(
+        &order.columns,
+        &[
+            ("id", "long"),
+            ("customer", "string"),
+            ("total", "struct<currency: string, units: long>"),
+            ("status", "string"),
+            ("lines", "list<struct<sku: string, qty: int>>"),
+            ("counts", "map<string, int>"),
+            (
+                "payment",
+                "struct<card: string, transfer: struct<iban: string>>",
+            ),
+            ("placed_at", "timestamptz"),
+            ("wait", "long"),
+            ("coupon", "string"),
+            ("priority", "int"),
+            ("blob", "binary"),
+            ("big", "decimal(20, 0)"),
+            ("d", "double"),
+            ("f", "float"),
+            ("flag", "boolean"),
+            ("s32", "int"),
+            ("fx", "long"),
+            ("extra", "string"),
+            ("maybe", "int"),
+            ("tags", "list<string>"),
+        ],
+        "`nothing` (google.protobuf.Empty) has no column",
     );
 }
 
