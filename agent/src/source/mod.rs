@@ -440,6 +440,10 @@ pub enum SourceError {
         /// What librdkafka said.
         source: KafkaError,
     },
+    /// The brokers refused the client's identity, or the TLS handshake failed: a
+    /// setting to fix, not an outage to wait out.
+    #[error("{0}")]
+    Refused(String),
     /// A configured topic does not exist on the cluster.
     #[error("topic {0:?} does not exist on the Kafka cluster")]
     MissingTopic(String),
