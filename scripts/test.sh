@@ -40,8 +40,9 @@ step "format"
 cargo fmt --all -- --check
 
 step "module cycles"
-# No two agent modules import each other outside tests.
-python3 scripts/check-module-cycles.py
+# No two modules of the agent or of floe-iceberg import each other outside tests.
+python3 scripts/check-module-cycles.py agent/src
+python3 scripts/check-module-cycles.py agent/iceberg/src
 
 step "build"
 cargo build --locked --workspace --all-targets

@@ -36,7 +36,7 @@
 //!
 //! - row-delta commits: `commit/mod.rs` ([`commit`]), `commit/snapshot.rs` (the snapshot
 //!   producer and the spec id of a `DataFile`);
-//! - a public `TableCommit` builder / `TransactionAction`: `commit/backend.rs`
+//! - a public `TableCommit` builder / `TransactionAction`: `catalog/backend.rs`
 //!   ([`CommitBackend`], the SQL catalog's compare-and-swap);
 //! - a rewrite-files action: `commit/rewrite.rs` ([`commit_rewrite`]);
 //! - REST token refresh, SigV4 signing and the REST client around them:

@@ -19,14 +19,15 @@ use iceberg_storage_opendal::OpenDalResolvingStorageFactory;
 use serde::Deserialize;
 
 pub mod aws;
+pub(crate) mod backend;
 pub mod object_store;
 pub mod rest;
 mod timed;
 
 pub use timed::{CALL_TIMEOUT, Timed};
 
-use crate::commit::{CommitBackend, RestBackend, SqlBackend};
 use crate::redact::redact_url;
+use backend::{CommitBackend, RestBackend, SqlBackend};
 use rest::{RestCatalog, RestCatalogConfig, RestSession, S3Settings};
 
 /// Why a catalog could not be opened.

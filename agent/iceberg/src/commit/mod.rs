@@ -21,7 +21,6 @@
 //! 4. When the outcome is unknown (a 5xx or a timeout), it reloads and looks for its own
 //!    commit id in the snapshots before retrying, so a commit never lands twice.
 
-mod backend;
 pub mod manifests;
 mod offsets;
 mod rewrite;
@@ -34,7 +33,9 @@ use iceberg::spec::{Operation, Schema};
 use iceberg::table::Table;
 use iceberg::{Catalog, TableIdent, TableUpdate};
 
-pub use backend::{CommitBackend, CommitError, DELETE_AFTER_COMMIT, RestBackend, SqlBackend};
+pub use crate::catalog::backend::{
+    CommitBackend, CommitError, DELETE_AFTER_COMMIT, RestBackend, SqlBackend,
+};
 pub use offsets::{
     COMMIT_KEY, GAP_KEY, OFFSETS_KEY, OFFSETS_PROPERTY_PREFIX, OffsetMap, OffsetsError,
     OffsetsSource, PIPELINE_KEY, PartitionMap, RESET_KEY, StoredOffsets, TopicPartition,

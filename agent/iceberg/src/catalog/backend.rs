@@ -14,7 +14,7 @@ use iceberg::{MetadataLocation, TableRequirement, TableUpdate};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 
-use crate::catalog::rest::{RestCatalog, RestError, RestSession};
+use super::rest::{RestCatalog, RestError, RestSession};
 
 /// Table property: delete metadata files that leave the metadata log at commit.
 pub const DELETE_AFTER_COMMIT: &str = "write.metadata.delete-after-commit.enabled";
@@ -105,7 +105,7 @@ impl SqlBackend {
         let options = PgConnectOptions::from_str(uri).map_err(|e| format!("bad uri: {e}"))?;
         let pool = PgPoolOptions::new()
             .max_connections(2)
-            .acquire_timeout(crate::catalog::CALL_TIMEOUT)
+            .acquire_timeout(super::CALL_TIMEOUT)
             .connect_with(options)
             .await
             .map_err(|e| format!("cannot connect: {e}"))?;
@@ -189,12 +189,12 @@ impl CommitBackend for SqlBackend {
         // a lost connection) or a call that does not finish in time is reported as
         // unknown: the caller looks before retrying. Abandoning the call returns its
         // connection to the pool.
-        let changed = match tokio::time::timeout(crate::catalog::CALL_TIMEOUT, swapped).await {
+        let changed = match tokio::time::timeout(super::CALL_TIMEOUT, swapped).await {
             Ok(done) => done.map_err(|e| CommitError::Unknown(e.to_string()))?,
             Err(_) => {
                 return Err(CommitError::Unknown(format!(
                     "the catalog update did not finish within {}s",
-                    crate::catalog::CALL_TIMEOUT.as_secs()
+                    super::CALL_TIMEOUT.as_secs()
                 )));
             }
         };
