@@ -456,6 +456,18 @@ mod tests {
     }
 
     #[test]
+    fn every_metric_is_in_the_operations_reference() {
+        let doc = include_str!("../../../docs/operations.md");
+        for m in METRICS {
+            assert!(
+                doc.contains(&format!("| `{}` |", m.name)),
+                "docs/operations.md lists no row for {}",
+                m.name
+            );
+        }
+    }
+
+    #[test]
     fn names_follow_the_conventions() {
         for m in METRICS {
             assert!(m.name.starts_with("floe_"), "{}", m.name);
