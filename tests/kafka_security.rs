@@ -1,6 +1,6 @@
 //! Kafka over TLS with SASL: a real broker (Tansu, plaintext) behind an edge proxy that
 //! terminates TLS (server certificate from a test CA, client certificates required) and
-//! authenticates SASL PLAIN and SCRAM-SHA-512 with the Kafka wire protocol
+//! authenticates SASL PLAIN and SCRAM (SHA-256, SHA-512) with the Kafka wire protocol
 //! (`tests/fixtures/kafka_edge_proxy.py`; Tansu itself cannot do either).
 //!
 //! Floe reads through it with `[pipelines.source.tls]` and `[pipelines.source.sasl]`;
@@ -42,7 +42,7 @@ impl Drop for SecureKafka {
 
 impl SecureKafka {
     fn start() -> Result<SecureKafka> {
-        SecureKafka::start_with("PLAIN,SCRAM-SHA-512", &[])
+        SecureKafka::start_with("PLAIN,SCRAM-SHA-256,SCRAM-SHA-512", &[])
     }
 
     /// The proxy with SASL `mechanisms` and extra proxy arguments.
@@ -189,8 +189,12 @@ async fn reads_over_tls_with_sasl_and_says_what_is_wrong_when_refused() -> Resul
     kafka.produce("secure", &records).await?;
     let lake = Lake::embedded()?;
 
-    // SCRAM-SHA-512 and PLAIN, both over mutual TLS.
-    for (name, mechanism) in [("scram", "SCRAM-SHA-512"), ("plain", "PLAIN")] {
+    // SCRAM-SHA-512, SCRAM-SHA-256 and PLAIN, each over mutual TLS.
+    for (name, mechanism) in [
+        ("scram", "SCRAM-SHA-512"),
+        ("scram256", "SCRAM-SHA-256"),
+        ("plain", "PLAIN"),
+    ] {
         let path = config(
             &lake,
             &kafka,
