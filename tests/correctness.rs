@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use floe::source::SourceCommand;
 use floe_tests::inject::{Faults, faulty_catalog};
 use floe_tests::scripted::{ScriptedPipeline, messages};
@@ -255,6 +255,55 @@ async fn a_schema_change_survives_a_retried_write() -> Result<()> {
         .map(|(i, v)| row(v.clone(), i as i64))
         .collect();
     assert_table(&ws, "t", "id", &expected)
+}
+
+/// Item 1, at the commit: the commit of a seal that adds columns and widens `b` from
+/// long to double fails once, and a later one lands with its answer lost. The retries
+/// must commit the new columns and the widened type with their values (a retry on the
+/// old schema would keep only the old columns and cast 2.5 back to a long).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_change_survives_a_failed_commit_and_a_lost_answer() -> Result<()> {
+    let ws = Workspace::new()?;
+    let c = config(&ws, "p", "t", "t", "")?;
+    let (p, faults) = start(&ws, &c).await?;
+    p.assign("t", &[(0, None, vec![None])]);
+    let rows = [
+        json!({"id": 1, "a": "x"}),
+        json!({"id": 2, "a": "y", "b": 7}),
+        json!({"id": 3, "a": "z", "b": 2.5, "c": "new"}),
+        json!({"id": 4, "b": 1.25, "d": true}),
+    ];
+    p.push(messages("t", 0, 0, &refs(&values(&rows[..1]))));
+    covered(&ws, "t", "p", 1).await?;
+    faults.fail_commits(1);
+    p.push(messages("t", 0, 1, &refs(&values(&rows[1..3]))));
+    covered(&ws, "t", "p", 3).await?;
+    faults.lose_answers(1);
+    p.push(messages("t", 0, 3, &refs(&values(&rows[3..]))));
+    covered(&ws, "t", "p", 4).await?;
+    p.stop().await??;
+    let expected: Vec<Value> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, v)| row(v.clone(), i as i64))
+        .collect();
+    assert_table(&ws, "t", "id", &expected)?;
+    let catalog = ws.catalog().await?;
+    let table = catalog
+        .load_table(&iceberg::TableIdent::from_strs(["ns", "t"])?)
+        .await?;
+    let schema = table.metadata().current_schema();
+    for (column, want) in [("b", "double"), ("c", "string"), ("d", "boolean")] {
+        let field = schema
+            .field_by_name(column)
+            .with_context(|| format!("column {column} missing"))?;
+        ensure!(
+            field.field_type.to_string() == want,
+            "column {column} is {}, not {want}",
+            field.field_type
+        );
+    }
+    Ok(())
 }
 
 /// Item 2: another writer added `x` as a long; a record of this pipeline with a string
