@@ -9,7 +9,8 @@
 //! compared, every column of every row, with a reference model of what the records must
 //! have become (and the dead letters with the records that must not).
 //!
-//! CI runs one seed per mode with `FLOE_MODEL_STEPS` (default 18) steps;
+//! Modes: append, upsert on a v2 table (position deletes) and on a v3 table (deletion
+//! vectors). CI runs one seed per mode with `FLOE_MODEL_STEPS` (default 18) steps;
 //! `scripts/faults.sh` runs more (`FLOE_MODEL_SEEDS=1-20 FLOE_MODEL_STEPS=60`). A failure
 //! prints its seed and step; failing seeds are kept in `REGRESSIONS`.
 
@@ -35,7 +36,10 @@ const WAIT: Duration = Duration::from_secs(90);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
     Append,
+    /// Upsert on a format v2 table (position deletes).
     Upsert,
+    /// Upsert on a format v3 table (deletion vectors).
+    UpsertV3,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -46,6 +50,11 @@ async fn append_tables_match_the_model() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upsert_tables_match_the_model() -> Result<()> {
     run_seeds(Mode::Upsert).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upsert_v3_tables_match_the_model() -> Result<()> {
+    run_seeds(Mode::UpsertV3).await
 }
 
 async fn run_seeds(mode: Mode) -> Result<()> {
@@ -64,7 +73,11 @@ async fn run_seeds(mode: Mode) -> Result<()> {
                 .map(|s| s.trim().parse())
                 .collect::<Result<_, _>>()?,
         },
-        Err(_) => vec![if mode == Mode::Append { 1 } else { 2 }],
+        Err(_) => vec![match mode {
+            Mode::Append => 1,
+            Mode::Upsert => 2,
+            Mode::UpsertV3 => 3,
+        }],
     };
     seeds.extend(
         REGRESSIONS
@@ -187,10 +200,10 @@ impl Model {
                 self.next_id += 1;
                 self.next_id
             }
-            Mode::Upsert => rng.below(12) as i64,
+            Mode::Upsert | Mode::UpsertV3 => rng.below(12) as i64,
         };
         let key = Some(format!("k{id}"));
-        if self.mode == Mode::Upsert && rng.chance(8) {
+        if self.mode != Mode::Append && rng.chance(8) {
             return Rec {
                 key,
                 value: None,
@@ -271,14 +284,14 @@ impl Model {
                 Mode::Append => append.push(row.unwrap_or_else(|| {
                     json!({"_kafka_partition": partition, "_kafka_offset": offset, "_kafka_key": rec.key})
                 })),
-                Mode::Upsert => {
+                Mode::Upsert | Mode::UpsertV3 => {
                     rows.insert(rec.key.clone().unwrap_or_default(), row);
                 }
             }
         }
         match self.mode {
             Mode::Append => append,
-            Mode::Upsert => rows.into_values().flatten().collect(),
+            Mode::Upsert | Mode::UpsertV3 => rows.into_values().flatten().collect(),
         }
     }
 
@@ -364,6 +377,7 @@ fn config(ws: &Workspace, name: &str, topic: &str, mode: Mode) -> Result<PathBuf
     let upsert = match mode {
         Mode::Append => "",
         Mode::Upsert => "mode = \"upsert\"\nkey = [\"_kafka_key\"]",
+        Mode::UpsertV3 => "mode = \"upsert\"\nkey = [\"_kafka_key\"]\nformat_version = 3",
     };
     let text = format!(
         r#"
@@ -485,7 +499,7 @@ impl Run {
             // A key always goes to one partition (as a keyed producer sends it): the
             // order of its versions is defined.
             let p = match &rec.key {
-                Some(k) if self.model.mode == Mode::Upsert => {
+                Some(k) if self.model.mode != Mode::Append => {
                     k.trim_start_matches('k').parse::<i32>().unwrap_or(0) % PARTITIONS
                 }
                 _ => self.rng.below(PARTITIONS as u64) as i32,
@@ -572,7 +586,7 @@ impl Run {
                     self.model.next_id += 1;
                     self.model.next_id
                 }
-                Mode::Upsert => self.rng.below(6) as i64,
+                Mode::Upsert | Mode::UpsertV3 => self.rng.below(6) as i64,
             };
             let rec = Rec {
                 key: Some(format!("f{id}")),
@@ -812,7 +826,7 @@ impl Run {
 fn compare(model: &Model, dump: &TableDump) -> Result<()> {
     let key = match model.mode {
         Mode::Append => "id",
-        Mode::Upsert => "_kafka_key",
+        Mode::Upsert | Mode::UpsertV3 => "_kafka_key",
     };
     floe_tests::reference::assert_rows(
         "table",
