@@ -1,6 +1,6 @@
 //! Table maintenance end to end: compaction, snapshot expiry, orphan and metadata cleanup
-//! running while pipelines commit every second, and offsets that survive another
-//! engine's commits plus expiry.
+//! running while pipelines commit every second, offsets that survive another engine's
+//! commits plus expiry, and another engine's equality deletes left in force.
 //!
 //! `maintenance_runs_while_pipelines_commit` produces for `FLOE_SOAK_SECONDS` (default
 //! 20 in CI; `scripts/soak-maintenance.sh` runs it for 60 and more).
@@ -477,4 +477,142 @@ async fn send(
     *produced += messages.len() as i64;
     broker.produce("state", &messages).await?;
     lake.wait_for_messages("state", "state", *produced).await
+}
+
+/// Another engine (Flink's upsert mode, say) commits equality deletes to a table Floe
+/// appends to and maintains. Compaction leaves that table alone and says why, expiry
+/// keeps the delete files (they are live), and no deleted row comes back, before or
+/// after Floe appends more. DuckDB applies equality deletes; PyIceberg cannot read them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn equality_deletes_of_another_engine_are_never_undone() -> Result<()> {
+    let lake = Lake::embedded()?;
+    let broker = Broker::start()?;
+    broker.create_topic("events", 1).await?;
+    let pipeline = lake.pipeline_toml("events", &broker.bootstrap, "events", "events", "")
+        + "[pipelines.sink.maintenance]\ninterval = \"1h\"\nmin_input_files = 2\nkeep_snapshots = 1\nmax_snapshot_age = \"0s\"\n";
+    let config = lake.write_config("floe.toml", &[pipeline])?;
+    let value = |n: i64| json!({"n": n, "s": format!("v{n}")});
+    let batch = |from: i64, to: i64| -> Vec<floe_tests::Message> {
+        (from..to)
+            .map(|n| (None, Some(value(n).to_string().into_bytes())))
+            .collect()
+    };
+    // Three commits: three data files.
+    let agent = AgentProcess::start(&config, &[])?;
+    for round in 0..3 {
+        broker
+            .produce("events", &batch(round * 20, round * 20 + 20))
+            .await?;
+        lake.wait_for_messages("events", "events", round * 20 + 20)
+            .await?;
+    }
+    agent.terminate()?;
+
+    let deleted = [3i64, 25, 47];
+    equality_delete(&lake, "events", "n", &deleted).await?;
+    let (_, deletes) = file_counts(&lake, "events").await?;
+    ensure!(
+        deletes == 1,
+        "{deletes} delete files after the foreign commit"
+    );
+    let report = maintain(&config)?;
+    ensure!(
+        report.contains("equality-delete"),
+        "compaction does not say why it left the table alone:\n{report}"
+    );
+    check_equality_deleted(&lake, 60, &deleted).context("after maintenance")?;
+
+    broker.produce("events", &batch(60, 80)).await?;
+    let agent = AgentProcess::start(&config, &[])?;
+    lake.wait_for_messages("events", "events", 80).await?;
+    agent.terminate()?;
+    maintain(&config)?;
+    let (_, deletes) = file_counts(&lake, "events").await?;
+    ensure!(deletes == 1, "{deletes} delete files after expiry");
+    check_equality_deleted(&lake, 80, &deleted).context("after more records and maintenance")
+}
+
+/// Commits an equality-delete file on `column` holding `values`, as another engine would.
+async fn equality_delete(lake: &Lake, table: &str, column: &str, values: &[i64]) -> Result<()> {
+    use std::sync::Arc;
+
+    use iceberg::spec::{DataFileFormat, Schema};
+    use iceberg::writer::file_writer::ParquetWriterBuilder;
+    use iceberg::writer::file_writer::location_generator::{
+        DefaultFileNameGenerator, DefaultLocationGenerator,
+    };
+    use iceberg::writer::file_writer::rolling_writer::RollingFileWriterBuilder;
+
+    let handle = lake.handle().await?;
+    let t = lake.table(table).await?;
+    let field = t
+        .metadata()
+        .current_schema()
+        .field_by_name(column)
+        .with_context(|| format!("column {column}"))?
+        .clone();
+    let schema = Arc::new(Schema::builder().with_fields(vec![field.clone()]).build()?);
+    let arrow = Arc::new(iceberg::arrow::schema_to_arrow_schema(&schema)?);
+    let batch = arrow_array::RecordBatch::try_new(
+        arrow,
+        vec![Arc::new(arrow_array::Int64Array::from(values.to_vec()))],
+    )?;
+    let mut writer = RollingFileWriterBuilder::new_with_default_file_size(
+        ParquetWriterBuilder::new(
+            parquet::file::properties::WriterProperties::default(),
+            schema,
+        ),
+        t.file_io().clone(),
+        DefaultLocationGenerator::new(t.metadata())?,
+        DefaultFileNameGenerator::new("engine-eq-delete".into(), None, DataFileFormat::Parquet),
+    )
+    .build();
+    writer.write(&None, &batch).await?;
+    let spec = t.metadata().default_partition_spec_id();
+    let files = writer
+        .close()
+        .await?
+        .into_iter()
+        .map(|mut b| {
+            b.content(DataContentType::EqualityDeletes)
+                .equality_ids(Some(vec![field.id]))
+                .partition_spec_id(spec);
+            b.build()
+                .map(|f| (spec, f))
+                .map_err(|e| anyhow::anyhow!("equality-delete file: {e}"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut staged = floe_iceberg::StagedSnapshot::write(&t, None, Vec::new(), files).await?;
+    let properties = std::collections::HashMap::new();
+    let offsets = OffsetMap::default();
+    let fence = floe_iceberg::Fence {
+        pipeline: "another-engine".into(),
+        expected: Default::default(),
+    };
+    floe_iceberg::commit(
+        handle.catalog.as_ref(),
+        handle.committer.as_ref(),
+        t,
+        &mut staged,
+        floe_iceberg::CommitOptions {
+            properties: &properties,
+            offsets: &offsets,
+            new_schema: None,
+            written_on: None,
+            fence: &fence,
+            exact_parent: false,
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// DuckDB reads every record below `produced` but the `deleted` ones, every column.
+fn check_equality_deleted(lake: &Lake, produced: i64, deleted: &[i64]) -> Result<()> {
+    let expected: Vec<Value> = (0..produced)
+        .filter(|n| !deleted.contains(n))
+        .map(|n| json!({"n": n, "s": format!("v{n}"), "_kafka_partition": 0, "_kafka_offset": n, "_kafka_key": null}))
+        .collect();
+    let dump = lake.read("duckdb", "events", "n")?;
+    floe_tests::reference::assert_rows("duckdb", &dump, &expected, &["n"], &["_kafka_timestamp"])
 }
