@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::{Result, bail, ensure};
 use floe_tests::lake::WAIT;
 use floe_tests::{
     Broker, PipelineSpec, Workspace, free_port, metric_value, scrape_metrics, spawn_agent,
@@ -252,6 +252,72 @@ async fn a_table_per_topic_holds_exactly_its_topics_records() -> Result<()> {
             *n as usize,
             table,
             |r| lake.read(r, table, "id"),
+        )?;
+    }
+    Ok(())
+}
+
+/// Twenty topics of one pattern, the last created while the agent runs: twenty tables,
+/// each holding exactly its topic's records, every column through both readers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_topics_of_a_pattern_become_twenty_tables() -> Result<()> {
+    const TOPICS: i64 = 20;
+    const RECORDS: i64 = 30;
+    let broker = Broker::start()?;
+    let topic = |i: i64| format!("feed.t{i:02}");
+    let records = |i: i64| -> Vec<floe_tests::Message> {
+        (0..RECORDS)
+            .map(|k| {
+                let v = json!({"id": k, "source": i, "amount": (i * 100 + k) as f64 / 8.0});
+                (
+                    Some(format!("k{k}").into_bytes()),
+                    Some(v.to_string().into_bytes()),
+                )
+            })
+            .collect()
+    };
+    for i in 0..TOPICS - 1 {
+        broker.create_topic(&topic(i), 1).await?;
+        broker.produce(&topic(i), &records(i)).await?;
+    }
+    let lake = floe_tests::lake::Lake::embedded()?;
+    let pipeline = lake
+        .pipeline_toml("feeds", &broker.bootstrap, "feed.t00", "raw_{topic}", "")
+        .replace("topics = [\"feed.t00\"]", "topic_pattern = \"feed\\\\..*\"")
+        .replace(
+            "[pipelines.source.properties]",
+            "[pipelines.source.properties]\n\"topic.metadata.refresh.interval.ms\" = \"1000\"",
+        );
+    let config = lake.write_config("floe.toml", &[pipeline])?;
+    let agent = floe_tests::AgentProcess::start(&config, &[])?;
+    let table = |i: i64| format!("raw_feed_t{i:02}");
+    for i in 0..TOPICS - 1 {
+        lake.wait_for_messages(&table(i), "feeds", RECORDS).await?;
+    }
+    broker.create_topic(&topic(TOPICS - 1), 1).await?;
+    broker
+        .produce(&topic(TOPICS - 1), &records(TOPICS - 1))
+        .await?;
+    lake.wait_for_messages(&table(TOPICS - 1), "feeds", RECORDS)
+        .await?;
+    agent.terminate()?;
+    let namespace_tables = lake
+        .catalog()
+        .await?
+        .list_tables(&iceberg::NamespaceIdent::new(lake.namespace.clone()))
+        .await?;
+    ensure!(
+        namespace_tables.len() == TOPICS as usize,
+        "{} tables: {namespace_tables:?}",
+        namespace_tables.len()
+    );
+    for i in 0..TOPICS {
+        floe_tests::reference::assert_append_table(
+            &broker.bootstrap,
+            &topic(i),
+            RECORDS as usize,
+            &table(i),
+            |r| lake.read(r, &table(i), "id"),
         )?;
     }
     Ok(())
