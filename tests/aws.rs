@@ -1,7 +1,8 @@
 //! The agent's own AWS identity (aws-config's default chain): SigV4-signed REST catalog
 //! requests, checked by a proxy that recomputes every signature with botocore (as AWS
 //! Glue's and S3 Tables' endpoints do), and S3 written with credentials from a web
-//! identity token followed by an assume-role with an external id (moto's STS).
+//! identity token followed by an assume-role with an external id, or from a profile of
+//! the shared config files that assumes a role (moto's STS).
 
 use std::path::Path;
 use std::time::Duration;
@@ -218,6 +219,78 @@ async fn s3_credentials_come_from_web_identity_then_an_assumed_role() -> Result<
         lake.is_some_and(|r| r["external_id"] == json!("floe-external-id")
             && r["session_name"] == json!("floe-test")),
         "no assumed lake role with the external id in {assumed:?}"
+    );
+    Ok(())
+}
+
+/// `aws.profile` names a profile of the shared config files that assumes a role from a
+/// source profile's keys (`role_arn`, `source_profile`, `external_id`): the agent writes
+/// S3 as that role, which moto's STS records; the rows land exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_credentials_come_from_a_profile_that_assumes_a_role() -> Result<()> {
+    let broker = Broker::start()?;
+    broker.create_topic("orders", 2).await?;
+    broker.produce("orders", &records(ROWS)).await?;
+    let stack = RestStack::start(TokenPolicy::default())?;
+    let ws = floe_tests::Workspace::new()?;
+    let profile_role = "arn:aws:iam::444444444444:role/floe-profile-role";
+    let aws_config = ws.path("aws-config");
+    std::fs::write(
+        &aws_config,
+        format!(
+            "[profile lake]\nrole_arn = {profile_role}\nsource_profile = base\nrole_session_name = floe-profile-session\nexternal_id = floe-profile-external\n\n[profile base]\nregion = us-east-1\n"
+        ),
+    )?;
+    let credentials = ws.path("aws-credentials");
+    std::fs::write(
+        &credentials,
+        "[base]\naws_access_key_id = AKIAFLOEBASEPROFILE\naws_secret_access_key = floe-base-secret\n",
+    )?;
+    let catalog = stack.catalog_toml("lake", WRITER)
+        + "access_delegation = \"none\"\naws.profile = \"lake\"\n";
+    let config = ws.path("floe.toml");
+    std::fs::write(
+        &config,
+        catalog
+            + &pipeline_toml(
+                "orders",
+                &broker.bootstrap,
+                "orders",
+                "lake",
+                ("shop", "orders"),
+                ws.dir.path(),
+            ),
+    )?;
+    let env = aws_env(&[
+        ("AWS_CONFIG_FILE", aws_config.display().to_string()),
+        (
+            "AWS_SHARED_CREDENTIALS_FILE",
+            credentials.display().to_string(),
+        ),
+        ("AWS_ENDPOINT_URL_STS", stack.s3_endpoint.clone()),
+    ]);
+    let agent = start(&config, &env)?;
+    wait_covered(&stack, &agent, ROWS as i64).await?;
+    agent.terminate()?;
+    assert_append_table(
+        &broker.bootstrap,
+        "orders",
+        ROWS,
+        "S3 as a profile's role",
+        |r| stack.read(r, "shop", "orders", "id"),
+    )?;
+    let addr = stack.s3_endpoint.trim_start_matches("http://");
+    let (_, body) = floe_tests::rest::http("GET", addr, "/moto-api/data.json", "")?;
+    let data: Value = serde_json::from_str(&body)?;
+    let assumed = data["sts"]["AssumedRole"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        assumed.iter().any(|r| r["role_arn"] == json!(profile_role)
+            && r["session_name"] == json!("floe-profile-session")
+            && r["external_id"] == json!("floe-profile-external")),
+        "no session of the profile's role in {assumed:?}"
     );
     Ok(())
 }
