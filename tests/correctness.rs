@@ -258,7 +258,8 @@ async fn a_schema_change_survives_a_retried_write() -> Result<()> {
 }
 
 /// Item 1, at the commit: the commit of a seal that adds columns and widens `b` from
-/// long to double fails once, and a later one lands with its answer lost. The retries
+/// long to double keeps failing until the committer reloads the table and tries again
+/// later, and a later commit lands with its answer lost. The retries
 /// must commit the new columns and the widened type with their values (a retry on the
 /// old schema would keep only the old columns and cast 2.5 back to a long).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -275,7 +276,9 @@ async fn a_schema_change_survives_a_failed_commit_and_a_lost_answer() -> Result<
     ];
     p.push(messages("t", 0, 0, &refs(&values(&rows[..1]))));
     covered(&ws, "t", "p", 1).await?;
-    faults.fail_commits(1);
+    // More failures than the commit layer's own attempts (12): the committer gets the
+    // transient error, reloads the table and commits again later.
+    faults.fail_commits(14);
     p.push(messages("t", 0, 1, &refs(&values(&rows[1..3]))));
     covered(&ws, "t", "p", 3).await?;
     faults.lose_answers(1);
