@@ -245,31 +245,6 @@ impl Context {
     }
 }
 
-/// A failed metadata request says only "transport failure"; a refused login or a failed
-/// TLS handshake arrives as a separate error event, possibly a little later. Waits up
-/// to two seconds for one, so the user reads what to fix instead of an outage.
-fn why_refused(consumer: &BaseConsumer<Context>, pending: &Pending) -> Option<String> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(2);
-    loop {
-        if let Some(SourceEvent::Failed(reason)) = pending
-            .lock()
-            .expect("pending events")
-            .iter()
-            .find(|e| matches!(e, SourceEvent::Failed(_)))
-        {
-            return Some(reason.clone());
-        }
-        if std::time::Instant::now() >= deadline {
-            return None;
-        }
-        if let Some(Err(e)) = consumer.poll(Duration::from_millis(100))
-            && let Some(what) = super::security_failure(&e)
-        {
-            return Some(format!("{what} ({e})"));
-        }
-    }
-}
-
 impl ConsumerContext for Context {
     // Never waits for the pipeline; reads positions from the tables (bounded time).
     fn rebalance(
@@ -417,7 +392,17 @@ impl KafkaSource {
         let metadata = match consumer.fetch_metadata(None, Duration::from_secs(15)) {
             Ok(metadata) => metadata,
             Err(source) => {
-                return Err(match why_refused(&consumer, &pending) {
+                let recorded = || {
+                    pending
+                        .lock()
+                        .expect("pending events")
+                        .iter()
+                        .find_map(|e| match e {
+                            SourceEvent::Failed(reason) => Some(reason.clone()),
+                            _ => None,
+                        })
+                };
+                return Err(match super::why_refused(&consumer, recorded) {
                     Some(reason) => SourceError::Refused(reason),
                     None => SourceError::Unreachable {
                         servers: config.bootstrap_servers.clone(),

@@ -571,6 +571,28 @@ pub(crate) fn security_failure(e: &KafkaError) -> Option<&'static str> {
     }
 }
 
+/// A failed metadata request says only "transport failure"; a refused login or a failed
+/// TLS handshake arrives as a separate error event, delivered when the consumer is
+/// polled, possibly a little later. Polls for up to two seconds for one, asking
+/// `recorded` after each poll for what the client context's error callback kept.
+pub(crate) fn why_refused<C: rdkafka::consumer::ConsumerContext>(
+    consumer: &rdkafka::consumer::BaseConsumer<C>,
+    recorded: impl Fn() -> Option<String>,
+) -> Option<String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while std::time::Instant::now() < deadline {
+        if let Some(Err(e)) = consumer.poll(std::time::Duration::from_millis(100))
+            && let Some(what) = security_failure(&e)
+        {
+            return Some(format!("{what} ({e})"));
+        }
+        if let Some(reason) = recorded() {
+            return Some(reason);
+        }
+    }
+    None
+}
+
 pub(crate) fn is_fatal(e: &KafkaError) -> bool {
     security_failure(e).is_some()
         || e.rdkafka_error_code() == Some(rdkafka::error::RDKafkaErrorCode::Fatal)

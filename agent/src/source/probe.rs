@@ -30,24 +30,6 @@ impl rdkafka::ClientContext for ProbeContext {
 
 impl rdkafka::consumer::ConsumerContext for ProbeContext {}
 
-/// A transport error hides why: a refused login or a failed handshake says it, in the
-/// error events that polling delivers.
-fn why_refused(consumer: &BaseConsumer<ProbeContext>) -> Option<String> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(2);
-    while std::time::Instant::now() < deadline {
-        if let Some(Err(e)) = consumer.poll(Duration::from_millis(100))
-            && let Some(what) = super::security_failure(&e)
-        {
-            return Some(format!("{what} ({e})"));
-        }
-        let refused = consumer.context().refused.lock().ok()?.clone();
-        if refused.is_some() {
-            return refused;
-        }
-    }
-    None
-}
-
 /// Asks the brokers for metadata and checks the configured topics.
 pub async fn probe(source: &SourceConfig, report: &mut Steps) {
     check_broker(source, report).await
@@ -68,9 +50,10 @@ async fn check_broker(source: &SourceConfig, report: &mut Steps) {
         consumer.context().tokens.serve_first(BROKER_TIMEOUT, || {
             let _ = consumer.poll(Duration::from_millis(100));
         });
-        let metadata = consumer
-            .fetch_metadata(None, BROKER_TIMEOUT)
-            .map_err(|e| why_refused(&consumer).unwrap_or_else(|| e.to_string()))?;
+        let metadata = consumer.fetch_metadata(None, BROKER_TIMEOUT).map_err(|e| {
+            let recorded = || consumer.context().refused.lock().ok()?.clone();
+            super::why_refused(&consumer, recorded).unwrap_or_else(|| e.to_string())
+        })?;
         let present: Vec<String> = metadata
             .topics()
             .iter()
