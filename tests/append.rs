@@ -257,6 +257,27 @@ async fn a_table_per_topic_holds_exactly_its_topics_records() -> Result<()> {
     Ok(())
 }
 
+/// A pipeline reading every topic matching `pattern` into `table` (`{topic}` names a
+/// table per topic), finding new topics within a second.
+fn pattern_pipeline(
+    lake: &floe_tests::lake::Lake,
+    name: &str,
+    bootstrap: &str,
+    pattern: &str,
+    table: &str,
+    sink_extra: &str,
+) -> String {
+    lake.pipeline_toml(name, bootstrap, "placeholder", table, sink_extra)
+        .replace(
+            "topics = [\"placeholder\"]",
+            &format!("topic_pattern = \"{}\"", pattern.replace('\\', "\\\\")),
+        )
+        .replace(
+            "[pipelines.source.properties]",
+            "[pipelines.source.properties]\n\"topic.metadata.refresh.interval.ms\" = \"1000\"",
+        )
+}
+
 /// Twenty topics of one pattern, the last created while the agent runs: twenty tables,
 /// each holding exactly its topic's records, every column through both readers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -281,13 +302,14 @@ async fn twenty_topics_of_a_pattern_become_twenty_tables() -> Result<()> {
         broker.produce(&topic(i), &records(i)).await?;
     }
     let lake = floe_tests::lake::Lake::embedded()?;
-    let pipeline = lake
-        .pipeline_toml("feeds", &broker.bootstrap, "feed.t00", "raw_{topic}", "")
-        .replace("topics = [\"feed.t00\"]", "topic_pattern = \"feed\\\\..*\"")
-        .replace(
-            "[pipelines.source.properties]",
-            "[pipelines.source.properties]\n\"topic.metadata.refresh.interval.ms\" = \"1000\"",
-        );
+    let pipeline = pattern_pipeline(
+        &lake,
+        "feeds",
+        &broker.bootstrap,
+        r"feed\..*",
+        "raw_{topic}",
+        "",
+    );
     let config = lake.write_config("floe.toml", &[pipeline])?;
     let agent = floe_tests::AgentProcess::start(&config, &[])?;
     let table = |i: i64| format!("raw_feed_t{i:02}");
@@ -360,13 +382,14 @@ async fn a_topic_pattern_adds_a_table_per_topic_as_topics_appear() -> Result<()>
     produce("shop.b", 0, 100).await?;
     produce("misc", 0, 50).await?;
     let lake = floe_tests::lake::Lake::embedded()?;
-    let pipeline = lake
-        .pipeline_toml("split", &broker.bootstrap, "shop.a", "raw_{topic}", "")
-        .replace("topics = [\"shop.a\"]", "topic_pattern = \"shop\\\\..*\"")
-        .replace(
-            "[pipelines.source.properties]",
-            "[pipelines.source.properties]\n\"topic.metadata.refresh.interval.ms\" = \"1000\"",
-        );
+    let pipeline = pattern_pipeline(
+        &lake,
+        "split",
+        &broker.bootstrap,
+        r"shop\..*",
+        "raw_{topic}",
+        "",
+    );
     let config = lake.write_config("floe.toml", &[pipeline])?;
     let agent = floe_tests::AgentProcess::start(&config, &[])?;
     lake.wait_for_messages("raw_shop_a", "split", 200).await?;
@@ -506,19 +529,14 @@ async fn a_topic_pattern_shares_a_table_with_the_topic_in_each_row() -> Result<(
     }
     broker.create_topic("other", 1).await?;
     let lake = floe_tests::lake::Lake::embedded()?;
-    let pipeline =
-        lake.pipeline_toml(
-            "all",
-            &broker.bootstrap,
-            "x",
-            "events",
-            "headers_column = true",
-        )
-        .replace("topics = [\"x\"]", "topic_pattern = \"^events\\\\..*\"")
-        .replace(
-            "[pipelines.source.properties]",
-            "[pipelines.source.properties]\n\"topic.metadata.refresh.interval.ms\" = \"1000\"",
-        ) + "[pipelines.decode]\nkey_format = \"base64\"\n";
+    let pipeline = pattern_pipeline(
+        &lake,
+        "all",
+        &broker.bootstrap,
+        r"^events\..*",
+        "events",
+        "headers_column = true",
+    ) + "[pipelines.decode]\nkey_format = \"base64\"\n";
     let config = lake.write_config("floe.toml", &[pipeline])?;
     let batch = |topic: &str, n: i64| -> Vec<floe_tests::Message> {
         (0..n)

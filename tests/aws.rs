@@ -4,7 +4,7 @@
 //! identity token followed by an assume-role with an external id, or from a profile of
 //! the shared config files that assumes a role (moto's STS).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Result, bail};
@@ -150,28 +150,21 @@ s3.path-style-access = true
     Ok(())
 }
 
-/// `access_delegation = "none"` without S3 keys: the agent writes S3 with the SDK chain's
-/// identity: a web identity token (as on EKS with IRSA) exchanged at STS, then
-/// `aws.role_arn` assumed with `aws.external_id` (cross-account). moto's STS records
-/// both calls; the rows land exact.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s3_credentials_come_from_web_identity_then_an_assumed_role() -> Result<()> {
-    let broker = Broker::start()?;
+/// The `orders` pipeline on `stack`'s catalog `lake` plus `catalog_extra` lines, with
+/// `ROWS` records waiting in the topic; returns the config file in `ws`.
+async fn orders_on_s3(
+    ws: &floe_tests::Workspace,
+    stack: &RestStack,
+    broker: &Broker,
+    catalog_extra: &str,
+) -> Result<PathBuf> {
     broker.create_topic("orders", 2).await?;
     broker.produce("orders", &records(ROWS)).await?;
-    let stack = RestStack::start(TokenPolicy::default())?;
-    let ws = floe_tests::Workspace::new()?;
-    let token = ws.path("web-identity-token");
-    std::fs::write(&token, "eyJhbGciOiJub25lIn0.eyJzdWIiOiJmbG9lIn0.sig")?;
-    let lake_role = "arn:aws:iam::333333333333:role/floe-lake-writer";
-    let catalog = stack.catalog_toml("lake", WRITER)
-        + &format!(
-            "access_delegation = \"none\"\naws.role_arn = \"{lake_role}\"\naws.external_id = \"floe-external-id\"\naws.role_session_name = \"floe-test\"\n"
-        );
     let config = ws.path("floe.toml");
     std::fs::write(
         &config,
-        catalog
+        stack.catalog_toml("lake", WRITER)
+            + catalog_extra
             + &pipeline_toml(
                 "orders",
                 &broker.bootstrap,
@@ -181,6 +174,58 @@ async fn s3_credentials_come_from_web_identity_then_an_assumed_role() -> Result<
                 ws.dir.path(),
             ),
     )?;
+    Ok(config)
+}
+
+/// Runs the agent with `env` until the table covers every record, then compares every
+/// value through both readers.
+async fn ingest_exactly(
+    stack: &RestStack,
+    broker: &Broker,
+    config: &Path,
+    env: &[(&'static str, String)],
+    what: &str,
+) -> Result<()> {
+    let agent = start(config, env)?;
+    wait_covered(stack, &agent, ROWS as i64).await?;
+    agent.terminate()?;
+    assert_append_table(&broker.bootstrap, "orders", ROWS, what, |r| {
+        stack.read(r, "shop", "orders", "id")
+    })
+}
+
+/// The role sessions moto's STS has handed out.
+fn assumed_roles(stack: &RestStack) -> Result<Vec<Value>> {
+    let addr = stack.s3_endpoint.trim_start_matches("http://");
+    let (_, body) = floe_tests::rest::http("GET", addr, "/moto-api/data.json", "")?;
+    let data: Value = serde_json::from_str(&body)?;
+    Ok(data["sts"]["AssumedRole"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default())
+}
+
+/// `access_delegation = "none"` without S3 keys: the agent writes S3 with the SDK chain's
+/// identity: a web identity token (as on EKS with IRSA) exchanged at STS, then
+/// `aws.role_arn` assumed with `aws.external_id` (cross-account). moto's STS records
+/// both calls; the rows land exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_credentials_come_from_web_identity_then_an_assumed_role() -> Result<()> {
+    let broker = Broker::start()?;
+    let stack = RestStack::start(TokenPolicy::default())?;
+    let ws = floe_tests::Workspace::new()?;
+    let token = ws.path("web-identity-token");
+    std::fs::write(&token, "eyJhbGciOiJub25lIn0.eyJzdWIiOiJmbG9lIn0.sig")?;
+    let lake_role = "arn:aws:iam::333333333333:role/floe-lake-writer";
+    let config = orders_on_s3(
+        &ws,
+        &stack,
+        &broker,
+        &format!(
+            "access_delegation = \"none\"\naws.role_arn = \"{lake_role}\"\naws.external_id = \"floe-external-id\"\naws.role_session_name = \"floe-test\"\n"
+        ),
+    )
+    .await?;
     let env = aws_env(&[
         ("AWS_WEB_IDENTITY_TOKEN_FILE", token.display().to_string()),
         (
@@ -190,24 +235,9 @@ async fn s3_credentials_come_from_web_identity_then_an_assumed_role() -> Result<
         ("AWS_ROLE_SESSION_NAME", "floe-pod-session".to_string()),
         ("AWS_ENDPOINT_URL_STS", stack.s3_endpoint.clone()),
     ]);
-    let agent = start(&config, &env)?;
-    wait_covered(&stack, &agent, ROWS as i64).await?;
-    agent.terminate()?;
-    assert_append_table(
-        &broker.bootstrap,
-        "orders",
-        ROWS,
-        "S3 as an assumed role",
-        |r| stack.read(r, "shop", "orders", "id"),
-    )?;
+    ingest_exactly(&stack, &broker, &config, &env, "S3 as an assumed role").await?;
 
-    let addr = stack.s3_endpoint.trim_start_matches("http://");
-    let (_, body) = floe_tests::rest::http("GET", addr, "/moto-api/data.json", "")?;
-    let data: Value = serde_json::from_str(&body)?;
-    let assumed: Vec<&Value> = data["sts"]["AssumedRole"]
-        .as_array()
-        .map(|a| a.iter().collect())
-        .unwrap_or_default();
+    let assumed = assumed_roles(&stack)?;
     let role = |arn: &str| assumed.iter().find(|r| r["role_arn"] == json!(arn));
     let pod = role("arn:aws:iam::222222222222:role/floe-pod");
     assert!(
@@ -229,8 +259,6 @@ async fn s3_credentials_come_from_web_identity_then_an_assumed_role() -> Result<
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_credentials_come_from_a_profile_that_assumes_a_role() -> Result<()> {
     let broker = Broker::start()?;
-    broker.create_topic("orders", 2).await?;
-    broker.produce("orders", &records(ROWS)).await?;
     let stack = RestStack::start(TokenPolicy::default())?;
     let ws = floe_tests::Workspace::new()?;
     let profile_role = "arn:aws:iam::444444444444:role/floe-profile-role";
@@ -246,21 +274,13 @@ async fn s3_credentials_come_from_a_profile_that_assumes_a_role() -> Result<()> 
         &credentials,
         "[base]\naws_access_key_id = AKIAFLOEBASEPROFILE\naws_secret_access_key = floe-base-secret\n",
     )?;
-    let catalog = stack.catalog_toml("lake", WRITER)
-        + "access_delegation = \"none\"\naws.profile = \"lake\"\n";
-    let config = ws.path("floe.toml");
-    std::fs::write(
-        &config,
-        catalog
-            + &pipeline_toml(
-                "orders",
-                &broker.bootstrap,
-                "orders",
-                "lake",
-                ("shop", "orders"),
-                ws.dir.path(),
-            ),
-    )?;
+    let config = orders_on_s3(
+        &ws,
+        &stack,
+        &broker,
+        "access_delegation = \"none\"\naws.profile = \"lake\"\n",
+    )
+    .await?;
     let env = aws_env(&[
         ("AWS_CONFIG_FILE", aws_config.display().to_string()),
         (
@@ -269,23 +289,8 @@ async fn s3_credentials_come_from_a_profile_that_assumes_a_role() -> Result<()> 
         ),
         ("AWS_ENDPOINT_URL_STS", stack.s3_endpoint.clone()),
     ]);
-    let agent = start(&config, &env)?;
-    wait_covered(&stack, &agent, ROWS as i64).await?;
-    agent.terminate()?;
-    assert_append_table(
-        &broker.bootstrap,
-        "orders",
-        ROWS,
-        "S3 as a profile's role",
-        |r| stack.read(r, "shop", "orders", "id"),
-    )?;
-    let addr = stack.s3_endpoint.trim_start_matches("http://");
-    let (_, body) = floe_tests::rest::http("GET", addr, "/moto-api/data.json", "")?;
-    let data: Value = serde_json::from_str(&body)?;
-    let assumed = data["sts"]["AssumedRole"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
+    ingest_exactly(&stack, &broker, &config, &env, "S3 as a profile's role").await?;
+    let assumed = assumed_roles(&stack)?;
     assert!(
         assumed.iter().any(|r| r["role_arn"] == json!(profile_role)
             && r["session_name"] == json!("floe-profile-session")

@@ -128,6 +128,15 @@ fn row(payload: Value, offset: i64) -> Value {
     Value::Object(row)
 }
 
+/// The expected rows of `payloads` produced to partition 0 from offset 0.
+fn in_order(payloads: &[Value]) -> Vec<Value> {
+    payloads
+        .iter()
+        .enumerate()
+        .map(|(i, v)| row(v.clone(), i as i64))
+        .collect()
+}
+
 /// Item 0: another pipeline on the same table commits and maintenance expires every
 /// older snapshot, deleting the manifest lists of the view this pipeline cached. Its
 /// next commit reloads the table instead of stopping.
@@ -204,17 +213,8 @@ async fn stale_view(sink: &str, table: &str) -> Result<()> {
             row(late, 2),
         ]
     } else {
-        let mut all: Vec<Value> = first
-            .iter()
-            .enumerate()
-            .map(|(i, v)| row(v.clone(), i as i64))
-            .collect();
-        all.extend(
-            busy_rows
-                .iter()
-                .enumerate()
-                .map(|(i, v)| row(v.clone(), i as i64)),
-        );
+        let mut all = in_order(&first);
+        all.extend(in_order(&busy_rows));
         all.push(row(late, 2));
         all
     };
@@ -249,11 +249,7 @@ async fn a_schema_change_survives_a_retried_write() -> Result<()> {
     p.push(messages("t", 0, 1, &refs(&values(&rows[1..]))));
     covered(&ws, "t", "p", 2).await?;
     p.stop().await??;
-    let expected: Vec<Value> = rows
-        .iter()
-        .enumerate()
-        .map(|(i, v)| row(v.clone(), i as i64))
-        .collect();
+    let expected = in_order(&rows);
     assert_table(&ws, "t", "id", &expected)
 }
 
@@ -285,11 +281,7 @@ async fn a_schema_change_survives_a_failed_commit_and_a_lost_answer() -> Result<
     p.push(messages("t", 0, 3, &refs(&values(&rows[3..]))));
     covered(&ws, "t", "p", 4).await?;
     p.stop().await??;
-    let expected: Vec<Value> = rows
-        .iter()
-        .enumerate()
-        .map(|(i, v)| row(v.clone(), i as i64))
-        .collect();
+    let expected = in_order(&rows);
     assert_table(&ws, "t", "id", &expected)?;
     let catalog = ws.catalog().await?;
     let table = catalog
@@ -397,11 +389,7 @@ async fn a_partition_assigned_back_mid_commit_is_not_committed_twice() -> Result
     // Let the next seal (the records read again) reach the committer.
     tokio::time::sleep(Duration::from_secs(3)).await;
     p.stop().await??;
-    let expected: Vec<Value> = rows
-        .iter()
-        .enumerate()
-        .map(|(i, v)| row(v.clone(), i as i64))
-        .collect();
+    let expected = in_order(&rows);
     assert_table(&ws, "t", "id", &expected)
 }
 
@@ -457,11 +445,7 @@ async fn a_failed_table_creation_is_tried_again() -> Result<()> {
     p.push(messages("t", 0, 0, &refs(&values(&rows))));
     covered(&ws, "t", "p", 5).await?;
     p.stop().await??;
-    let expected: Vec<Value> = rows
-        .iter()
-        .enumerate()
-        .map(|(i, v)| row(v.clone(), i as i64))
-        .collect();
+    let expected = in_order(&rows);
     assert_table(&ws, "t", "id", &expected)
 }
 
@@ -544,11 +528,7 @@ async fn a_failed_seek_after_a_rewind_stops_the_pipeline_safely() -> Result<()> 
     p.push(messages("t", 0, 5, &refs(&texts[5..])));
     covered(&ws, "t", "p", 8).await?;
     p.stop().await??;
-    let expected: Vec<Value> = rows
-        .iter()
-        .enumerate()
-        .map(|(i, v)| row(v.clone(), i as i64))
-        .collect();
+    let expected = in_order(&rows);
     assert_table(&ws, "t", "id", &expected)
 }
 
