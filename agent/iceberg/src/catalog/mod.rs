@@ -205,12 +205,17 @@ pub async fn open_catalog(
                 connections: 4,
             };
             // Agents starting together race to create the catalog's tables; the loser
-            // fails on Postgres's catalog of types and succeeds when it tries again.
+            // fails on Postgres's catalog of types ("duplicate key", or "type ... already
+            // exists") and succeeds when it tries again.
             let mut attempt = 0;
             loop {
                 let committer = SqlBackend::connect_postgres(uri, name);
                 match open_sql(name, &sql, &wh, committer).await {
-                    Err(e) if attempt < 3 && e.to_string().contains("duplicate key") => {
+                    Err(e)
+                        if attempt < 3
+                            && (e.to_string().contains("duplicate key")
+                                || e.to_string().contains("already exists")) =>
+                    {
                         attempt += 1;
                         tokio::time::sleep(crate::error::backoff(
                             attempt,
