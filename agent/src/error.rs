@@ -27,7 +27,18 @@ pub trait Classify {
     }
 }
 
-pub use floe_iceberg::error::{NotRetryable, backoff, is_missing_file, with_causes};
+pub use floe_iceberg::error::{NotRetryable, is_missing_file, with_causes};
+pub use floe_iceberg::retry;
+
+/// For [`retry`]: a bad record is not retried.
+impl From<ErrorClass> for floe_iceberg::ErrorClass {
+    fn from(class: ErrorClass) -> floe_iceberg::ErrorClass {
+        match class {
+            ErrorClass::Transient => floe_iceberg::ErrorClass::Transient,
+            ErrorClass::BadRecord | ErrorClass::Fatal => floe_iceberg::ErrorClass::Fatal,
+        }
+    }
+}
 
 impl From<floe_iceberg::ErrorClass> for ErrorClass {
     fn from(class: floe_iceberg::ErrorClass) -> ErrorClass {

@@ -4,8 +4,6 @@
 //! (an outside system failed for now: retry with backoff) or `Fatal` (retrying cannot
 //! help). The agent maps the class into its own error classes.
 
-use std::time::Duration;
-
 /// Whether retrying can help.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorClass {
@@ -126,17 +124,6 @@ pub fn with_causes(e: &dyn std::error::Error) -> String {
     text
 }
 
-/// Capped exponential backoff with jitter: `attempt` 1 waits about `base`, doubling
-/// up to `cap`; the wait is spread over its upper half so retries do not align.
-pub fn backoff(attempt: u32, base: Duration, cap: Duration) -> Duration {
-    let ms = (base.as_millis() as u64)
-        .saturating_mul(1 << attempt.saturating_sub(1).min(16))
-        .min(cap.as_millis() as u64)
-        .max(1);
-    let jitter = u64::from(uuid::Uuid::new_v4().as_u128() as u16) % (ms / 2 + 1);
-    Duration::from_millis(ms / 2 + jitter)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,19 +150,5 @@ mod tests {
         assert!(is_missing_file(&wrapped));
         let other = iceberg::Error::new(iceberg::ErrorKind::DataInvalid, "bad manifest");
         assert!(!is_missing_file(&other));
-    }
-
-    #[test]
-    fn backoff_doubles_up_to_the_cap_with_jitter() {
-        let base = Duration::from_millis(100);
-        let cap = Duration::from_secs(5);
-        for attempt in 1..30 {
-            let d = backoff(attempt, base, cap);
-            let full = (100u64 << (attempt - 1).min(16)).min(5000);
-            assert!(
-                d.as_millis() as u64 >= full / 2 && d.as_millis() as u64 <= full,
-                "{attempt}: {d:?}"
-            );
-        }
     }
 }

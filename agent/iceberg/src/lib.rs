@@ -56,6 +56,7 @@ pub mod error;
 pub mod expire;
 pub mod orphans;
 pub mod redact;
+pub mod retry;
 
 pub use catalog::rest;
 pub use catalog::{CALL_TIMEOUT, aws, object_store};

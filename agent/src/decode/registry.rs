@@ -23,6 +23,8 @@ use super::DecodeError;
 use super::avro::WriterSchema;
 use super::json_schema::JsonSchemaDoc;
 use super::protobuf::ProtoSchema;
+use crate::error::ErrorClass;
+use crate::error::retry::{Policy, retry};
 use crate::settings::{Secret, redact_url};
 
 /// Parsed schemas kept per client (ids); least recently used ones go first.
@@ -31,8 +33,10 @@ const MAX_SCHEMAS: usize = 1024;
 const MAX_REFERENCED: usize = 1024;
 /// Most schemas one schema may reference, transitively.
 const MAX_REFERENCES: usize = 256;
-/// Attempts per request before the registry is reported unreachable.
-const ATTEMPTS: u32 = 3;
+/// A request is tried 3 times (waiting about 250 ms, then 500 ms) while the registry
+/// cannot answer, before it is reported unreachable; the intake then keeps asking.
+const REQUEST_RETRY: Policy =
+    Policy::backoff(Duration::from_millis(250), Duration::from_secs(1)).attempts(3);
 
 /// `[pipelines.decode.registry]`. `Debug` hides the password and any credentials in the URL.
 #[derive(Clone, Deserialize)]
@@ -176,6 +180,17 @@ enum Failure {
     NotFound,
     /// The registry could not be asked.
     Unreachable(String),
+    /// The registry did not answer or answered 429/5xx: asking again can help.
+    Down(String),
+}
+
+impl Failure {
+    fn class(&self) -> ErrorClass {
+        match self {
+            Failure::Down(_) => ErrorClass::Transient,
+            Failure::NotFound | Failure::Unreachable(_) => ErrorClass::Fatal,
+        }
+    }
 }
 
 /// Fetches, parses and caches schemas by id.
@@ -251,7 +266,7 @@ impl RegistryClient {
                 id,
                 url: self.base.clone(),
             }),
-            Err(Failure::Unreachable(reason)) => {
+            Err(Failure::Unreachable(reason) | Failure::Down(reason)) => {
                 return Err(DecodeError::RegistryUnreachable {
                     url: self.base.clone(),
                     reason,
@@ -386,55 +401,57 @@ impl RegistryClient {
                 Ok(Some(raw))
             }
             Err(Failure::NotFound) => Ok(None),
-            Err(Failure::Unreachable(reason)) => Err(DecodeError::RegistryUnreachable {
-                url: self.base.clone(),
-                reason,
-            }),
+            Err(Failure::Unreachable(reason) | Failure::Down(reason)) => {
+                Err(DecodeError::RegistryUnreachable {
+                    url: self.base.clone(),
+                    reason,
+                })
+            }
         }
     }
 
-    /// `GET {base}{path}` as JSON, tried [`ATTEMPTS`] times when the registry cannot answer.
+    /// `GET {base}{path}` as JSON, retried under [`REQUEST_RETRY`].
     async fn get<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T, Failure> {
-        let mut last = String::new();
-        for attempt in 0..ATTEMPTS {
-            if attempt > 0 {
-                tokio::time::sleep(Duration::from_millis(250 * 4u64.pow(attempt - 1))).await;
-            }
-            let mut request = self
-                .http
-                .get(format!("{}{path}", self.base))
-                .header("Accept", "application/vnd.schemaregistry.v1+json");
-            if let Some(user) = &self.username {
-                request = request.basic_auth(user, self.password.as_deref());
-            }
-            let response = match request.send().await {
-                Ok(r) => r,
-                Err(e) => {
-                    last = format!("GET {path}: {}", error_chain(e));
-                    continue;
-                }
-            };
-            let status = response.status();
-            if status == reqwest::StatusCode::NOT_FOUND {
-                return Err(Failure::NotFound);
-            }
-            if !status.is_success() {
-                let body = response.text().await.unwrap_or_default();
-                last = format!(
-                    "GET {path}: HTTP {status}: {}",
-                    body.chars().take(200).collect::<String>()
-                );
-                if status.is_server_error() || status == reqwest::StatusCode::TOO_MANY_REQUESTS {
-                    continue;
-                }
-                // 401, 403 and other client errors do not heal by asking again.
-                return Err(Failure::Unreachable(last));
-            }
-            return response.json::<T>().await.map_err(|e| {
-                Failure::Unreachable(format!("GET {path}: unreadable answer: {}", error_chain(e)))
-            });
+        retry(
+            REQUEST_RETRY,
+            || self.get_once(path),
+            Failure::class,
+            |_, _, _| {},
+        )
+        .await
+    }
+
+    async fn get_once<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T, Failure> {
+        let mut request = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .header("Accept", "application/vnd.schemaregistry.v1+json");
+        if let Some(user) = &self.username {
+            request = request.basic_auth(user, self.password.as_deref());
         }
-        Err(Failure::Unreachable(last))
+        let response = request
+            .send()
+            .await
+            .map_err(|e| Failure::Down(format!("GET {path}: {}", error_chain(e))))?;
+        let status = response.status();
+        if status == reqwest::StatusCode::NOT_FOUND {
+            return Err(Failure::NotFound);
+        }
+        if !status.is_success() {
+            let body = response.text().await.unwrap_or_default();
+            let reason = format!(
+                "GET {path}: HTTP {status}: {}",
+                body.chars().take(200).collect::<String>()
+            );
+            if status.is_server_error() || status == reqwest::StatusCode::TOO_MANY_REQUESTS {
+                return Err(Failure::Down(reason));
+            }
+            // 401, 403 and other client errors do not heal by asking again.
+            return Err(Failure::Unreachable(reason));
+        }
+        response.json::<T>().await.map_err(|e| {
+            Failure::Unreachable(format!("GET {path}: unreadable answer: {}", error_chain(e)))
+        })
     }
 }
 

@@ -27,7 +27,7 @@ use super::PipelineError;
 use super::handoff::{Chunk, Handoff, Mark, Report, TableState};
 use super::tables::TableMap;
 use crate::config::PipelineConfig;
-use crate::error::{Classify, ErrorClass, backoff};
+use crate::error::{Classify, ErrorClass, retry};
 use crate::record::PartitionMap;
 use crate::sink::{CommitOutcome, SinkError, TableSink};
 use crate::source::KnownOffsets;
@@ -38,9 +38,15 @@ use floe_iceberg::OffsetMap;
 /// intervals, so a restart does not re-read much for it.
 const OFFSETS_ONLY_EVERY: u32 = 10;
 
-/// Attempts of one step before a transient failure is given up on (about an hour with
-/// the 30 s cap).
-const MAX_STEP_ATTEMPTS: u32 = 120;
+/// A step that fails transiently (creating or reloading a table, a commit) is tried 120
+/// times, about an hour with the 30 s cap, before it is given up on.
+const STEP_RETRY: retry::Policy =
+    retry::Policy::backoff(Duration::from_millis(250), Duration::from_secs(30)).attempts(120);
+
+/// Failed writes rewind and read the records again, waiting longer while writes keep
+/// failing (storage down), for as long as it takes.
+const WRITE_RETRY: retry::Policy =
+    retry::Policy::backoff(Duration::from_millis(250), Duration::from_secs(30));
 
 /// Commits to different tables in flight at once (each is its own compare-and-swap; a
 /// table per topic can mean hundreds of commits per interval).
@@ -111,9 +117,9 @@ pub(super) struct Committer {
     /// A failed commit is tried again at this time (chunks keep streaming meanwhile).
     retry_at: Option<tokio::time::Instant>,
     /// Failed commit attempts in a row.
-    attempts: u32,
-    /// Rewinds after failed writes in a row (they back off like commits).
-    failed_writes: u32,
+    attempts: retry::Attempts,
+    /// Rewinds after failed writes in a row.
+    failed_writes: retry::Attempts,
     /// The closing mark has arrived: once its commit lands (or is given up), stop.
     closing: bool,
     /// The newest mark taken (committed once every table is).
@@ -154,8 +160,8 @@ impl Committer {
             epoch: 0,
             uncommitted,
             retry_at: None,
-            attempts: 0,
-            failed_writes: 0,
+            attempts: STEP_RETRY.start(),
+            failed_writes: WRITE_RETRY.start(),
             closing: false,
             last_seq: None,
             shutdown,
@@ -289,9 +295,8 @@ impl Committer {
         if !self.tables[i].sink.exists() {
             let mut from = OffsetMap(chunk.from.clone().unwrap_or_default());
             from.0.retain(|tp, _| self.map.covering(tp).contains(&i));
-            let mut attempt = 0;
+            let mut attempts = STEP_RETRY.start();
             loop {
-                attempt += 1;
                 let e = match self.tables[i]
                     .sink
                     .ensure_table(&chunk.tracker, &from)
@@ -302,17 +307,15 @@ impl Committer {
                 };
                 match e {
                     SinkError::Fenced(reason) => return Err(Halt::Rewind(reason)),
-                    e if e.class() == ErrorClass::Transient
-                        && attempt < MAX_STEP_ATTEMPTS
-                        && !self.past_shutdown_grace() =>
-                    {
-                        let wait =
-                            backoff(attempt, Duration::from_millis(250), Duration::from_secs(30));
+                    e => {
+                        let wait = attempts.retry_after(e.class());
+                        let Some(wait) = wait.filter(|_| !self.past_shutdown_grace()) else {
+                            return Err(self.fatal(e));
+                        };
                         telemetry::transient_retry(self.name(), "create table");
-                        tracing::warn!(pipeline = %self.name(), attempt, error = %e, retry_in_ms = wait.as_millis() as u64, "creating the table failed: retrying");
+                        tracing::warn!(pipeline = %self.name(), attempt = attempts.failures(), error = %e, retry_in_ms = wait.as_millis() as u64, "creating the table failed: retrying");
                         self.pause(wait).await;
                     }
-                    e => return Err(self.fatal(e)),
                 }
             }
             // A table created just now stores `from`. (A table someone else created
@@ -327,12 +330,10 @@ impl Committer {
             Err(e) if e.class() == ErrorClass::Transient => {
                 // The generation's open files are gone: read its records again, after a
                 // wait that grows while writes keep failing (storage down).
-                self.failed_writes += 1;
-                let wait = backoff(
-                    self.failed_writes,
-                    Duration::from_millis(250),
-                    Duration::from_secs(30),
-                );
+                let wait = self
+                    .failed_writes
+                    .retry_after(e.class())
+                    .unwrap_or_default();
                 telemetry::transient_retry(self.name(), "write");
                 tracing::warn!(pipeline = %self.name(), table = %self.tables[i].sink.ident(), error = %e, retry_in_ms = wait.as_millis() as u64, "writing data files failed: reading the uncommitted records again");
                 self.pause(wait).await;
@@ -478,21 +479,16 @@ impl Committer {
                     return Err(Halt::Rewind(format!("commit fenced: {reason}")));
                 }
                 e if e.class() == ErrorClass::Transient => {
-                    self.attempts += 1;
-                    if self.attempts >= MAX_STEP_ATTEMPTS || self.past_shutdown_grace() {
+                    let wait = self.attempts.retry_after(e.class());
+                    let Some(wait) = wait.filter(|_| !self.past_shutdown_grace()) else {
                         if self.closing {
                             tracing::error!(pipeline = %self.name(), error = %e, "stopping: gave up committing the last records (they are read again at the next start)");
                         }
                         return Err(self.fatal(e));
-                    }
-                    let wait = backoff(
-                        self.attempts,
-                        Duration::from_millis(250),
-                        Duration::from_secs(30),
-                    );
+                    };
                     telemetry::transient_retry(self.name(), "commit");
                     telemetry::health::transient_failure(self.name(), "catalog", &e.to_string());
-                    tracing::warn!(pipeline = %self.name(), table = %self.tables[i].sink.ident(), tables = transient.len(), attempt = self.attempts, error = %e, retry_in_ms = wait.as_millis() as u64, "commit failed: trying again (data files keep being written meanwhile)");
+                    tracing::warn!(pipeline = %self.name(), table = %self.tables[i].sink.ident(), tables = transient.len(), attempt = self.attempts.failures(), error = %e, retry_in_ms = wait.as_millis() as u64, "commit failed: trying again (data files keep being written meanwhile)");
                     let wait = if self.closing {
                         wait.min(Duration::from_secs(2))
                     } else {
@@ -510,8 +506,8 @@ impl Committer {
                 e => return Err(self.fatal(e)),
             }
         }
-        self.attempts = 0;
-        self.failed_writes = 0;
+        self.attempts.reset();
+        self.failed_writes.reset();
         self.remember();
         self.update_uncommitted();
         telemetry::health::flush_completed(&self.config.name);
@@ -621,7 +617,7 @@ impl Committer {
     async fn rewind(&mut self, reason: &str) -> Result<(), PipelineError> {
         tracing::warn!(pipeline = %self.name(), %reason, "rewinding to the offsets stored in the table(s)");
         self.retry_at = None;
-        self.attempts = 0;
+        self.attempts.reset();
         self.last_seq = None;
         let mut states = Vec::with_capacity(self.tables.len());
         for i in 0..self.tables.len() {
@@ -631,22 +627,22 @@ impl Committer {
             t.extra.clear();
             t.writing = Volume::default();
             t.cut = Volume::default();
-            let mut attempt = 0;
+            let mut attempts = STEP_RETRY.start();
             loop {
-                attempt += 1;
-                match self.reload(i).await {
+                let e = match self.reload(i).await {
                     Ok(()) => break,
-                    Err(e) if e.class() == ErrorClass::Transient && attempt < MAX_STEP_ATTEMPTS => {
-                        let wait =
-                            backoff(attempt, Duration::from_millis(250), Duration::from_secs(30));
+                    Err(e) => e,
+                };
+                match attempts.retry_after(e.class()) {
+                    Some(wait) => {
                         telemetry::transient_retry(self.name(), "reload");
-                        tracing::warn!(pipeline = %self.name(), attempt, error = %e, "transient failure reloading a table: retrying");
+                        tracing::warn!(pipeline = %self.name(), attempt = attempts.failures(), error = %e, "transient failure reloading a table: retrying");
                         self.pause(wait).await;
                         if self.past_shutdown_grace() {
                             return Err(PipelineError::sink(self.name())(e));
                         }
                     }
-                    Err(e) => return Err(PipelineError::sink(self.name())(e)),
+                    None => return Err(PipelineError::sink(self.name())(e)),
                 }
             }
             let t = &self.tables[i];

@@ -25,7 +25,7 @@ use crate::batch::{ROW_OVERHEAD, RowBuffer, RowMeta};
 use crate::config::PipelineConfig;
 use crate::dead_letter::{DeadLetterWriter, Summary};
 use crate::decode::{Decoded, Decoder};
-use crate::error::{Classify, ErrorClass, backoff};
+use crate::error::{Classify, ErrorClass, retry};
 use crate::record::json::{JsonView, Obj, Parsed, Tape, Tapes};
 use crate::record::{Message, PartitionMap, TopicPartition};
 use crate::schema::{Admission, SchemaOptions, TableSchema};
@@ -49,6 +49,11 @@ pub(super) enum Control {
 const CHUNK_BYTES: u64 = 8 * 1024 * 1024;
 /// ... or this many rows.
 const CHUNK_ROWS: usize = 64 * 1024;
+
+/// While the catalog or the registry is unreachable the intake waits and asks again,
+/// until it answers or a stop is requested.
+const OUTAGE_RETRY: retry::Policy =
+    retry::Policy::backoff(Duration::from_millis(200), Duration::from_secs(30));
 
 /// One output table as the intake sees it.
 pub(super) struct IntakeTable {
@@ -671,20 +676,19 @@ impl Intake {
 
     /// Opens table `name`, retrying while the catalog is unreachable.
     fn open_table(&mut self, name: &str) -> Result<TableSink, PipelineError> {
-        let mut attempt = 0;
+        let mut attempts = OUTAGE_RETRY.start();
         loop {
-            attempt += 1;
-            match self.runtime.block_on(self.opener.open(&self.config, name)) {
+            let e = match self.runtime.block_on(self.opener.open(&self.config, name)) {
                 Ok(sink) => return Ok(sink),
-                Err(e) if e.class() == ErrorClass::Transient && !self.stop_requested() => {
-                    let wait =
-                        backoff(attempt, Duration::from_millis(200), Duration::from_secs(30));
-                    tracing::warn!(pipeline = %self.name(), table = %name, error = %e, attempt, retry_in_ms = wait.as_millis() as u64, "cannot open the table: retrying");
-                    telemetry::health::transient_failure(self.name(), "catalog", &e.to_string());
-                    std::thread::sleep(wait);
-                }
-                Err(e) => return Err(e),
-            }
+                Err(e) => e,
+            };
+            let wait = attempts.retry_after(e.class());
+            let Some(wait) = wait.filter(|_| !self.stop_requested()) else {
+                return Err(e);
+            };
+            tracing::warn!(pipeline = %self.name(), table = %name, error = %e, attempt = attempts.failures(), retry_in_ms = wait.as_millis() as u64, "cannot open the table: retrying");
+            telemetry::health::transient_failure(self.name(), "catalog", &e.to_string());
+            std::thread::sleep(wait);
         }
     }
 
@@ -741,30 +745,27 @@ impl Intake {
         if ids.is_empty() {
             return Ok(());
         }
-        let mut attempt = 0;
+        let mut attempts = OUTAGE_RETRY.start();
         loop {
-            attempt += 1;
-            match self.runtime.block_on(self.decoder.fetch(ids.clone())) {
+            let e = match self.runtime.block_on(self.decoder.fetch(ids.clone())) {
                 Ok(()) => {
-                    if attempt > 1 {
+                    if attempts.failures() > 0 {
                         telemetry::health::recovered(self.name());
                     }
                     return Ok(());
                 }
-                Err(e) if e.class() == ErrorClass::Transient && !self.stop_requested() => {
-                    let wait =
-                        backoff(attempt, Duration::from_millis(200), Duration::from_secs(30));
-                    tracing::warn!(pipeline = %self.name(), error = %e, attempt, retry_in_ms = wait.as_millis() as u64, "schema registry unreachable: retrying");
-                    telemetry::health::transient_failure(self.name(), "registry", &e.to_string());
-                    std::thread::sleep(wait);
-                }
-                Err(e) => {
-                    return Err(PipelineError::Decode {
-                        pipeline: self.name().to_string(),
-                        source: Box::new(e),
-                    });
-                }
-            }
+                Err(e) => e,
+            };
+            let wait = attempts.retry_after(e.class());
+            let Some(wait) = wait.filter(|_| !self.stop_requested()) else {
+                return Err(PipelineError::Decode {
+                    pipeline: self.name().to_string(),
+                    source: Box::new(e),
+                });
+            };
+            tracing::warn!(pipeline = %self.name(), error = %e, attempt = attempts.failures(), retry_in_ms = wait.as_millis() as u64, "schema registry unreachable: retrying");
+            telemetry::health::transient_failure(self.name(), "registry", &e.to_string());
+            std::thread::sleep(wait);
         }
     }
 

@@ -28,14 +28,18 @@ use crate::batch::{self, Buffered};
 use crate::record::PartitionMap;
 use crate::schema::SchemaTracker;
 use floe_iceberg::CatalogHandle;
+use floe_iceberg::retry::Policy;
 use floe_iceberg::{
     self as commit, CommitFailure, CommitOptions, Committed, Fence, StagedSnapshot,
 };
-use floe_iceberg::{COMMIT_KEY, OffsetMap, PIPELINE_KEY, WRITER_KEY};
+use floe_iceberg::{COMMIT_KEY, ErrorClass, OffsetMap, PIPELINE_KEY, WRITER_KEY};
 
 /// Times a commit whose deletes went stale (other writers keep committing) is redone
 /// before it is given up on (a transient failure: the committer retries the seal).
 const MAX_REBASES: u32 = 20;
+/// Redoing a stale commit, or reading a stale table view again, waits for nothing: the
+/// table is reloaded at once.
+const REBASE_RETRY: Policy = Policy::immediate().attempts(MAX_REBASES + 1);
 
 /// One pipeline's view of its target table.
 pub struct TableSink {
@@ -155,9 +159,8 @@ impl TableSink {
     /// it is not there. A file of the table view that is gone (another writer's expiry)
     /// means the view is stale: reload and read again.
     async fn ensure_index(&mut self) -> Result<(), SinkError> {
-        let mut attempt = 0;
+        let mut attempts = REBASE_RETRY.start();
         loop {
-            attempt += 1;
             let (Some(table), Some(u)) = (&self.table, &mut self.upsert) else {
                 return Ok(());
             };
@@ -173,7 +176,11 @@ impl TableSink {
                 }
                 Err(e) => {
                     let e = SinkError::from(e);
-                    if !e.is_missing_file() || attempt >= MAX_REBASES {
+                    let class = match e.is_missing_file() {
+                        true => ErrorClass::Transient,
+                        false => ErrorClass::Fatal,
+                    };
+                    if attempts.retry_after(class).is_none() {
                         return Err(e);
                     }
                     tracing::info!(pipeline = %self.pipeline, table = %self.ident, error = %e, "the table view is stale (a file of it is gone): reloading");
@@ -653,7 +660,7 @@ impl TableSink {
             pipeline: self.pipeline.clone(),
             expected: expected.clone(),
         };
-        let mut rebases = 0;
+        let mut rebases = REBASE_RETRY.start();
         loop {
             let table = self
                 .table
@@ -666,10 +673,9 @@ impl TableSink {
                 Ok(outcome) => return Ok(outcome),
                 Err(e) => e,
             };
-            if rebases >= MAX_REBASES {
+            if rebases.retry_after(ErrorClass::Transient).is_none() {
                 return Err(error.into_sink_error());
             }
-            rebases += 1;
             match error {
                 Attempt::Stale(Some(table)) => {
                     // Another writer (another agent on the same table, say) committed.

@@ -207,26 +207,24 @@ pub async fn open_catalog(
             // Agents starting together race to create the catalog's tables; the loser
             // fails on Postgres's catalog of types ("duplicate key", or "type ... already
             // exists") and succeeds when it tries again.
-            let mut attempt = 0;
-            loop {
-                let committer = SqlBackend::connect_postgres(uri, name);
-                match open_sql(name, &sql, &wh, committer).await {
-                    Err(e)
-                        if attempt < 3
-                            && (e.to_string().contains("duplicate key")
-                                || e.to_string().contains("already exists")) =>
-                    {
-                        attempt += 1;
-                        tokio::time::sleep(crate::error::backoff(
-                            attempt,
-                            std::time::Duration::from_millis(200),
-                            std::time::Duration::from_secs(2),
-                        ))
-                        .await;
-                    }
-                    opened => return opened,
+            let lost_race = |e: &CatalogError| {
+                let text = e.to_string();
+                match text.contains("duplicate key") || text.contains("already exists") {
+                    true => crate::ErrorClass::Transient,
+                    false => crate::ErrorClass::Fatal,
                 }
-            }
+            };
+            crate::retry::retry(
+                crate::retry::Policy::backoff(
+                    std::time::Duration::from_millis(200),
+                    std::time::Duration::from_secs(2),
+                )
+                .attempts(4),
+                || open_sql(name, &sql, &wh, SqlBackend::connect_postgres(uri, name)),
+                lost_race,
+                |_, _, _| {},
+            )
+            .await
         }
         CatalogConfig::Rest(rest) => {
             let failed = |source| CatalogError::Rest {

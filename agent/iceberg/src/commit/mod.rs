@@ -33,6 +33,9 @@ use iceberg::spec::{Operation, Schema};
 use iceberg::table::Table;
 use iceberg::{Catalog, TableIdent, TableUpdate};
 
+use crate::error::ErrorClass;
+use crate::retry::{Policy, retry};
+
 pub use crate::catalog::backend::{
     CommitBackend, CommitError, DELETE_AFTER_COMMIT, RestBackend, SqlBackend,
 };
@@ -46,8 +49,10 @@ pub use rewrite::{
 };
 pub use snapshot::{SpecFile, StagedSnapshot};
 
-/// Attempts before a commit that keeps conflicting gives up.
-const MAX_ATTEMPTS: u32 = 12;
+/// A commit that keeps conflicting gives up after 12 attempts; a short wait spreads
+/// writers that collided. Reloading the table after a failure uses it too.
+pub(crate) const COMMIT_RETRY: Policy =
+    Policy::backoff(Duration::from_millis(200), Duration::from_secs(5)).attempts(12);
 
 /// What the table must still store for this pipeline for the commit to be valid.
 #[derive(Debug, Clone)]
@@ -164,9 +169,8 @@ pub async fn commit(
     ));
     let commit_id = options.properties.get(COMMIT_KEY).cloned();
     let snapshot_id = staged.snapshot_id();
-    let mut attempt = 0;
+    let mut attempts = COMMIT_RETRY.start();
     loop {
-        attempt += 1;
         let found = check_fence(&base, options.fence)?;
         let mut properties = options.properties.clone();
         let stored = found.merged(options.offsets);
@@ -191,8 +195,12 @@ pub async fn commit(
                     reload(catalog, &ident).await?,
                 )));
             }
-            Err(e) if crate::error::is_missing_file(&e) && attempt < MAX_ATTEMPTS => {
-                tracing::info!(table = %ident, attempt, error = %e, "the table view is stale (a file of it is gone): reloading");
+            Err(e) if crate::error::is_missing_file(&e) => {
+                // Nothing outside failed: reload at once.
+                if attempts.retry_after(ErrorClass::Transient).is_none() {
+                    return Err(iceberg_failure(&ident, e));
+                }
+                tracing::info!(table = %ident, attempt = attempts.failures(), error = %e, "the table view is stale (a file of it is gone): reloading");
                 base = reload(catalog, &ident).await?;
                 if options.exact_parent && data_changed_since(&base, prepared_on) {
                     return Err(CommitFailure::Stale(Box::new(base)));
@@ -212,17 +220,17 @@ pub async fn commit(
             Err(e) => e,
         };
         let unknown = matches!(error, CommitError::Unknown(_));
-        if matches!(error, CommitError::Failed(_)) || attempt >= MAX_ATTEMPTS {
+        let Some(wait) = attempts.retry_after(error.class()) else {
             return Err(CommitFailure::Catalog {
                 table: ident.to_string(),
                 source: error,
             });
-        }
-        tracing::warn!(table = %ident, attempt, %error, "commit did not land; reloading the table");
+        };
+        tracing::warn!(table = %ident, attempt = attempts.failures(), %error, "commit did not land; reloading the table");
         if let Some(p) = options.properties.get(crate::commit::PIPELINE_KEY) {
             metrics::counter!(crate::COMMIT_RETRIES, "pipeline" => p.to_string()).increment(1);
         }
-        tokio::time::sleep(backoff(attempt)).await;
+        tokio::time::sleep(wait).await;
         base = reload(catalog, &ident).await?;
         if unknown
             && let Some(id) = &commit_id
@@ -254,22 +262,18 @@ fn offsets_property(pipeline: &str, snapshot_id: i64, offsets: OffsetMap) -> Tab
 /// Loads the table after a failed attempt; a transient failure of the load itself (the
 /// catalog answering 5xx or 429 right after a conflict) is retried with backoff.
 async fn reload(catalog: &dyn Catalog, ident: &TableIdent) -> Result<Table, CommitFailure> {
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        match catalog.load_table(ident).await {
-            Ok(t) => return Ok(t),
-            Err(e)
-                if attempt < MAX_ATTEMPTS
-                    && crate::error::iceberg_class(&e) == crate::error::ErrorClass::Transient
-                    && !crate::catalog::is_not_found(&e) =>
-            {
-                tracing::warn!(table = %ident, attempt, error = %e, "loading the table after a failed commit failed: retrying");
-                tokio::time::sleep(backoff(attempt)).await;
-            }
-            Err(e) => return Err(iceberg_failure(ident, e)),
-        }
-    }
+    let class = |e: &iceberg::Error| match crate::catalog::is_not_found(e) {
+        true => ErrorClass::Fatal,
+        false => crate::error::iceberg_class(e),
+    };
+    retry(
+        COMMIT_RETRY,
+        || catalog.load_table(ident),
+        class,
+        |e, attempt, _| tracing::warn!(table = %ident, attempt, error = %e, "loading the table after a failed commit failed: retrying"),
+    )
+    .await
+    .map_err(|e| iceberg_failure(ident, e))
 }
 
 /// Checks the covered partitions; returns every offset the table stores for the pipeline.
@@ -348,13 +352,6 @@ fn contains_commit(table: &Table, commit_id: &str) -> bool {
             .map(String::as_str)
             == Some(commit_id)
     })
-}
-
-fn backoff(attempt: u32) -> Duration {
-    let ms = 100u64.saturating_mul(1 << attempt.min(6)).min(5_000);
-    // Spread writers that collided so they do not collide again.
-    let jitter = u64::from(uuid::Uuid::new_v4().as_u128() as u16) % (ms / 2 + 1);
-    Duration::from_millis(ms / 2 + jitter)
 }
 
 fn iceberg_failure(ident: &TableIdent, e: iceberg::Error) -> CommitFailure {

@@ -24,10 +24,12 @@ use iceberg::spec::{
 use iceberg::table::Table;
 use iceberg::{Catalog, TableRequirement, TableUpdate};
 
+use crate::retry::Policy;
+
 use super::manifests::{self, FileKey, LiveFile};
 use super::snapshot::{self, FileStats, SnapshotParts, SpecFile};
 use super::{
-    COMMIT_KEY, CommitBackend, CommitError, CommitFailure, MAX_ATTEMPTS, OffsetMap, backoff,
+    COMMIT_KEY, COMMIT_RETRY, CommitBackend, CommitError, CommitFailure, OffsetMap,
     contains_commit, iceberg_failure,
 };
 
@@ -60,9 +62,11 @@ pub enum RewriteOutcome {
     GaveUp(String),
 }
 
-/// Attempts of a rewrite before it gives up (it re-plans cheaply: next to a pipeline
-/// committing every second it usually lands at the first or second attempt).
-const REWRITE_ATTEMPTS: u32 = 60;
+/// A rewrite that lost a race re-plans after a short wait, up to 60 attempts: a lost
+/// race is expected next to a busy pipeline (which usually lets it land at the first or
+/// second attempt), and re-planning is cheap. A lost answer waits like a commit does.
+const REWRITE_RETRY: Policy =
+    Policy::backoff(Duration::from_millis(80), Duration::from_millis(80)).attempts(60);
 
 // upstream: rewrite-files action (iceberg-rust 0.10 has no RewriteFiles/ReplaceFiles
 // transaction action; delete when it has one that rebases like this)
@@ -86,9 +90,9 @@ pub async fn commit_rewrite(
         added: HashMap::new(),
         rewritten: HashMap::new(),
     };
-    let mut attempt = 0;
+    let mut attempts = REWRITE_RETRY.start();
     loop {
-        attempt += 1;
+        let attempt = attempts.failures() + 1;
         let Some(current) = base.metadata().current_snapshot().cloned() else {
             return Ok(RewriteOutcome::GaveUp("the table has no snapshot".into()));
         };
@@ -111,19 +115,17 @@ pub async fn commit_rewrite(
             Err(e) => e,
         };
         let unknown = matches!(error, CommitError::Unknown(_));
-        if matches!(error, CommitError::Failed(_)) || attempt >= REWRITE_ATTEMPTS {
+        let Some(wait) = attempts.retry_after(error.class()) else {
             return Err(CommitFailure::Catalog {
                 table: ident.to_string(),
                 source: error,
             });
-        }
+        };
         tracing::debug!(table = %ident, attempt, %error, "maintenance commit did not land; planning again on the new table");
-        // Short waits: a lost race is expected next to a busy pipeline, and re-planning
-        // is cheap; a catalog that fails is not retried for long.
         let wait = if unknown {
-            backoff(attempt)
+            COMMIT_RETRY.wait(attempt)
         } else {
-            Duration::from_millis(10 + u64::from(uuid::Uuid::new_v4().as_u128() as u8) / 4)
+            wait
         };
         tokio::time::sleep(wait).await;
         base = catalog
@@ -333,9 +335,8 @@ where
     F: FnMut(&Table) -> Result<Option<Vec<TableUpdate>>, CommitFailure>,
 {
     let ident = base.identifier().clone();
-    let mut attempt = 0;
+    let mut attempts = COMMIT_RETRY.start();
     loop {
-        attempt += 1;
         let Some(list) = updates(&base)? else {
             return Ok(None);
         };
@@ -352,14 +353,14 @@ where
             Ok(table) => return Ok(Some(table)),
             Err(e) => e,
         };
-        if matches!(error, CommitError::Failed(_)) || attempt >= MAX_ATTEMPTS {
+        let Some(wait) = attempts.retry_after(error.class()) else {
             return Err(CommitFailure::Catalog {
                 table: ident.to_string(),
                 source: error,
             });
-        }
+        };
         // A lost answer is harmless here: the updates are computed again from the table.
-        tokio::time::sleep(backoff(attempt)).await;
+        tokio::time::sleep(wait).await;
         base = catalog
             .load_table(&ident)
             .await

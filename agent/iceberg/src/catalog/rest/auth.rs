@@ -10,11 +10,14 @@ use tokio::sync::Mutex;
 
 use super::config::{RestCatalogConfig, Secret, valid_client_credential};
 use super::error::RestError;
+use crate::retry::{Policy, retry};
 
 /// Refresh when this share of the token's life has passed (48 minutes into an hour).
 const REFRESH_AT_SHARE: f64 = 0.8;
-/// Attempts of one token fetch when the endpoint is unreachable or answers 408/429/5xx.
-const TOKEN_ATTEMPTS: u32 = 6;
+/// A token fetch is tried 6 times while the endpoint is unreachable or answers
+/// 408/429/5xx.
+const TOKEN_RETRY: Policy =
+    Policy::backoff(Duration::from_millis(500), Duration::from_secs(15)).attempts(6);
 
 // upstream: REST token refresh (iceberg-catalog-rest 0.10 keeps its first OAuth2 token
 // forever and does not retry after a 401; delete when it refreshes)
@@ -134,22 +137,13 @@ impl TokenSource {
     /// [`TokenSource::fetch`], retried with capped backoff while the failure is transient
     /// (no answer, 408, 429, 5xx); a refused credential fails at once.
     async fn fetch_with_retries(&self, http: &reqwest::Client) -> Result<Token, RestError> {
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            match self.fetch(http).await {
-                Err(e) if e.transient() && attempt < TOKEN_ATTEMPTS => {
-                    let wait = crate::error::backoff(
-                        attempt,
-                        Duration::from_millis(500),
-                        Duration::from_secs(15),
-                    );
-                    tracing::warn!(attempt, error = %e, wait_ms = wait.as_millis() as u64, "OAuth2 token request failed: retrying");
-                    tokio::time::sleep(wait).await;
-                }
-                other => return other,
-            }
-        }
+        retry(
+            TOKEN_RETRY,
+            || self.fetch(http),
+            RestError::class,
+            |e, attempt, wait| tracing::warn!(attempt, error = %e, wait_ms = wait.as_millis() as u64, "OAuth2 token request failed: retrying"),
+        )
+        .await
     }
 
     async fn fetch(&self, http: &reqwest::Client) -> Result<Token, RestError> {

@@ -22,12 +22,17 @@ use serde_json::Value;
 
 /// Pages of one listing before it is given up on (a catalog that never stops paging).
 const MAX_PAGES: usize = 10_000;
-/// Attempts of a namespace or table creation while the catalog fails transiently.
-const CREATE_ATTEMPTS: u32 = 6;
+/// A namespace or table creation is tried 6 times while the catalog fails transiently.
+const CREATE_RETRY: Policy = Policy::backoff(
+    std::time::Duration::from_millis(500),
+    std::time::Duration::from_secs(15),
+)
+.attempts(6);
 
 use super::config::S3Settings;
 use super::session::{RestSession, encode, namespace_path};
 use super::storage::table_file_io;
+use crate::retry::{Policy, retry};
 
 // upstream: REST catalog client (iceberg-catalog-rest 0.10 has no token refresh, no SigV4
 // signing and no vended-credential renewal; only its wire types are used here; delete
@@ -127,26 +132,16 @@ impl RestCatalog {
         path: &str,
         body: Option<Value>,
     ) -> std::result::Result<T, super::RestError> {
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            match self
-                .session
-                .call_as(operation, Method::POST, path, &[], body.as_ref())
-                .await
-            {
-                Err(e) if e.transient() && attempt < CREATE_ATTEMPTS => {
-                    let wait = crate::error::backoff(
-                        attempt,
-                        std::time::Duration::from_millis(500),
-                        std::time::Duration::from_secs(15),
-                    );
-                    tracing::warn!(%operation, attempt, error = %e, wait_ms = wait.as_millis() as u64, "catalog failed transiently: retrying");
-                    tokio::time::sleep(wait).await;
-                }
-                other => return other,
-            }
-        }
+        retry(
+            CREATE_RETRY,
+            || {
+                self.session
+                    .call_as(operation, Method::POST, path, &[], body.as_ref())
+            },
+            super::RestError::class,
+            |e, attempt, wait| tracing::warn!(%operation, attempt, error = %e, wait_ms = wait.as_millis() as u64, "catalog failed transiently: retrying"),
+        )
+        .await
     }
 
     async fn exists(&self, operation: String, path: &str) -> Result<bool> {

@@ -14,13 +14,16 @@ use super::config::{AccessDelegation, RestCatalogConfig};
 use super::error::RestError;
 use super::sigv4::SigV4;
 use crate::catalog::aws::AwsCredentials;
+use crate::retry::Policy;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
-/// Answers of 429 (Too Many Requests) waited out before the error is returned.
-const MAX_THROTTLED: u32 = 8;
 /// Longest `Retry-After` honoured; a longer one is waited this long.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+/// Eight answers of 429 (Too Many Requests) are waited out (as long as `Retry-After`
+/// says, else with backoff) before the error is returned.
+const THROTTLED_RETRY: Policy =
+    Policy::backoff(Duration::from_millis(500), MAX_RETRY_AFTER).attempts(9);
 
 /// An authenticated client of one REST catalog; cheap to clone, shared by every table
 /// of the catalog. Tokens are renewed before they expire and once after a 401.
@@ -197,7 +200,7 @@ impl RestSession {
     ) -> Result<Option<Value>, RestError> {
         let url = format!("{}{path}", self.inner.base);
         let mut retried = false;
-        let mut throttled = 0;
+        let mut throttled = THROTTLED_RETRY.start();
         loop {
             let bearer = self.inner.tokens.bearer(&self.inner.http).await?;
             let mut request = self
@@ -234,13 +237,12 @@ impl RestSession {
                 retried = true;
                 continue;
             }
-            if status == StatusCode::TOO_MANY_REQUESTS && throttled < MAX_THROTTLED {
-                // The request was not processed: waiting and sending it again is safe.
-                throttled += 1;
-                let wait = retry_after(response.headers()).unwrap_or_else(|| {
-                    crate::error::backoff(throttled, Duration::from_millis(500), MAX_RETRY_AFTER)
-                });
-                tracing::warn!(catalog = %self.inner.catalog, %operation, attempt = throttled, wait_ms = wait.as_millis() as u64, "catalog answered 429 (too many requests): waiting");
+            // The request was not processed: waiting and sending it again is safe.
+            if status == StatusCode::TOO_MANY_REQUESTS
+                && let Some(backoff) = throttled.retry_after(crate::ErrorClass::Transient)
+            {
+                let wait = retry_after(response.headers()).unwrap_or(backoff);
+                tracing::warn!(catalog = %self.inner.catalog, %operation, attempt = throttled.failures(), wait_ms = wait.as_millis() as u64, "catalog answered 429 (too many requests): waiting");
                 tokio::time::sleep(wait).await;
                 continue;
             }
