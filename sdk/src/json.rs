@@ -33,6 +33,9 @@
 use std::borrow::Cow;
 use std::fmt;
 
+use floe_json_scan::{
+    Member, Members, bytes_eq, has_backslash, is_ws, object_members, skip_ws, value_end,
+};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -147,7 +150,7 @@ impl fmt::Display for Json<'_> {
 impl<'a> Json<'a> {
     /// A view of the JSON value in `text` (surrounding whitespace is ignored).
     pub fn new(text: &'a [u8]) -> Json<'a> {
-        let start = ws(text, 0);
+        let start = skip_ws(text, 0);
         let mut end = text.len();
         while end > start && is_ws(text[end - 1]) {
             end -= 1;
@@ -298,7 +301,7 @@ impl<'a> Json<'a> {
             return None;
         }
         Members::new(self.text)
-            .find(|m| m.key_is(self.text, key))
+            .find(|m| key_is(m, self.text, key))
             .map(|m| Json {
                 text: &self.text[m.value.0..m.value.1],
             })
@@ -423,13 +426,10 @@ impl<'a> Fields<'a> {
 
 /// The field index of an object's text, found by scanning it (what the test harness
 /// sends; the agent writes it from its own parse). Offsets are into `text`, which may
-/// start with whitespace. Not part of the plugin API.
-#[doc(hidden)]
-pub fn field_spans(text: &[u8]) -> Vec<wire::FieldSpan> {
-    let start = ws(text, 0);
-    let mut members = Members::new(&text[start..]);
-    let at = |i: usize| (start + i) as u32;
-    std::iter::from_fn(|| members.next())
+/// start with whitespace.
+pub(crate) fn field_spans(text: &[u8]) -> Vec<wire::FieldSpan> {
+    let at = |i: usize| i as u32;
+    object_members(text)
         .map(|m| wire::FieldSpan {
             key: (at(m.key.0), at(m.key.1)),
             escaped: m.escaped,
@@ -475,7 +475,7 @@ impl<'a> Iterator for Items<'a> {
             return None;
         }
         let b = self.text;
-        let start = ws(b, self.pos);
+        let start = skip_ws(b, self.pos);
         if b.get(start) == Some(&b']') {
             self.done = true;
             return None;
@@ -484,7 +484,7 @@ impl<'a> Iterator for Items<'a> {
             self.done = true;
             return None;
         };
-        let after = ws(b, end);
+        let after = skip_ws(b, end);
         match b.get(after) {
             Some(b',') => self.pos = after + 1,
             _ => self.done = true,
@@ -495,209 +495,9 @@ impl<'a> Iterator for Items<'a> {
     }
 }
 
-/// Byte ranges of one object member: key (with quotes), value, in the object's text.
-#[derive(Debug, Clone, Copy)]
-struct Member {
-    key: (usize, usize),
-    /// The key holds a backslash escape.
-    escaped: bool,
-    value: (usize, usize),
-}
-
-impl Member {
-    /// Whether this member's key (in `text`, the object's text) is `key`.
-    fn key_is(&self, text: &[u8], key: &str) -> bool {
-        name_is(&text[self.key.0..self.key.1], self.escaped, key)
-    }
-}
-
-/// Walks the members of an object's text (which starts with `{`).
-#[derive(Clone)]
-struct Members<'a> {
-    text: &'a [u8],
-    pos: usize,
-    done: bool,
-}
-
-impl<'a> Members<'a> {
-    fn new(text: &'a [u8]) -> Members<'a> {
-        let ok = text.first() == Some(&b'{');
-        Members {
-            text,
-            pos: 1,
-            done: !ok,
-        }
-    }
-}
-
-impl Iterator for Members<'_> {
-    type Item = Member;
-
-    fn next(&mut self) -> Option<Member> {
-        if self.done {
-            return None;
-        }
-        // Any malformation ends the walk: a member is only returned whole.
-        self.done = true;
-        let b = self.text;
-        let key_start = ws(b, self.pos);
-        if b.get(key_start) != Some(&b'"') {
-            return None;
-        }
-        let (key_end, escaped) = string_end_escaped(b, key_start)?;
-        let colon = ws(b, key_end);
-        if b.get(colon) != Some(&b':') {
-            return None;
-        }
-        let value_start = ws(b, colon + 1);
-        let value_end = value_end(b, value_start)?;
-        let after = ws(b, value_end);
-        if b.get(after) == Some(&b',') {
-            self.pos = after + 1;
-            self.done = false;
-        }
-        Some(Member {
-            key: (key_start, key_end),
-            escaped,
-            value: (value_start, value_end),
-        })
-    }
-}
-
-fn is_ws(b: u8) -> bool {
-    matches!(b, b' ' | b'\n' | b'\r' | b'\t')
-}
-
-/// The first non-whitespace position at or after `i`.
-#[inline]
-fn ws(b: &[u8], mut i: usize) -> usize {
-    // Compact JSON (what the agent writes) has none: one comparison then.
-    while let Some(&c) = b.get(i) {
-        if c > b' ' || !is_ws(c) {
-            break;
-        }
-        i += 1;
-    }
-    i
-}
-
-/// Whether any byte of `word` is `byte` (non-zero if so). The lowest flagged byte is
-/// always a real match (a false flag only ever sits above a real one), so
-/// `trailing_zeros() / 8` of the result is the first match's index in a little-endian
-/// word. Shared with the agent's tokenizer; not part of the plugin API.
-#[doc(hidden)]
-#[inline]
-pub fn has_byte(word: u64, byte: u8) -> u64 {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    let x = word ^ (ONES * u64::from(byte));
-    x.wrapping_sub(ONES) & !x & (ONES << 7)
-}
-
-/// The position after the closing quote of the string starting at `i`.
-#[inline]
-fn string_end(b: &[u8], i: usize) -> Option<usize> {
-    string_end_escaped(b, i).map(|(end, _)| end)
-}
-
-/// [`string_end`], and whether the string holds a backslash escape.
-#[inline]
-fn string_end_escaped(b: &[u8], i: usize) -> Option<(usize, bool)> {
-    let mut escaped = false;
-    let mut j = i + 1;
-    loop {
-        // Eight bytes at a time: the lowest flagged byte of `has_byte` is always a
-        // real match (a false flag only ever sits above a real one), so it is the
-        // first quote or backslash, found without looking at the bytes one by one.
-        match b.get(j..j + 8) {
-            Some(chunk) => {
-                let word = u64::from_le_bytes(chunk.try_into().ok()?);
-                let found = has_byte(word, b'"') | has_byte(word, b'\\');
-                if found == 0 {
-                    j += 8;
-                    continue;
-                }
-                j += (found.trailing_zeros() / 8) as usize;
-            }
-            None => {
-                while j < b.len() && !matches!(b[j], b'"' | b'\\') {
-                    j += 1;
-                }
-            }
-        }
-        match *b.get(j)? {
-            b'"' => return Some((j + 1, escaped)),
-            // A backslash: the byte after it is escaped.
-            _ => {
-                escaped = true;
-                j += 2;
-            }
-        }
-    }
-}
-
-/// What a byte means to [`value_end`].
-mod class {
-    pub const OTHER: u8 = 0;
-    pub const QUOTE: u8 = 1;
-    pub const OPEN: u8 = 2;
-    pub const CLOSE: u8 = 3;
-    /// A comma or whitespace: like `CLOSE`, it ends a number, `true`, `false` or `null`.
-    pub const SEPARATOR: u8 = 4;
-}
-
-/// [`value_end`]'s class of every byte: one table lookup per byte instead of a chain
-/// of comparisons (this scan runs over every field a plugin skips).
-const CLASS: [u8; 256] = {
-    let mut table = [class::OTHER; 256];
-    table[b'"' as usize] = class::QUOTE;
-    table[b'{' as usize] = class::OPEN;
-    table[b'[' as usize] = class::OPEN;
-    table[b'}' as usize] = class::CLOSE;
-    table[b']' as usize] = class::CLOSE;
-    table[b',' as usize] = class::SEPARATOR;
-    table[b' ' as usize] = class::SEPARATOR;
-    table[b'\n' as usize] = class::SEPARATOR;
-    table[b'\r' as usize] = class::SEPARATOR;
-    table[b'\t' as usize] = class::SEPARATOR;
-    table
-};
-
-/// The position after the value starting at `i`.
-fn value_end(b: &[u8], i: usize) -> Option<usize> {
-    let first = *b.get(i)?;
-    match CLASS[first as usize] {
-        class::QUOTE => string_end(b, i),
-        class::OPEN => {
-            let mut depth = 0usize;
-            let mut j = i;
-            while j < b.len() {
-                match CLASS[b[j] as usize] {
-                    class::QUOTE => {
-                        j = string_end(b, j)?;
-                        continue;
-                    }
-                    class::OPEN => depth += 1,
-                    class::CLOSE => {
-                        depth -= 1;
-                        if depth == 0 {
-                            return Some(j + 1);
-                        }
-                    }
-                    _ => {}
-                }
-                j += 1;
-            }
-            None
-        }
-        _ if matches!(first, b',' | b'}' | b']' | b':') => None,
-        _ => {
-            let mut j = i;
-            while j < b.len() && !matches!(CLASS[b[j] as usize], class::CLOSE | class::SEPARATOR) {
-                j += 1;
-            }
-            Some(j)
-        }
-    }
+/// Whether `member`'s key (in `text`, the object's text) is `key`.
+fn key_is(member: &Member, text: &[u8], key: &str) -> bool {
+    name_is(&text[member.key.0..member.key.1], member.escaped, key)
 }
 
 /// Whether the JSON string `raw` (quotes included), which holds a backslash escape
@@ -709,38 +509,6 @@ fn name_is(raw: &[u8], escaped: bool, key: &str) -> bool {
     }
     // Unescaped: the text between the quotes is the name.
     raw.len() == key.len() + 2 && bytes_eq(&raw[1..raw.len() - 1], key.as_bytes())
-}
-
-/// `a == b`, eight bytes at a time: names and short strings are compared in a few
-/// instructions, without a call to `memcmp` (an out-of-line call in a WebAssembly guest,
-/// and one per field in the agent's patches). Shared with the agent; not part of the
-/// plugin API.
-#[doc(hidden)]
-#[inline]
-pub fn bytes_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let (mut a, mut b) = (a, b);
-    while let (Some((x, a_rest)), Some((y, b_rest))) =
-        (a.split_first_chunk::<8>(), b.split_first_chunk::<8>())
-    {
-        if x != y {
-            return false;
-        }
-        (a, b) = (a_rest, b_rest);
-    }
-    a.iter().zip(b).all(|(x, y)| x == y)
-}
-
-/// Whether `b` holds a backslash, eight bytes at a time.
-#[inline]
-fn has_backslash(b: &[u8]) -> bool {
-    let mut words = b.chunks_exact(8);
-    words
-        .by_ref()
-        .any(|w| has_byte(u64::from_le_bytes(w.try_into().expect("8")), b'\\') != 0)
-        || words.remainder().contains(&b'\\')
 }
 
 /// Whether the JSON string `raw` (quotes included) is `key`.
@@ -959,7 +727,7 @@ fn set_into(
     let key = keys[depth];
     let last = depth + 1 == keys.len();
     let found = Members::new(object)
-        .filter(|m| m.key_is(object, key))
+        .filter(|m| key_is(m, object, key))
         .last();
     match found {
         Some(m) => {
@@ -1080,7 +848,7 @@ fn remove_into(out: &mut Vec<u8>, object: &[u8], keys: &[&str], depth: usize) ->
     let key = keys[depth];
     let members: Vec<Member> = Members::new(object).collect();
     if depth + 1 < keys.len() {
-        let Some(m) = members.iter().rfind(|m| m.key_is(object, key)) else {
+        let Some(m) = members.iter().rfind(|m| key_is(m, object, key)) else {
             return false;
         };
         let inner = &object[m.value.0..m.value.1];
@@ -1094,7 +862,7 @@ fn remove_into(out: &mut Vec<u8>, object: &[u8], keys: &[&str], depth: usize) ->
         out.extend_from_slice(&object[m.value.1..]);
         return true;
     }
-    let keep: Vec<&Member> = members.iter().filter(|m| !m.key_is(object, key)).collect();
+    let keep: Vec<&Member> = members.iter().filter(|m| !key_is(m, object, key)).collect();
     if keep.len() == members.len() {
         return false;
     }

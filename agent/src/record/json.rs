@@ -639,7 +639,7 @@ impl<'a> Str<'a> {
         } else {
             // Inline, not `memcmp`: this compares every key of a patched object with
             // the names the patch edits.
-            floe_sdk::json::bytes_eq(self.raw().as_bytes(), s.as_bytes())
+            floe_json_scan::bytes_eq(self.raw().as_bytes(), s.as_bytes())
         }
     }
 }
@@ -1129,7 +1129,7 @@ fn scan_string(bytes: &[u8], start: usize) -> Result<(usize, bool), JsonError> {
 /// quote, a backslash or a control character), or where fewer than eight bytes are
 /// left. Eight bytes at a time: most of a record's text is plain string content.
 pub(super) fn skip_plain(bytes: &[u8], mut i: usize) -> usize {
-    use floe_sdk::json::has_byte;
+    use floe_json_scan::has_byte;
     while let Some(chunk) = bytes.get(i..i + 8) {
         let w = u64::from_le_bytes(chunk.try_into().expect("eight bytes"));
         // Bytes below 0x20: subtracting 0x20 sets their high bit, and `!w` keeps only

@@ -684,7 +684,7 @@ fn topic_table<'a>(
     let mut index = Vec::with_capacity(topics_of_records.len());
     let mut last = 0usize;
     for topic in topics_of_records {
-        let same = |t: &&str| floe_sdk::json::bytes_eq(t.as_bytes(), topic.as_bytes());
+        let same = |t: &&str| floe_json_scan::bytes_eq(t.as_bytes(), topic.as_bytes());
         if !topics.get(last).is_some_and(same) {
             last = match topics.iter().position(same) {
                 Some(i) => i,
@@ -879,7 +879,7 @@ struct KnownNames<'a>(SmallVec<[&'a str; 16]>);
 
 impl<'a> KnownNames<'a> {
     fn str_of(&mut self, bytes: &'a [u8], what: &str) -> Result<&'a str, String> {
-        let same = |s: &&&'a str| floe_sdk::json::bytes_eq(s.as_bytes(), bytes);
+        let same = |s: &&&'a str| floe_json_scan::bytes_eq(s.as_bytes(), bytes);
         if let Some(&s) = self.0.iter().find(same) {
             return Ok(s);
         }
