@@ -46,30 +46,53 @@ pub fn serialize(positions: &RoaringTreemap) -> Vec<u8> {
     out
 }
 
+/// Why a `deletion-vector-v1` blob cannot be read: the Puffin file is damaged or was not
+/// written by a conforming writer.
+#[derive(Debug, thiserror::Error)]
+pub enum DvError {
+    /// The blob is shorter than its length, magic and checksum.
+    #[error("deletion vector of {0} bytes is too short")]
+    TooShort(usize),
+    /// The blob's length field disagrees with its size.
+    #[error("deletion vector length {len} does not match its blob of {blob} bytes")]
+    Length {
+        /// The length the blob states.
+        len: usize,
+        /// The blob's size in bytes.
+        blob: usize,
+    },
+    /// The blob does not start with the deletion vector magic.
+    #[error("deletion vector has the wrong magic bytes")]
+    Magic,
+    /// The blob's CRC-32 does not match its contents.
+    #[error("deletion vector checksum mismatch")]
+    Checksum,
+    /// The roaring bitmap inside the blob cannot be read.
+    #[error("deletion vector: {0}")]
+    Bitmap(#[source] std::io::Error),
+}
+
 /// Reads a `deletion-vector-v1` blob, checking its length, magic and checksum.
-pub fn deserialize(blob: &[u8]) -> Result<RoaringTreemap, String> {
+pub fn deserialize(blob: &[u8]) -> Result<RoaringTreemap, DvError> {
     if blob.len() < 12 {
-        return Err(format!(
-            "deletion vector of {} bytes is too short",
-            blob.len()
-        ));
+        return Err(DvError::TooShort(blob.len()));
     }
     let len = u32::from_be_bytes(blob[0..4].try_into().expect("4 bytes")) as usize;
     if len + 8 != blob.len() {
-        return Err(format!(
-            "deletion vector length {len} does not match its blob of {} bytes",
-            blob.len()
-        ));
+        return Err(DvError::Length {
+            len,
+            blob: blob.len(),
+        });
     }
     let body = &blob[4..4 + len];
     if body[..4] != MAGIC {
-        return Err("deletion vector has the wrong magic bytes".into());
+        return Err(DvError::Magic);
     }
     let crc = u32::from_be_bytes(blob[4 + len..].try_into().expect("4 bytes"));
     if crc32fast::hash(body) != crc {
-        return Err("deletion vector checksum mismatch".into());
+        return Err(DvError::Checksum);
     }
-    RoaringTreemap::deserialize_from(&body[4..]).map_err(|e| format!("deletion vector: {e}"))
+    RoaringTreemap::deserialize_from(&body[4..]).map_err(DvError::Bitmap)
 }
 
 /// The row positions deletion vector `dv` (a manifest entry) deletes.
@@ -193,7 +216,12 @@ mod tests {
         let mut bad = blob.clone();
         let n = bad.len();
         bad[n - 6] ^= 1;
-        assert!(deserialize(&bad).unwrap_err().contains("checksum"));
+        assert!(
+            deserialize(&bad)
+                .unwrap_err()
+                .to_string()
+                .contains("checksum")
+        );
         assert!(deserialize(&blob[..blob.len() - 1]).is_err());
     }
 

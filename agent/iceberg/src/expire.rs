@@ -21,7 +21,9 @@ use iceberg::table::Table;
 use crate::Error;
 use crate::commit_updates;
 use crate::manifests;
-use crate::{CatalogHandle, DELETE_AFTER_COMMIT, OffsetMap, OffsetsSource, StoredOffsets};
+use crate::{
+    CatalogHandle, DELETE_AFTER_COMMIT, OffsetMap, OffsetsError, OffsetsSource, StoredOffsets,
+};
 
 /// What snapshot expiry and metadata trimming keep.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,11 +101,10 @@ fn refs(metadata: &TableMetadata) -> Vec<(String, i64, bool)> {
 }
 
 /// `floe.offsets.<pipeline>` values to write so every pipeline's offsets survive.
-fn offsets_properties(metadata: &TableMetadata) -> Result<HashMap<String, String>, String> {
+fn offsets_properties(metadata: &TableMetadata) -> Result<HashMap<String, String>, OffsetsError> {
     let mut out = HashMap::new();
     for pipeline in OffsetMap::pipelines(metadata) {
-        let (offsets, source) =
-            OffsetMap::located(metadata, &pipeline).map_err(|e| e.to_string())?;
+        let (offsets, source) = OffsetMap::located(metadata, &pipeline)?;
         let OffsetsSource::Snapshot(snapshot_id) = source else {
             continue;
         };
@@ -161,7 +162,13 @@ pub async fn expire(
             let props =
                 offsets_properties(metadata).map_err(|e| crate::CommitFailure::Iceberg {
                     table: base.identifier().to_string(),
-                    source: Box::new(iceberg::Error::new(iceberg::ErrorKind::DataInvalid, e)),
+                    source: Box::new(
+                        iceberg::Error::new(
+                            iceberg::ErrorKind::DataInvalid,
+                            "the stored offsets cannot be carried into table properties",
+                        )
+                        .with_source(e),
+                    ),
                 })?;
             let mut updates = Vec::new();
             if !props.is_empty() {

@@ -48,13 +48,13 @@ pub async fn remove_orphans(table: &Table, age: Duration, dry_run: bool) -> Resu
         remove_local(root, referenced, cutoff, dry_run).await?
     } else {
         let props = table.file_io().config().props();
-        let Some(store) = ObjectStore::open(location, props).map_err(Error::Other)? else {
+        let Some(store) = ObjectStore::open(location, props).map_err(other)? else {
             return Ok(format!(
                 "skipped: listing files is not supported for {location}"
             ));
         };
         // Listed first: a file written after the listing is never a candidate.
-        let listed = store.list().await.map_err(Error::Other)?;
+        let listed = store.list().await.map_err(other)?;
         let referenced = referenced(table).await?;
         let mut deleted = 0;
         let mut bytes = 0;
@@ -62,7 +62,7 @@ pub async fn remove_orphans(table: &Table, age: Duration, dry_run: bool) -> Resu
             let old = f.modified.is_some_and(|m| m < cutoff);
             if old && !referenced.contains(&f.location) {
                 if !dry_run {
-                    store.delete(&f.location).await.map_err(Error::Other)?;
+                    store.delete(&f.location).await.map_err(other)?;
                 }
                 deleted += 1;
                 bytes += f.size;
@@ -159,6 +159,13 @@ fn walk(dir: &Path, visit: &mut dyn FnMut(&Path, &std::fs::Metadata)) -> std::io
         }
     }
     Ok(())
+}
+
+/// An object store failure as this crate's error: transient, like every listing or
+/// deletion failure.
+// `Error::Other` holds text only; the object store's error is kept in its words.
+fn other(e: crate::object_store::ObjectStoreError) -> Error {
+    Error::Other(e.to_string())
 }
 
 #[cfg(test)]

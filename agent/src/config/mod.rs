@@ -454,9 +454,9 @@ fn substitute_env(
     match value {
         toml::Value::String(s) if s.contains('$') => match expand(s, env) {
             Ok(expanded) => *s = expanded,
-            Err(var) => errors.push(ConfigError {
+            Err(e) => errors.push(ConfigError {
                 path,
-                message: format!("environment variable {var} is not set"),
+                message: e.to_string(),
             }),
         },
         toml::Value::Array(items) => {
@@ -473,7 +473,12 @@ fn substitute_env(
     }
 }
 
-fn expand(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+/// A `${VAR}` names a variable that is not set.
+#[derive(Debug, thiserror::Error)]
+#[error("environment variable {0} is not set")]
+struct UnsetVar(String);
+
+fn expand(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, UnsetVar> {
     let mut out = String::with_capacity(s.len());
     let mut rest = s;
     while let Some(i) = rest.find('$') {
@@ -489,7 +494,7 @@ fn expand(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, Strin
                 continue;
             };
             let var = &tail[..end];
-            out.push_str(&env(var).ok_or_else(|| var.to_string())?);
+            out.push_str(&env(var).ok_or_else(|| UnsetVar(var.to_string()))?);
             rest = &tail[end + 1..];
         } else {
             out.push('$');

@@ -112,7 +112,7 @@ fn semantic_errors_are_collected_too() {
 fn dollar_escapes_and_literal_dollars() {
     assert_eq!(expand("a$${B}c$d", &env).unwrap(), "a${B}c$d");
     assert_eq!(expand("${BROKER}/x", &env).unwrap(), "127.0.0.1:9092/x");
-    assert_eq!(expand("${NOPE}", &env).unwrap_err(), "NOPE");
+    assert_eq!(expand("${NOPE}", &env).unwrap_err().0, "NOPE");
 }
 
 #[test]

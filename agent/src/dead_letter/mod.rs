@@ -176,6 +176,9 @@ pub enum DeadLetterError {
     /// The dead-letter topic could not be produced to (after librdkafka's retries).
     #[error("{0}")]
     Topic(String),
+    /// Records queued for the dead-letter topic were not all acknowledged.
+    #[error(transparent)]
+    TopicFlush(#[from] topic::FlushError),
 }
 
 impl DeadLetterError {
@@ -474,7 +477,7 @@ impl DeadLetterWriter {
     /// Makes every written line durable. Called before each Iceberg commit.
     pub fn sync(&mut self) -> Result<(), DeadLetterError> {
         if let Some(topic) = &self.topic {
-            topic.flush().map_err(DeadLetterError::Topic)?;
+            topic.flush()?;
         }
         let Some(out) = &mut self.out else {
             return Ok(());

@@ -31,10 +31,34 @@ const TOPIC: &str = "floe.error.topic";
 const PARTITION: &str = "floe.error.partition";
 const OFFSET: &str = "floe.error.offset";
 
+/// Why the records queued for the dead-letter topic are not all acknowledged.
+#[derive(Debug, thiserror::Error)]
+pub enum FlushError {
+    /// The producer did not flush its queue (in time).
+    #[error("dead-letter topic {topic}: {source}")]
+    Flush {
+        /// The dead-letter topic.
+        topic: String,
+        /// The producer's error.
+        source: KafkaError,
+    },
+    /// A thread panicked while recording a delivery.
+    #[error("delivery state poisoned")]
+    Poisoned,
+    /// A record was refused or timed out (after librdkafka's retries).
+    #[error("dead-letter topic {topic}: a record was not delivered: {source}")]
+    Undelivered {
+        /// The dead-letter topic.
+        topic: String,
+        /// The first failed delivery's error.
+        source: KafkaError,
+    },
+}
+
 /// Keeps the first failed delivery until the next flush reports it.
 #[derive(Default)]
 struct Deliveries {
-    failed: Mutex<Option<String>>,
+    failed: Mutex<Option<KafkaError>>,
     tokens: crate::source::oauth::ContextTokens,
 }
 
@@ -49,7 +73,7 @@ impl ProducerContext for Deliveries {
         if let Err((e, _)) = result
             && let Ok(mut failed) = self.failed.lock()
         {
-            failed.get_or_insert_with(|| e.to_string());
+            failed.get_or_insert_with(|| e.clone());
         }
     }
 }
@@ -136,22 +160,25 @@ impl DeadLetterTopic {
     }
 
     /// Waits until everything queued is acknowledged; fails if a record was not.
-    pub fn flush(&self) -> Result<(), String> {
+    pub fn flush(&self) -> Result<(), FlushError> {
         self.producer
             .flush(FLUSH_TIMEOUT)
-            .map_err(|e| format!("dead-letter topic {}: {e}", self.topic))?;
+            .map_err(|source| FlushError::Flush {
+                topic: self.topic.clone(),
+                source,
+            })?;
         let failed = self
             .producer
             .context()
             .failed
             .lock()
-            .map_err(|_| "delivery state poisoned".to_string())?
+            .map_err(|_| FlushError::Poisoned)?
             .take();
         match failed {
-            Some(e) => Err(format!(
-                "dead-letter topic {}: a record was not delivered: {e}",
-                self.topic
-            )),
+            Some(source) => Err(FlushError::Undelivered {
+                topic: self.topic.clone(),
+                source,
+            }),
             None => Ok(()),
         }
     }

@@ -131,7 +131,7 @@ pub async fn compact(
             continue;
         };
         if let Err(e) = crate::sink::partition::check_spec(spec, &schema) {
-            skipped.push(e);
+            skipped.push(e.to_string());
             continue;
         }
         let mut inputs: Vec<LiveFile> = files

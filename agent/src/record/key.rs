@@ -18,6 +18,30 @@ pub type KeyHash = u128;
 /// Name of the Kafka message key column, also the config value meaning "the message key".
 pub const MESSAGE_KEY: &str = "_kafka_key";
 
+/// Why a record has no usable upsert key (it goes to the dead letters).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    /// The table is keyed by the message key and the message has none.
+    #[error("upsert by message key: the message has no key")]
+    NoMessageKey,
+    /// A tombstone on a table keyed by payload fields.
+    #[error(
+        "tombstone on a table keyed by payload fields {0:?}: a null value carries no field to find the row by (key the table by `_kafka_key` to delete with tombstones)"
+    )]
+    Tombstone(Vec<String>),
+    /// A key field is absent or null.
+    #[error("key field `{0}` is missing or null")]
+    Missing(String),
+    /// A key field is neither a string nor an integer.
+    #[error("key field `{field}` must be a string or an integer, got {kind}")]
+    NotAKey {
+        /// The key field.
+        field: String,
+        /// The JSON kind it has.
+        kind: &'static str,
+    },
+}
+
 /// Which columns form the key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeySpec {
@@ -52,18 +76,16 @@ impl KeySpec {
         &self,
         value: Option<Obj<'_>>,
         message_key: Option<&str>,
-    ) -> Result<KeyHash, String> {
+    ) -> Result<KeyHash, KeyError> {
         let mut buf = Vec::with_capacity(32);
         match self {
             KeySpec::MessageKey => {
-                let key = message_key.ok_or("upsert by message key: the message has no key")?;
+                let key = message_key.ok_or(KeyError::NoMessageKey)?;
                 put_str(&mut buf, key);
             }
             KeySpec::Fields(fields) => {
                 let Some(map) = value else {
-                    return Err(format!(
-                        "tombstone on a table keyed by payload fields {fields:?}: a null value carries no field to find the row by (key the table by `_kafka_key` to delete with tombstones)"
-                    ));
+                    return Err(KeyError::Tombstone(fields.clone()));
                 };
                 for f in fields {
                     match map.get(f) {
@@ -72,13 +94,13 @@ impl KeySpec {
                             put_int(&mut buf, n.as_i64().unwrap_or_default())
                         }
                         None | Some(Value::Null) => {
-                            return Err(format!("key field `{f}` is missing or null"));
+                            return Err(KeyError::Missing(f.clone()));
                         }
                         Some(other) => {
-                            return Err(format!(
-                                "key field `{f}` must be a string or an integer, got {}",
-                                other.kind_name()
-                            ));
+                            return Err(KeyError::NotAKey {
+                                field: f.clone(),
+                                kind: other.kind_name(),
+                            });
                         }
                     }
                 }
@@ -190,18 +212,20 @@ mod tests {
     #[test]
     fn unusable_keys_are_explained() {
         let spec = KeySpec::from_config(&["id".into()]);
-        let e = spec.of_record(None, None).unwrap_err();
+        let e = spec.of_record(None, None).unwrap_err().to_string();
         assert!(e.contains("tombstone"), "{e}");
         let e = spec
             .of_record(Some(map(serde_json::json!({"x": 1})).view().root()), None)
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("missing"), "{e}");
         let e = spec
             .of_record(
                 Some(map(serde_json::json!({"id": 1.5})).view().root()),
                 None,
             )
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("string or an integer"), "{e}");
         let by_message = KeySpec::from_config(&[MESSAGE_KEY.into()]);
         assert_eq!(by_message, KeySpec::MessageKey);

@@ -138,10 +138,10 @@ impl TableSchema {
             None => None,
             Some(spec) => match spec.of_record(value, message_key) {
                 Ok(k) => Some(k),
-                Err(reason) => {
+                Err(e) => {
                     return Admission::Reject {
                         stage: "key",
-                        reason,
+                        reason: e.to_string(),
                     };
                 }
             },

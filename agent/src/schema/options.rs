@@ -82,7 +82,7 @@ impl SchemaConfig {
         let mut out = Vec::new();
         for (path, ty) in &self.overrides {
             if let Err(e) = parse_type(ty) {
-                out.push((format!("overrides.{path}"), e));
+                out.push((format!("overrides.{path}"), e.to_string()));
             }
         }
         if !(1..=MAX_DEPTH_LIMIT).contains(&self.max_depth) {
@@ -148,8 +148,48 @@ impl Default for SchemaOptions {
     }
 }
 
+/// Why an override type name cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum TypeNameError {
+    /// `decimal(...)` without both precision and scale.
+    #[error("{0:?}: write decimal(P,S)")]
+    DecimalForm(String),
+    /// The precision of a decimal is not a number.
+    #[error("{text:?}: bad precision")]
+    Precision {
+        /// The type name.
+        text: String,
+        /// Why it is not a number.
+        source: std::num::ParseIntError,
+    },
+    /// The scale of a decimal is not a number.
+    #[error("{text:?}: bad scale")]
+    Scale {
+        /// The type name.
+        text: String,
+        /// Why it is not a number.
+        source: std::num::ParseIntError,
+    },
+    /// A decimal Iceberg cannot hold.
+    #[error("{0:?}: precision must be 1..=38 and scale at most the precision")]
+    DecimalRange(String),
+    /// The length of a `fixed[N]` is not a number.
+    #[error("{text:?}: bad length")]
+    Length {
+        /// The type name.
+        text: String,
+        /// Why it is not a number.
+        source: std::num::ParseIntError,
+    },
+    /// No such type.
+    #[error(
+        "unknown type {0:?} (boolean, int, long, float, double, decimal(P,S), date, time, timestamp, timestamptz, string, uuid, binary, fixed[N])"
+    )]
+    Unknown(String),
+}
+
 /// Parses an override type name: `long`, `decimal(18,2)`, `fixed[16]`, ...
-pub fn parse_type(s: &str) -> Result<Type, String> {
+pub fn parse_type(s: &str) -> Result<Type, TypeNameError> {
     let t = s.trim().to_ascii_lowercase();
     let p = match t.as_str() {
         "boolean" => PrimitiveType::Boolean,
@@ -171,28 +211,33 @@ pub fn parse_type(s: &str) -> Result<Type, String> {
             {
                 let (ps, ss) = args
                     .split_once(',')
-                    .ok_or_else(|| format!("{s:?}: write decimal(P,S)"))?;
-                let precision: u32 = ps
-                    .trim()
-                    .parse()
-                    .map_err(|_| format!("{s:?}: bad precision"))?;
-                let scale: u32 = ss.trim().parse().map_err(|_| format!("{s:?}: bad scale"))?;
+                    .ok_or_else(|| TypeNameError::DecimalForm(s.to_string()))?;
+                let precision: u32 =
+                    ps.trim()
+                        .parse()
+                        .map_err(|source| TypeNameError::Precision {
+                            text: s.to_string(),
+                            source,
+                        })?;
+                let scale: u32 = ss.trim().parse().map_err(|source| TypeNameError::Scale {
+                    text: s.to_string(),
+                    source,
+                })?;
                 if !(1..=38).contains(&precision) || scale > precision {
-                    return Err(format!(
-                        "{s:?}: precision must be 1..=38 and scale at most the precision"
-                    ));
+                    return Err(TypeNameError::DecimalRange(s.to_string()));
                 }
                 PrimitiveType::Decimal { precision, scale }
             } else if let Some(n) = other
                 .strip_prefix("fixed[")
                 .and_then(|r| r.strip_suffix(']'))
             {
-                let n: u64 = n.trim().parse().map_err(|_| format!("{s:?}: bad length"))?;
+                let n: u64 = n.trim().parse().map_err(|source| TypeNameError::Length {
+                    text: s.to_string(),
+                    source,
+                })?;
                 PrimitiveType::Fixed(n)
             } else {
-                return Err(format!(
-                    "unknown type {s:?} (boolean, int, long, float, double, decimal(P,S), date, time, timestamp, timestamptz, string, uuid, binary, fixed[N])"
-                ));
+                return Err(TypeNameError::Unknown(s.to_string()));
             }
         }
     };
@@ -215,9 +260,19 @@ mod tests {
         for (text, name) in ok {
             assert_eq!(crate::schema::type_name(&parse_type(text).unwrap()), name);
         }
-        assert!(parse_type("decimal(40,2)").unwrap_err().contains("1..=38"));
+        assert!(
+            parse_type("decimal(40,2)")
+                .unwrap_err()
+                .to_string()
+                .contains("1..=38")
+        );
         assert!(parse_type("decimal(5,6)").is_err());
-        assert!(parse_type("varchar").unwrap_err().contains("unknown type"));
+        assert!(
+            parse_type("varchar")
+                .unwrap_err()
+                .to_string()
+                .contains("unknown type")
+        );
         let config: SchemaConfig = toml::from_str(
             "on_incompatible = \"coerce\"\nnull_as_string_after = 0\noverrides = { a = \"int\", b = \"nope\" }",
         )

@@ -18,7 +18,96 @@
 //! | `bucket(N, col)` or `bucket[N](col)` | bucket\[N\] | `col_bucket` |
 //! | `truncate(W, col)` or `truncate[W](col)` | truncate\[W\] | `col_trunc` |
 
-use iceberg::spec::{PartitionSpec, Schema, TableMetadata, Transform, UnboundPartitionSpec};
+use iceberg::spec::{PartitionSpec, Schema, TableMetadata, Transform, Type, UnboundPartitionSpec};
+
+/// Why a `partition_by` entry cannot be read, or a partition spec cannot be written.
+#[derive(Debug, thiserror::Error)]
+pub enum PartitionError {
+    /// The entry is none of the forms.
+    #[error(
+        "cannot read partition field {0:?}: write a column (`region`), \
+         year(col), month(col), day(col), hour(col), bucket(N, col) or truncate(W, col)"
+    )]
+    Unreadable(String),
+    /// `bucket` or `truncate` without its number.
+    #[error("{transform}: the {what} is missing in {text:?}")]
+    MissingNumber {
+        /// The transform as written.
+        transform: String,
+        /// What the number is (`number of buckets`, `width`).
+        what: &'static str,
+        /// The entry.
+        text: String,
+    },
+    /// `bucket` or `truncate` with a number that is not a positive integer.
+    #[error("{transform}: the {what} must be a positive integer in {text:?}")]
+    BadNumber {
+        /// The transform as written.
+        transform: String,
+        /// What the number is (`number of buckets`, `width`).
+        what: &'static str,
+        /// The entry.
+        text: String,
+    },
+    /// The source column is not a column of the records.
+    #[error("partition column `{0}` is not among the records' columns")]
+    NoSuchColumn(String),
+    /// The transform does not apply to the column's type.
+    #[error(
+        "partition {transform}({column}) cannot apply to `{column}`, which is {column_type}{hint}"
+    )]
+    CannotApply {
+        /// The transform.
+        transform: Transform,
+        /// The source column.
+        column: String,
+        /// Its type.
+        column_type: Box<Type>,
+        /// What the transform needs instead.
+        hint: &'static str,
+        /// Iceberg's refusal.
+        #[source]
+        source: Box<iceberg::Error>,
+    },
+    /// Iceberg refused the spec.
+    #[error("{}", .0.message())]
+    Spec(#[source] Box<iceberg::Error>),
+    /// A field of the table's spec uses a transform Floe does not know.
+    #[error("partition field {0:?} uses a transform Floe does not know")]
+    UnknownTransform(String),
+    /// A field of the table's spec reads a column the schema does not have.
+    #[error("partition field {field:?} reads {column}, which is not in the current schema")]
+    SourceMissing {
+        /// The partition field.
+        field: String,
+        /// Its source column (or field id).
+        column: String,
+    },
+    /// A field of the table's spec reads a column inside a list or map.
+    #[error(
+        "partition field {field:?} reads `{column}`, which is not a primitive column reachable through structs (inside a list or map?)"
+    )]
+    SourceUnreachable {
+        /// The partition field.
+        field: String,
+        /// Its source column.
+        column: String,
+    },
+    /// A field's transform does not apply to its source column's type.
+    #[error("partition field {field:?}: {}", .source.message())]
+    Transform {
+        /// The partition field.
+        field: String,
+        /// Iceberg's refusal.
+        source: Box<iceberg::Error>,
+    },
+    /// Partition values cannot be computed for the spec.
+    #[error("cannot compute partition values: {}", .0.message())]
+    Values(#[source] Box<iceberg::Error>),
+    /// The table's default spec cannot be written.
+    #[error("the table's partition spec cannot be written by Floe: {0}")]
+    Table(#[source] Box<PartitionError>),
+}
 
 /// One entry of `partition_by`, parsed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,14 +120,9 @@ pub struct PartitionField {
 
 impl PartitionField {
     /// Parses one `partition_by` entry.
-    pub fn parse(text: &str) -> Result<PartitionField, String> {
+    pub fn parse(text: &str) -> Result<PartitionField, PartitionError> {
         let t = text.trim();
-        let usage = || {
-            format!(
-                "cannot read partition field {text:?}: write a column (`region`), \
-                 year(col), month(col), day(col), hour(col), bucket(N, col) or truncate(W, col)"
-            )
-        };
+        let usage = || PartitionError::Unreadable(text.to_string());
         let Some(open) = t.find('(') else {
             return column(t)
                 .map(|c| PartitionField {
@@ -64,13 +148,19 @@ impl PartitionField {
             (Some(_), Some(_)) => return Err(usage()),
         };
         let col = column(col).ok_or_else(usage)?;
-        let number = |what: &str| -> Result<u32, String> {
-            let p = param.ok_or_else(|| format!("{name}: the {what} is missing in {text:?}"))?;
+        let number = |what: &'static str| -> Result<u32, PartitionError> {
+            let p = param.ok_or_else(|| PartitionError::MissingNumber {
+                transform: name.to_string(),
+                what,
+                text: text.to_string(),
+            })?;
             match p.parse::<u32>() {
                 Ok(n) if n > 0 => Ok(n),
-                _ => Err(format!(
-                    "{name}: the {what} must be a positive integer in {text:?}"
-                )),
+                _ => Err(PartitionError::BadNumber {
+                    transform: name.to_string(),
+                    what,
+                    text: text.to_string(),
+                }),
             }
         };
         let transform = match name.to_ascii_lowercase().as_str() {
@@ -131,7 +221,7 @@ pub fn parse_all(entries: &[String]) -> (Vec<PartitionField>, Vec<(String, Strin
                 }
                 fields.push(f);
             }
-            Err(m) => problems.push((format!("partition_by[{i}]"), m)),
+            Err(m) => problems.push((format!("partition_by[{i}]"), m.to_string())),
         }
     }
     (fields, problems)
@@ -141,35 +231,31 @@ pub fn parse_all(entries: &[String]) -> (Vec<PartitionField>, Vec<(String, Strin
 pub fn new_table_spec(
     fields: &[PartitionField],
     schema: &Schema,
-) -> Result<UnboundPartitionSpec, String> {
+) -> Result<UnboundPartitionSpec, PartitionError> {
     let mut builder = UnboundPartitionSpec::builder().with_spec_id(0);
     for f in fields {
         let Some(source) = schema.field_by_name(&f.column) else {
-            return Err(format!(
-                "partition column `{}` is not among the records' columns",
-                f.column
-            ));
+            return Err(PartitionError::NoSuchColumn(f.column.clone()));
         };
-        f.transform.result_type(&source.field_type).map_err(|_| {
-            format!(
-                "partition {}({}) cannot apply to `{}`, which is {}{}",
-                f.transform,
-                f.column,
-                f.column,
-                source.field_type,
-                hint(&f.transform)
-            )
-        })?;
+        f.transform
+            .result_type(&source.field_type)
+            .map_err(|e| PartitionError::CannotApply {
+                transform: f.transform,
+                column: f.column.clone(),
+                column_type: source.field_type.clone(),
+                hint: hint(&f.transform),
+                source: Box::new(e),
+            })?;
         builder = builder
             .add_partition_field(source.id, f.name(), f.transform)
-            .map_err(|e| e.message().to_string())?;
+            .map_err(|e| PartitionError::Spec(Box::new(e)))?;
     }
     let spec = builder.build();
     // Bind once to catch what the builder does not check (a column inside a list).
     let bound = spec
         .clone()
         .bind(std::sync::Arc::new(schema.clone()))
-        .map_err(|e| e.message().to_string())?;
+        .map_err(|e| PartitionError::Spec(Box::new(e)))?;
     check_spec(&bound, schema)?;
     Ok(spec)
 }
@@ -185,36 +271,36 @@ fn hint(t: &Transform) -> &'static str {
 }
 
 /// Checks that Floe can compute `spec`'s partition values from rows of `schema`.
-pub fn check_spec(spec: &PartitionSpec, schema: &Schema) -> Result<(), String> {
+pub fn check_spec(spec: &PartitionSpec, schema: &Schema) -> Result<(), PartitionError> {
     for f in spec.fields() {
         let name = schema
             .name_by_field_id(f.source_id)
             .map(str::to_string)
             .unwrap_or_else(|| format!("field id {}", f.source_id));
         if matches!(f.transform, Transform::Unknown) {
-            return Err(format!(
-                "partition field {:?} uses a transform Floe does not know",
-                f.name
-            ));
+            return Err(PartitionError::UnknownTransform(f.name.clone()));
         }
         if matches!(f.transform, Transform::Void) {
             continue;
         }
         let Some(source) = schema.field_by_id(f.source_id) else {
-            return Err(format!(
-                "partition field {:?} reads {name}, which is not in the current schema",
-                f.name
-            ));
+            return Err(PartitionError::SourceMissing {
+                field: f.name.clone(),
+                column: name,
+            });
         };
         if schema.accessor_by_field_id(f.source_id).is_none() {
-            return Err(format!(
-                "partition field {:?} reads `{name}`, which is not a primitive column reachable through structs (inside a list or map?)",
-                f.name
-            ));
+            return Err(PartitionError::SourceUnreachable {
+                field: f.name.clone(),
+                column: name,
+            });
         }
         f.transform
             .result_type(&source.field_type)
-            .map_err(|e| format!("partition field {:?}: {}", f.name, e.message()))?;
+            .map_err(|e| PartitionError::Transform {
+                field: f.name.clone(),
+                source: Box::new(e),
+            })?;
     }
     iceberg::arrow::PartitionValueCalculator::try_new(spec, schema)
         .map(|_| ())
@@ -222,16 +308,16 @@ pub fn check_spec(spec: &PartitionSpec, schema: &Schema) -> Result<(), String> {
             if spec.is_unpartitioned() {
                 Ok(())
             } else {
-                Err(format!("cannot compute partition values: {}", e.message()))
+                Err(PartitionError::Values(Box::new(e)))
             }
         })
 }
 
 /// Checks that Floe can write `metadata`'s default partition spec (at start, so a table
 /// it cannot write fails with a clear error instead of a bad manifest).
-pub fn check_table(metadata: &TableMetadata) -> Result<(), String> {
+pub fn check_table(metadata: &TableMetadata) -> Result<(), PartitionError> {
     check_spec(metadata.default_partition_spec(), metadata.current_schema())
-        .map_err(|e| format!("the table's partition spec cannot be written by Floe: {e}"))
+        .map_err(|e| PartitionError::Table(Box::new(e)))
 }
 
 #[cfg(test)]
@@ -337,9 +423,13 @@ mod tests {
         .collect();
         let spec = new_table_spec(&fields, &s).unwrap();
         assert_eq!(spec.fields().len(), 4);
-        let e = new_table_spec(&[PartitionField::parse("day(user)").unwrap()], &s).unwrap_err();
+        let e = new_table_spec(&[PartitionField::parse("day(user)").unwrap()], &s)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("date or timestamp"), "{e}");
-        let e = new_table_spec(&[PartitionField::parse("missing").unwrap()], &s).unwrap_err();
+        let e = new_table_spec(&[PartitionField::parse("missing").unwrap()], &s)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not among"), "{e}");
         let e = new_table_spec(&[PartitionField::parse("tags.element").unwrap()], &s);
         assert!(e.is_err(), "a column inside a list cannot partition");

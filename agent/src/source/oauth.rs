@@ -19,7 +19,7 @@ use base64::Engine as _;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use rdkafka::client::OAuthToken;
 
-use floe_iceberg::aws::{AwsCredentials, AwsSettings};
+use floe_iceberg::aws::{AwsCredentials, AwsError, AwsSettings};
 
 /// How long an MSK IAM token is valid (what AWS's own signers use).
 const MSK_TOKEN_LIFE: Duration = Duration::from_secs(900);
@@ -31,6 +31,66 @@ const QUERY_VALUE: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'_')
     .remove(b'.')
     .remove(b'~');
+
+/// Why no OAUTHBEARER token could be had.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    /// The thread that fetches the token could not start its runtime.
+    #[error("cannot start a runtime for the token request: {0}")]
+    Runtime(#[source] std::io::Error),
+    /// The thread that fetches the token panicked.
+    #[error("the token request panicked")]
+    Panicked,
+    /// The HTTP client for the token endpoint could not be built.
+    #[error("{0}")]
+    Client(#[source] reqwest::Error),
+    /// The token endpoint did not answer (connection refused, DNS, TLS, timeout).
+    #[error("token endpoint {endpoint}: {source}")]
+    Unreachable {
+        /// Token endpoint URL.
+        endpoint: String,
+        /// Cause.
+        source: reqwest::Error,
+    },
+    /// The token endpoint refused the client credentials or failed.
+    #[error("token endpoint {endpoint} answered {status}: {answer}")]
+    Refused {
+        /// Token endpoint URL.
+        endpoint: String,
+        /// The HTTP status of its answer.
+        status: reqwest::StatusCode,
+        /// The start of its answer.
+        answer: String,
+    },
+    /// The token endpoint's answer is not a token response.
+    #[error("token endpoint {endpoint}: unreadable answer: {source}")]
+    Unreadable {
+        /// Token endpoint URL.
+        endpoint: String,
+        /// Cause.
+        source: serde_json::Error,
+    },
+    /// The token endpoint issued a token whose lifetime is over.
+    #[error(
+        "token endpoint {endpoint} issued a token that has already expired \
+         (expires_in = {expires_in}): check the endpoint's clock and token lifetime"
+    )]
+    Expired {
+        /// Token endpoint URL.
+        endpoint: String,
+        /// The lifetime it gave, in seconds.
+        expires_in: i64,
+    },
+    /// No AWS credentials to sign an MSK IAM token with.
+    #[error(transparent)]
+    Aws(#[from] AwsError),
+    /// The MSK IAM signing parameters are incomplete.
+    #[error("{0}")]
+    Params(#[source] v4::signing_params::BuildError),
+    /// The MSK IAM request could not be signed.
+    #[error("{0}")]
+    Signing(#[source] aws_sigv4::http_request::SigningError),
+}
 
 /// Where OAUTHBEARER tokens come from.
 #[derive(Debug)]
@@ -65,21 +125,21 @@ impl TokenSource {
     }
 
     /// A fresh token (blocking: called by librdkafka from its poll).
-    pub fn token(&self) -> Result<OAuthToken, String> {
+    pub fn token(&self) -> Result<OAuthToken, TokenError> {
         std::thread::scope(|s| {
             s.spawn(|| {
                 let runtime = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
-                    .map_err(|e| format!("cannot start a runtime for the token request: {e}"))?;
+                    .map_err(TokenError::Runtime)?;
                 runtime.block_on(self.fetch())
             })
             .join()
-            .unwrap_or_else(|_| Err("the token request panicked".into()))
+            .unwrap_or(Err(TokenError::Panicked))
         })
     }
 
-    async fn fetch(&self) -> Result<OAuthToken, String> {
+    async fn fetch(&self) -> Result<OAuthToken, TokenError> {
         match self {
             TokenSource::Oidc {
                 endpoint,
@@ -117,7 +177,7 @@ async fn oidc_token(
     client_id: &str,
     client_secret: &str,
     scope: Option<&str>,
-) -> Result<OAuthToken, String> {
+) -> Result<OAuthToken, TokenError> {
     let mut form = vec![("grant_type", "client_credentials")];
     if let Some(scope) = scope {
         form.push(("scope", scope));
@@ -125,33 +185,40 @@ async fn oidc_token(
     let client = reqwest::Client::builder()
         .timeout(ENDPOINT_TIMEOUT)
         .build()
-        .map_err(|e| e.to_string())?;
+        .map_err(TokenError::Client)?;
     let response = client
         .post(endpoint)
         .basic_auth(client_id, Some(client_secret))
         .form(&form)
         .send()
         .await
-        .map_err(|e| format!("token endpoint {endpoint}: {e}"))?;
+        .map_err(|source| TokenError::Unreachable {
+            endpoint: endpoint.to_string(),
+            source,
+        })?;
     let status = response.status();
     let text = response.text().await.unwrap_or_default();
     if !status.is_success() {
-        return Err(format!(
-            "token endpoint {endpoint} answered {status}: {}",
-            text.chars().take(300).collect::<String>()
-        ));
+        return Err(TokenError::Refused {
+            endpoint: endpoint.to_string(),
+            status,
+            answer: text.chars().take(300).collect(),
+        });
     }
-    let answer: TokenAnswer = serde_json::from_str(&text)
-        .map_err(|e| format!("token endpoint {endpoint}: unreadable answer: {e}"))?;
+    let answer: TokenAnswer =
+        serde_json::from_str(&text).map_err(|source| TokenError::Unreadable {
+            endpoint: endpoint.to_string(),
+            source,
+        })?;
     // Without `expires_in` the token is taken to live an hour (librdkafka refreshes at 80%).
     let life = match answer.expires_in {
         None => Duration::from_secs(3600),
         Some(s) if s > 0 => Duration::from_secs(s as u64),
         Some(s) => {
-            return Err(format!(
-                "token endpoint {endpoint} issued a token that has already expired \
-                 (expires_in = {s}): check the endpoint's clock and token lifetime"
-            ));
+            return Err(TokenError::Expired {
+                endpoint: endpoint.to_string(),
+                expires_in: s,
+            });
         }
     };
     Ok(OAuthToken {
@@ -164,7 +231,7 @@ async fn oidc_token(
 /// The MSK IAM token: the base64url (unpadded) text of a SigV4-presigned URL
 /// `https://kafka.{region}.amazonaws.com/?Action=kafka-cluster:Connect&...` for the
 /// service `kafka-cluster`, with `User-Agent` appended after signing.
-fn msk_iam_token(region: &str, identity: Identity, now: SystemTime) -> Result<String, String> {
+fn msk_iam_token(region: &str, identity: Identity, now: SystemTime) -> Result<String, TokenError> {
     let url = format!("https://kafka.{region}.amazonaws.com/?Action=kafka-cluster%3AConnect");
     let mut settings = SigningSettings::default();
     settings.signature_location = SignatureLocation::QueryParams;
@@ -176,7 +243,7 @@ fn msk_iam_token(region: &str, identity: Identity, now: SystemTime) -> Result<St
         .time(now)
         .settings(settings)
         .build()
-        .map_err(|e| e.to_string())?
+        .map_err(TokenError::Params)?
         .into();
     let signable = SignableRequest::new(
         "GET",
@@ -184,9 +251,9 @@ fn msk_iam_token(region: &str, identity: Identity, now: SystemTime) -> Result<St
         std::iter::empty(),
         SignableBody::Bytes(&[]),
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(TokenError::Signing)?;
     let (instructions, _) = sign(signable, &params)
-        .map_err(|e| e.to_string())?
+        .map_err(TokenError::Signing)?
         .into_parts();
     let (_, query) = instructions.into_parts();
     let mut signed = url;

@@ -261,6 +261,47 @@ pub fn endpoints(given: &str) -> (String, String) {
     )
 }
 
+/// Why `floe top` cannot show the agent's metrics.
+#[derive(Debug, thiserror::Error)]
+enum TopError {
+    /// The HTTP client could not be built.
+    #[error("{0}")]
+    Client(#[source] reqwest::Error),
+    /// The metrics endpoint did not answer, or its answer could not be read.
+    #[error("cannot read {url}: {source}")]
+    Unreachable {
+        /// The metrics endpoint.
+        url: String,
+        /// Cause.
+        source: reqwest::Error,
+    },
+    /// The metrics endpoint answered with an error status.
+    #[error("{url} answered {status}")]
+    Status {
+        /// The metrics endpoint.
+        url: String,
+        /// Its answer's status.
+        status: reqwest::StatusCode,
+    },
+    /// The answer is not the Prometheus text format.
+    #[error("{url} is not Prometheus text: {source}")]
+    NotPrometheus {
+        /// The metrics endpoint.
+        url: String,
+        /// Where it stops parsing.
+        source: std::io::Error,
+    },
+    /// The terminal could not be switched to the full-screen view.
+    #[error("cannot open the terminal: {0}")]
+    OpenTerminal(#[source] std::io::Error),
+    /// The screen could not be drawn.
+    #[error("cannot draw: {0}")]
+    Draw(#[source] std::io::Error),
+    /// Key presses could not be read.
+    #[error("cannot read the terminal: {0}")]
+    ReadTerminal(#[source] std::io::Error),
+}
+
 /// Reads the agent's endpoints.
 struct Client {
     http: reqwest::Client,
@@ -269,12 +310,12 @@ struct Client {
 }
 
 impl Client {
-    fn new(given: &str) -> Result<Client, String> {
+    fn new(given: &str) -> Result<Client, TopError> {
         let (metrics, readyz) = endpoints(given);
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(5))
             .build()
-            .map_err(|e| e.to_string())?;
+            .map_err(TopError::Client)?;
         Ok(Client {
             http,
             metrics,
@@ -282,22 +323,29 @@ impl Client {
         })
     }
 
-    async fn scrape(&self) -> Result<Scrape, String> {
+    async fn scrape(&self) -> Result<Scrape, TopError> {
+        let unreachable = |source| TopError::Unreachable {
+            url: self.metrics.clone(),
+            source,
+        };
         let response = self
             .http
             .get(&self.metrics)
             .send()
             .await
-            .map_err(|e| format!("cannot read {}: {e}", self.metrics))?;
+            .map_err(unreachable)?;
         let status = response.status();
-        let text = response
-            .text()
-            .await
-            .map_err(|e| format!("cannot read {}: {e}", self.metrics))?;
+        let text = response.text().await.map_err(unreachable)?;
         if !status.is_success() {
-            return Err(format!("{} answered {status}", self.metrics));
+            return Err(TopError::Status {
+                url: self.metrics.clone(),
+                status,
+            });
         }
-        Scrape::parse(&text).map_err(|e| format!("{} is not Prometheus text: {e}", self.metrics))
+        Scrape::parse(&text).map_err(|source| TopError::NotPrometheus {
+            url: self.metrics.clone(),
+            source,
+        })
     }
 
     /// The `/readyz` body, if the endpoint answers with a verdict.
@@ -348,7 +396,7 @@ async fn once_text(
     client: &Client,
     interval: Duration,
     width: Option<u16>,
-) -> Result<String, String> {
+) -> Result<String, TopError> {
     let before = client.scrape().await?;
     tokio::time::sleep(interval).await;
     let now = client.scrape().await?;
@@ -379,13 +427,13 @@ fn live(
     runtime: &tokio::runtime::Runtime,
     client: &Client,
     interval: Duration,
-) -> Result<(), String> {
+) -> Result<(), TopError> {
     // Fail before taking over the terminal if the endpoint does not answer at all.
     let mut before = runtime.block_on(client.scrape())?;
     let mut stats = Stats::from_scrapes(&before, None);
     let mut readiness = runtime.block_on(client.readiness());
     let mut error: Option<String> = None;
-    let mut terminal = ratatui::try_init().map_err(|e| format!("cannot open the terminal: {e}"))?;
+    let mut terminal = ratatui::try_init().map_err(TopError::OpenTerminal)?;
     let mut next = Instant::now() + interval;
     let outcome = loop {
         let screen = view::Screen {
@@ -397,7 +445,7 @@ fn live(
             live: true,
         };
         if let Err(e) = terminal.draw(|f| view::draw(f, &screen)) {
-            break Err(format!("cannot draw: {e}"));
+            break Err(TopError::Draw(e));
         }
         let wait = next.saturating_duration_since(Instant::now());
         match event::poll(wait) {
@@ -414,7 +462,7 @@ fn live(
                 continue;
             }
             Ok(false) => {}
-            Err(e) => break Err(format!("cannot read the terminal: {e}")),
+            Err(e) => break Err(TopError::ReadTerminal(e)),
         }
         next = Instant::now() + interval;
         match runtime.block_on(client.scrape()) {
@@ -423,7 +471,7 @@ fn live(
                 before = now;
                 error = None;
             }
-            Err(e) => error = Some(e),
+            Err(e) => error = Some(e.to_string()),
         }
         readiness = runtime.block_on(client.readiness());
     };

@@ -39,7 +39,7 @@ use super::sandbox::sanitize;
 use super::{Limits, OnError, TransformConfig, TransformError};
 use smallvec::SmallVec;
 
-use crate::record::json::{INLINE_OPS, JsonObject, JsonView, PatchRef};
+use crate::record::json::{INLINE_OPS, JsonError, JsonObject, JsonView, PatchRef};
 use crate::telemetry;
 
 /// Bytes of a plugin's record error message kept.
@@ -712,10 +712,31 @@ fn split(range: Range<usize>, index: Option<u32>) -> Vec<Range<usize>> {
     parts.into_iter().filter(|r| !r.is_empty()).collect()
 }
 
-fn text(bytes: &[u8], what: &str) -> Result<String, String> {
-    std::str::from_utf8(bytes)
-        .map(str::to_string)
-        .map_err(|_| format!("{what} is not UTF-8"))
+/// Why a plugin's answer for one record cannot be used: the record's error.
+#[derive(Debug, Clone, thiserror::Error)]
+enum AnswerError {
+    /// A route or a name in a patch is not UTF-8.
+    #[error("{what} is not UTF-8")]
+    NotUtf8 {
+        /// What it is: `a route`, `a patch path`, ...
+        what: &'static str,
+        /// Where the bytes stop being UTF-8.
+        #[source]
+        source: std::str::Utf8Error,
+    },
+    /// A patch operation with no path.
+    #[error("its patch names an empty path")]
+    EmptyPath,
+    /// The patch does not fit the record (e.g. it sets a field inside a number).
+    #[error("its patch cannot be applied: {0}")]
+    Patch(#[source] JsonError),
+    /// An emitted record is not a JSON object.
+    #[error("emitted something that is not a JSON object: {0}")]
+    NotAnObject(#[source] JsonError),
+}
+
+fn text(bytes: &[u8], what: &'static str) -> Result<String, AnswerError> {
+    str_of(bytes, what).map(str::to_string)
 }
 
 /// Reads the answers to `items` and applies them to the records.
@@ -758,7 +779,7 @@ fn decode(
                 produced += 1;
                 match route(r) {
                     Ok(r) => Out::Keep(r),
-                    Err(e) => Out::Error(e),
+                    Err(e) => Out::Error(e.to_string()),
                 }
             }
             wire::Answer::Dropped => Out::Drop,
@@ -766,7 +787,7 @@ fn decode(
                 produced += 1;
                 match route(r).and_then(|r| patch(value_of(inputs, item), &ops).map(|v| (v, r))) {
                     Ok((v, r)) => Out::Patched(v, r),
-                    Err(e) => Out::Error(e),
+                    Err(e) => Out::Error(e.to_string()),
                 }
             }
             wire::Answer::Emit { outputs } => {
@@ -774,18 +795,17 @@ fn decode(
                 if produced > max_outputs {
                     return Err(too_many(produced));
                 }
-                let parsed: Result<Vec<(JsonObject, Option<String>)>, String> = outputs
+                let parsed: Result<Vec<(JsonObject, Option<String>)>, AnswerError> = outputs
                     .map(|(r, json)| {
                         let r = route(r)?;
-                        let v = JsonObject::parse(json.to_vec()).map_err(|e| {
-                            format!("emitted something that is not a JSON object: {e}")
-                        })?;
+                        let v =
+                            JsonObject::parse(json.to_vec()).map_err(AnswerError::NotAnObject)?;
                         Ok((v, r))
                     })
                     .collect();
                 match parsed {
                     Ok(values) => Out::New(values),
-                    Err(e) => Out::Error(e),
+                    Err(e) => Out::Error(e.to_string()),
                 }
             }
             wire::Answer::Error { message } => {
@@ -807,7 +827,7 @@ fn decode(
 /// answer: a few different fields), else one operation after the other. Names and
 /// values are read in place from the answer: a patch costs the new record and a few
 /// vectors, not a copy of every name.
-fn patch(value: JsonView<'_>, ops: &PatchOps<'_>) -> Result<JsonObject, String> {
+fn patch(value: JsonView<'_>, ops: &PatchOps<'_>) -> Result<JsonObject, AnswerError> {
     if let Some(e) = &ops.error {
         return Err(e.clone());
     }
@@ -816,9 +836,7 @@ fn patch(value: JsonView<'_>, ops: &PatchOps<'_>) -> Result<JsonObject, String> 
     for op in &ops.ops {
         refs.push(op.as_patch(&ops.names));
     }
-    value
-        .apply_borrowed(&refs)
-        .map_err(|e| format!("its patch cannot be applied: {e}"))
+    value.apply_borrowed(&refs).map_err(AnswerError::Patch)
 }
 
 /// The operations of one patch answer, as the reader hands them over: on the stack
@@ -829,7 +847,7 @@ struct PatchOps<'a> {
     ops: SmallVec<[ReadOp<'a>; INLINE_OPS]>,
     /// The first operation that cannot be applied (a name that is not UTF-8, an
     /// empty path): the record's error; the operations after it are not kept.
-    error: Option<String>,
+    error: Option<AnswerError>,
 }
 
 impl<'a> PatchOps<'a> {
@@ -847,7 +865,11 @@ impl<'a> PatchOps<'a> {
         }
     }
 
-    fn try_push(&mut self, op: wire::Op<'a>, known: &mut KnownNames<'a>) -> Result<(), String> {
+    fn try_push(
+        &mut self,
+        op: wire::Op<'a>,
+        known: &mut KnownNames<'a>,
+    ) -> Result<(), AnswerError> {
         let (path, action) = match op {
             wire::Op::Set { path, value } => (path, ReadAction::Set(value)),
             wire::Op::Remove { path } => (path, ReadAction::Remove),
@@ -857,7 +879,7 @@ impl<'a> PatchOps<'a> {
             ),
         };
         if path.is_empty() {
-            return Err("its patch names an empty path".to_string());
+            return Err(AnswerError::EmptyPath);
         }
         let start = self.names.len();
         for name in path {
@@ -878,7 +900,7 @@ impl<'a> PatchOps<'a> {
 struct KnownNames<'a>(SmallVec<[&'a str; 16]>);
 
 impl<'a> KnownNames<'a> {
-    fn str_of(&mut self, bytes: &'a [u8], what: &str) -> Result<&'a str, String> {
+    fn str_of(&mut self, bytes: &'a [u8], what: &'static str) -> Result<&'a str, AnswerError> {
         let same = |s: &&&'a str| floe_json_scan::bytes_eq(s.as_bytes(), bytes);
         if let Some(&s) = self.0.iter().find(same) {
             return Ok(s);
@@ -918,8 +940,8 @@ impl<'a> ReadOp<'a> {
     }
 }
 
-fn str_of<'a>(bytes: &'a [u8], what: &str) -> Result<&'a str, String> {
-    std::str::from_utf8(bytes).map_err(|_| format!("{what} is not UTF-8"))
+fn str_of<'a>(bytes: &'a [u8], what: &'static str) -> Result<&'a str, AnswerError> {
+    std::str::from_utf8(bytes).map_err(|source| AnswerError::NotUtf8 { what, source })
 }
 
 #[cfg(test)]
@@ -979,7 +1001,7 @@ mod tests {
         else {
             panic!("a patch")
         };
-        patch(o.view(), &read)
+        patch(o.view(), &read).map_err(|e| e.to_string())
     }
 
     #[test]

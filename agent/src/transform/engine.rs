@@ -59,38 +59,116 @@ impl Default for PluginsConfig {
 /// existing one is owned by this user and writable by no one else: what is in it is
 /// loaded as native code into this process, so a directory another local user could
 /// have written to (say, one they created first under `/tmp`) is refused.
-pub fn private_cache_dir(dir: &Path) -> Result<(), String> {
+pub fn private_cache_dir(dir: &Path) -> Result<(), CacheDirError> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let at = |dir: &Path| dir.to_path_buf();
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)
-        .map_err(|e| format!("cannot create plugin cache {}: {e}", dir.display()))?;
-    let meta = std::fs::symlink_metadata(dir)
-        .map_err(|e| format!("plugin cache {}: {e}", dir.display()))?;
+        .map_err(|source| CacheDirError::Create {
+            dir: at(dir),
+            source,
+        })?;
+    let meta = std::fs::symlink_metadata(dir).map_err(|source| CacheDirError::Unreadable {
+        dir: at(dir),
+        source,
+    })?;
     if !meta.is_dir() {
-        return Err(format!(
-            "plugin cache {} is not a directory (a symbolic link?): refused, compiled code is loaded from it",
-            dir.display()
-        ));
+        return Err(CacheDirError::NotADirectory { dir: at(dir) });
     }
     // The owner of this process's /proc entry is its effective user.
     let me = std::fs::metadata("/proc/self").map(|m| m.uid()).ok();
     if me.is_some_and(|uid| uid != meta.uid()) {
-        return Err(format!(
-            "plugin cache {} belongs to another user (uid {}): refused, compiled code is loaded from it; use a directory of your own",
-            dir.display(),
-            meta.uid()
-        ));
+        return Err(CacheDirError::OtherOwner {
+            dir: at(dir),
+            uid: meta.uid(),
+        });
     }
     if meta.permissions().mode() & 0o022 != 0 {
-        return Err(format!(
-            "plugin cache {} is writable by other users (mode {:o}): refused, compiled code is loaded from it; `chmod go-w` it",
-            dir.display(),
-            meta.permissions().mode() & 0o777
-        ));
+        return Err(CacheDirError::WritableByOthers {
+            dir: at(dir),
+            mode: meta.permissions().mode() & 0o777,
+        });
     }
     Ok(())
+}
+
+/// Why the plugin cache directory cannot be used ([`private_cache_dir`]).
+#[derive(Debug, thiserror::Error)]
+pub enum CacheDirError {
+    /// The directory could not be created.
+    #[error("cannot create plugin cache {}: {source}", .dir.display())]
+    Create {
+        /// The cache directory.
+        dir: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The directory's metadata could not be read.
+    #[error("plugin cache {}: {source}", .dir.display())]
+    Unreadable {
+        /// The cache directory.
+        dir: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The path is not a directory.
+    #[error(
+        "plugin cache {} is not a directory (a symbolic link?): refused, compiled code is loaded from it",
+        .dir.display()
+    )]
+    NotADirectory {
+        /// The cache directory.
+        dir: PathBuf,
+    },
+    /// The directory belongs to another user.
+    #[error(
+        "plugin cache {} belongs to another user (uid {uid}): refused, compiled code is loaded from it; use a directory of your own",
+        .dir.display()
+    )]
+    OtherOwner {
+        /// The cache directory.
+        dir: PathBuf,
+        /// Its owner.
+        uid: u32,
+    },
+    /// Other users can write to the directory.
+    #[error(
+        "plugin cache {} is writable by other users (mode {mode:o}): refused, compiled code is loaded from it; `chmod go-w` it",
+        .dir.display()
+    )]
+    WritableByOthers {
+        /// The cache directory.
+        dir: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+}
+
+/// Why a component is not a plugin this agent can run ([`PLUGIN_EXPORTS`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ContractError {
+    /// Built with a floe-sdk of another contract version.
+    #[error(
+        "built for the plugin contract floe-plugin:transform@{version}, but this agent runs \
+         @{ours}; rebuild it with floe-sdk {sdk} (set `floe-sdk = \"{sdk}\"` in its Cargo.toml, \
+         move it to #[filter], #[map], #[flat_map] or the new `Transform` trait as plugins/README.md \
+         shows under \"Upgrading from floe-sdk 0.1\", then `cargo build --release --target wasm32-wasip2`)",
+        ours = floe_sdk::CONTRACT_VERSION,
+        sdk = sdk_requirement(),
+    )]
+    OtherVersion {
+        /// The contract version it was built for.
+        version: String,
+    },
+    /// Not built with floe-sdk at all.
+    #[error(
+        "not a Floe plugin: it does not export {} (build it with floe-sdk {})",
+        PLUGIN_EXPORTS[0],
+        sdk_requirement()
+    )]
+    NotAPlugin,
 }
 
 impl PluginsConfig {
@@ -197,7 +275,7 @@ impl TransformEngine {
                 InstanceAllocationStrategy::Pooling(pool)
             },
         );
-        private_cache_dir(&plugins.cache_dir).map_err(TransformError::Engine)?;
+        private_cache_dir(&plugins.cache_dir)?;
         let mut cache = CacheConfig::new();
         cache.with_directory(
             std::path::absolute(&plugins.cache_dir).unwrap_or_else(|_| plugins.cache_dir.clone()),
@@ -260,9 +338,12 @@ impl TransformEngine {
         };
         let component = Component::from_binary(&self.engine, &bytes)
             .map_err(|e| load_err(format!("{}: {e:#}", path.display())))?;
-        check_contract(&self.engine, &component).map_err(|reason| TransformError::Contract {
-            plugin: plugin.clone(),
-            reason: format!("{}: {reason}", path.display()),
+        check_contract(&self.engine, &component).map_err(|source| {
+            TransformError::Incompatible {
+                plugin: plugin.clone(),
+                path: path.clone(),
+                source,
+            }
         })?;
         tracing::info!(plugin = %plugin, path = %path.display(), ms = started.elapsed().as_millis() as u64, "plugin loaded");
         Ok(component)
@@ -272,7 +353,7 @@ impl TransformEngine {
 /// Checks that a component was built for a contract this agent runs: it must export
 /// one of [`PLUGIN_EXPORTS`]. A plugin built for another version says which one, and
 /// how to rebuild it.
-fn check_contract(engine: &Engine, component: &Component) -> Result<(), String> {
+fn check_contract(engine: &Engine, component: &Component) -> Result<(), ContractError> {
     let ty = component.component_type();
     let names: Vec<String> = ty
         .exports(engine)
@@ -282,25 +363,14 @@ fn check_contract(engine: &Engine, component: &Component) -> Result<(), String> 
     if names.iter().any(|n| PLUGIN_EXPORTS.contains(&n.as_str())) {
         return Ok(());
     }
-    let ours = floe_sdk::CONTRACT_VERSION;
     let other = names.iter().find_map(|n| {
         n.strip_prefix(CONTRACT_PACKAGE)
             .and_then(|rest| rest.split_once('@'))
             .map(|(_, version)| version.to_string())
     });
     Err(match other {
-        Some(version) => format!(
-            "built for the plugin contract floe-plugin:transform@{version}, but this agent runs \
-             @{ours}; rebuild it with floe-sdk {sdk} (set `floe-sdk = \"{sdk}\"` in its Cargo.toml, \
-             move it to #[filter], #[map], #[flat_map] or the new `Transform` trait as plugins/README.md \
-             shows under \"Upgrading from floe-sdk 0.1\", then `cargo build --release --target wasm32-wasip2`)",
-            sdk = sdk_requirement(),
-        ),
-        None => format!(
-            "not a Floe plugin: it does not export {} (build it with floe-sdk {})",
-            PLUGIN_EXPORTS[0],
-            sdk_requirement()
-        ),
+        Some(version) => ContractError::OtherVersion { version },
+        None => ContractError::NotAPlugin,
     })
 }
 
@@ -360,13 +430,13 @@ mod tests {
         let open = dir.path().join("open");
         std::fs::create_dir(&open).unwrap();
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
-        let e = private_cache_dir(&open).unwrap_err();
+        let e = private_cache_dir(&open).unwrap_err().to_string();
         assert!(e.contains("writable by other users"), "{e}");
 
         // A symbolic link to a directory elsewhere.
         let link = dir.path().join("link");
         std::os::unix::fs::symlink(&cache, &link).unwrap();
-        let e = private_cache_dir(&link).unwrap_err();
+        let e = private_cache_dir(&link).unwrap_err().to_string();
         assert!(e.contains("not a directory"), "{e}");
 
         // Owned by another user (only root can make one here).
@@ -374,7 +444,7 @@ mod tests {
         std::fs::create_dir(&theirs).unwrap();
         std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o700)).unwrap();
         if std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).is_ok() {
-            let e = private_cache_dir(&theirs).unwrap_err();
+            let e = private_cache_dir(&theirs).unwrap_err().to_string();
             assert!(e.contains("belongs to another user"), "{e}");
         }
     }

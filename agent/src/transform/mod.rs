@@ -38,7 +38,7 @@ use serde::Deserialize;
 pub use chain::{
     ChainInput, ChainOutput, ChainResult, Produced, RecordError, Releaser, TransformChain,
 };
-pub use engine::{PluginsConfig, TransformEngine};
+pub use engine::{CacheDirError, ContractError, PluginsConfig, TransformEngine};
 pub use plugin::{Fault, FaultKind};
 
 /// One entry of `[[pipelines.transforms]]`.
@@ -213,6 +213,19 @@ pub enum TransformError {
         plugin: String,
         /// Which version it has, which one the agent runs, and how to rebuild.
         reason: String,
+    },
+    /// The plugin cache directory cannot be used.
+    #[error("WebAssembly engine: {0}")]
+    Cache(#[from] engine::CacheDirError),
+    /// The plugin file is a component, but not one of the contract this agent runs.
+    #[error("plugin {plugin}: {}: {source}", .path.display())]
+    Incompatible {
+        /// Plugin name.
+        plugin: String,
+        /// The plugin file.
+        path: std::path::PathBuf,
+        /// Which version it has, which one the agent runs, and how to rebuild.
+        source: engine::ContractError,
     },
     /// A fault that could not be pinned on one record: `init` trapped, or
     /// `max_consecutive_faults` records in a row faulted alone.

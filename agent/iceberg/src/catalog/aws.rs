@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use aws_config::sts::AssumeRoleProvider;
 use aws_config::{BehaviorVersion, Region};
 use aws_credential_types::Credentials;
+use aws_credential_types::provider::error::CredentialsError;
 use aws_credential_types::provider::{ProvideCredentials, SharedCredentialsProvider};
 use iceberg_storage_opendal::AwsCredential;
 use reqsign_core::ProvideCredential;
@@ -57,6 +58,17 @@ impl AwsSettings {
     }
 }
 
+/// Why the agent has no AWS credentials.
+#[derive(Debug, thiserror::Error)]
+pub enum AwsError {
+    /// The SDK's default chain has nothing to ask (no environment, profile or metadata).
+    #[error("the AWS SDK found no credential provider")]
+    NoProvider,
+    /// The credential provider failed and no cached credentials are still valid.
+    #[error("no AWS credentials: {}", with_causes(.0))]
+    Credentials(#[source] CredentialsError),
+}
+
 /// The agent's AWS credentials, loaded on first use and cached.
 #[derive(Debug)]
 pub struct AwsCredentials {
@@ -75,7 +87,7 @@ impl AwsCredentials {
         })
     }
 
-    async fn provider(&self) -> Result<&SharedCredentialsProvider, String> {
+    async fn provider(&self) -> Result<&SharedCredentialsProvider, AwsError> {
         self.provider
             .get_or_try_init(|| async {
                 let s = &self.settings;
@@ -87,9 +99,7 @@ impl AwsCredentials {
                     loader = loader.profile_name(profile);
                 }
                 let sdk = loader.load().await;
-                let chain = sdk
-                    .credentials_provider()
-                    .ok_or("the AWS SDK found no credential provider")?;
+                let chain = sdk.credentials_provider().ok_or(AwsError::NoProvider)?;
                 let Some(arn) = &s.role_arn else {
                     return Ok(chain);
                 };
@@ -106,7 +116,7 @@ impl AwsCredentials {
 
     /// Current credentials: cached, fetched again `REFRESH_AHEAD` before they expire;
     /// while a refresh fails, the cached ones are used as long as they are valid.
-    pub async fn credentials(&self) -> Result<Credentials, String> {
+    pub async fn credentials(&self) -> Result<Credentials, AwsError> {
         let mut current = self.current.lock().await;
         let now = SystemTime::now();
         if let Some(c) = current.as_ref()
@@ -125,7 +135,7 @@ impl AwsCredentials {
                     tracing::warn!(error = %with_causes(&e), "cannot refresh AWS credentials; using the current ones");
                     Ok(c.clone())
                 }
-                _ => Err(format!("no AWS credentials: {}", with_causes(&e))),
+                _ => Err(AwsError::Credentials(e)),
             },
         }
     }
@@ -141,7 +151,7 @@ impl ProvideCredential for AwsCredentials {
         let c = self
             .credentials()
             .await
-            .map_err(reqsign_core::Error::credential_invalid)?;
+            .map_err(|e| reqsign_core::Error::credential_invalid(e.to_string()).with_source(e))?;
         Ok(Some(AwsCredential {
             access_key_id: c.access_key_id().to_string(),
             secret_access_key: c.secret_access_key().to_string(),

@@ -98,7 +98,10 @@ pub struct ObjectStore {
 impl ObjectStore {
     /// Opens the store of `location` (an `s3://`, `s3a://` or `s3n://` location) with
     /// `props`, the table's FileIO properties. `None` for other schemes.
-    pub fn open(location: &str, props: &HashMap<String, String>) -> Result<Option<Self>, String> {
+    pub fn open(
+        location: &str,
+        props: &HashMap<String, String>,
+    ) -> Result<Option<Self>, ObjectStoreError> {
         let Some((scheme, rest)) = location.split_once("://") else {
             return Ok(None);
         };
@@ -134,7 +137,10 @@ impl ObjectStore {
                 .credential_provider_chain(ProvideCredentialChain::new().push(Shared(provider)));
         }
         let op = Operator::new(builder)
-            .map_err(|e| format!("opening {location}: {e}"))?
+            .map_err(|source| ObjectStoreError::Open {
+                location: location.to_string(),
+                source,
+            })?
             .finish();
         let prefix = format!("{}/", key.trim_end_matches('/'));
         Ok(Some(ObjectStore {
@@ -145,19 +151,15 @@ impl ObjectStore {
     }
 
     /// Every file under the location, recursively.
-    pub async fn list(&self) -> Result<Vec<ListedFile>, String> {
+    pub async fn list(&self) -> Result<Vec<ListedFile>, ObjectStoreError> {
         let mut lister = self
             .op
             .lister_with(&self.prefix)
             .recursive(true)
             .await
-            .map_err(|e| format!("listing {}{}: {e}", self.base, self.prefix))?;
+            .map_err(|e| self.listing(e))?;
         let mut out = Vec::new();
-        while let Some(entry) = lister
-            .try_next()
-            .await
-            .map_err(|e| format!("listing {}{}: {e}", self.base, self.prefix))?
-        {
+        while let Some(entry) = lister.try_next().await.map_err(|e| self.listing(e))? {
             if entry.path().ends_with('/') {
                 continue;
             }
@@ -172,11 +174,50 @@ impl ObjectStore {
     }
 
     /// Deletes the file at `location` (a location [`ObjectStore::list`] returned).
-    pub async fn delete(&self, location: &str) -> Result<(), String> {
+    pub async fn delete(&self, location: &str) -> Result<(), ObjectStoreError> {
         let key = location.strip_prefix(&self.base).unwrap_or(location);
         self.op
             .delete(key)
             .await
-            .map_err(|e| format!("deleting {location}: {e}"))
+            .map_err(|source| ObjectStoreError::Delete {
+                location: location.to_string(),
+                source,
+            })
     }
+
+    fn listing(&self, source: opendal::Error) -> ObjectStoreError {
+        ObjectStoreError::List {
+            location: format!("{}{}", self.base, self.prefix),
+            source,
+        }
+    }
+}
+
+/// An operation on an object store failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ObjectStoreError {
+    /// The store's settings cannot make a client.
+    #[error("opening {location}: {source}")]
+    Open {
+        /// The table location.
+        location: String,
+        /// The object store's error.
+        source: opendal::Error,
+    },
+    /// Listing the files under the location failed.
+    #[error("listing {location}: {source}")]
+    List {
+        /// The location listed.
+        location: String,
+        /// The object store's error.
+        source: opendal::Error,
+    },
+    /// A file could not be deleted.
+    #[error("deleting {location}: {source}")]
+    Delete {
+        /// The file's location.
+        location: String,
+        /// The object store's error.
+        source: opendal::Error,
+    },
 }

@@ -66,7 +66,8 @@ pub enum OffsetsError {
         /// The snapshot.
         snapshot_id: i64,
         /// Why.
-        reason: String,
+        #[source]
+        reason: OffsetsParseError,
     },
     /// The table property holding the pipeline's offsets cannot be parsed.
     #[error("table property {key} is unreadable: {reason}")]
@@ -74,8 +75,20 @@ pub enum OffsetsError {
         /// The property key.
         key: String,
         /// Why.
-        reason: String,
+        #[source]
+        reason: OffsetsParseError,
     },
+}
+
+/// Why stored offsets (a summary value or the table property) cannot be decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum OffsetsParseError {
+    /// The value is not the JSON Floe writes.
+    #[error("{0}")]
+    Json(#[from] serde_json::Error),
+    /// A partition key is not a partition number.
+    #[error("bad partition {0:?}")]
+    Partition(String),
 }
 
 /// The value of the table property `floe.offsets.<pipeline>`.
@@ -98,14 +111,14 @@ impl StoredOffsets {
     }
 
     /// Decodes what [`StoredOffsets::to_property_value`] wrote.
-    pub fn from_property_value(s: &str) -> Result<StoredOffsets, String> {
+    pub fn from_property_value(s: &str) -> Result<StoredOffsets, OffsetsParseError> {
         #[derive(serde::Deserialize)]
         struct Raw {
             #[serde(rename = "snapshot-id")]
             snapshot_id: i64,
             offsets: serde_json::Value,
         }
-        let raw: Raw = serde_json::from_str(s).map_err(|e| e.to_string())?;
+        let raw: Raw = serde_json::from_str(s)?;
         Ok(StoredOffsets {
             snapshot_id: raw.snapshot_id,
             offsets: OffsetMap::from_summary_value(&raw.offsets.to_string())?,
@@ -154,14 +167,13 @@ impl OffsetMap {
     }
 
     /// Decodes what [`OffsetMap::to_summary_value`] wrote.
-    pub fn from_summary_value(s: &str) -> Result<OffsetMap, String> {
-        let parsed: BTreeMap<String, BTreeMap<String, i64>> =
-            serde_json::from_str(s).map_err(|e| e.to_string())?;
+    pub fn from_summary_value(s: &str) -> Result<OffsetMap, OffsetsParseError> {
+        let parsed: BTreeMap<String, BTreeMap<String, i64>> = serde_json::from_str(s)?;
         let mut map = PartitionMap::default();
         for (topic, partitions) in parsed {
             let topic: Arc<str> = Arc::from(topic);
             for (p, o) in partitions {
-                let p: i32 = p.parse().map_err(|_| format!("bad partition {p:?}"))?;
+                let p: i32 = p.parse().map_err(|_| OffsetsParseError::Partition(p))?;
                 map.insert((topic.clone(), p), o);
             }
         }

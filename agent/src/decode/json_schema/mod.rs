@@ -24,6 +24,7 @@ use std::sync::Arc;
 use iceberg::spec::StructType;
 use serde_json::Value;
 
+pub use self::types::JsonSchemaMappingError;
 use self::types::{Docs, Plan, struct_of};
 use super::DecodeError;
 use super::text;
@@ -91,7 +92,7 @@ impl JsonSchemaDoc {
             references: &refs,
         }
         .plan()
-        .map_err(bad)?;
+        .map_err(|e| bad(e.to_string()))?;
         let columns = match &plan {
             Plan::Object(props) => struct_of(props),
             _ => StructType::new(Vec::new()),
@@ -132,7 +133,7 @@ impl JsonSchemaDoc {
                 e.masked()
             )));
         }
-        write(&self.plan, &value, validate, out).map_err(|reason| self.invalid(reason))
+        write(&self.plan, &value, validate, out).map_err(|e| self.invalid(e.to_string()))
     }
 
     /// Parses and validates a key; its text: a string as it is, anything else as JSON text.
@@ -155,14 +156,46 @@ impl JsonSchemaDoc {
     }
 }
 
+/// Why a validated value cannot be written by its plan.
+#[derive(Debug, thiserror::Error)]
+enum WriteError {
+    /// A value its declared format cannot hold (`date-time`, `uuid`, ...).
+    #[error("{value} is not a valid {what}")]
+    Unfit {
+        /// The value (its JSON text, shortened).
+        value: String,
+        /// What the schema declares.
+        what: &'static str,
+    },
+    /// An error inside a member or element.
+    #[error("at /{at}: {inner}")]
+    At {
+        /// The member's key or the element's index.
+        at: String,
+        /// What is wrong there.
+        #[source]
+        inner: Box<WriteError>,
+    },
+}
+
+impl WriteError {
+    /// This error, found at member or element `at` of the value.
+    fn at(self, at: &str) -> WriteError {
+        WriteError::At {
+            at: at.to_string(),
+            inner: Box::new(self),
+        }
+    }
+}
+
 /// Writes `v` by `plan`. With `strict` (validated), a value a declared format cannot
 /// hold is an error; otherwise it is written as it is.
 /// Writes `members` as a JSON object, each value by `member` (an error names its key).
 fn write_members(
     members: &serde_json::Map<String, Value>,
     out: &mut Vec<u8>,
-    mut member: impl FnMut(&str, &Value, &mut Vec<u8>) -> Result<(), String>,
-) -> Result<(), String> {
+    mut member: impl FnMut(&str, &Value, &mut Vec<u8>) -> Result<(), WriteError>,
+) -> Result<(), WriteError> {
     out.push(b'{');
     for (i, (name, value)) in members.iter().enumerate() {
         if i > 0 {
@@ -170,20 +203,23 @@ fn write_members(
         }
         text::string(out, name);
         out.push(b':');
-        member(name, value, out).map_err(|e| format!("at /{name}: {e}"))?;
+        member(name, value, out).map_err(|e| e.at(name))?;
     }
     out.push(b'}');
     Ok(())
 }
 
-fn write(plan: &Plan, v: &Value, strict: bool, out: &mut Vec<u8>) -> Result<(), String> {
+fn write(plan: &Plan, v: &Value, strict: bool, out: &mut Vec<u8>) -> Result<(), WriteError> {
     let as_is = |out: &mut Vec<u8>| {
         serde_json::to_writer(&mut *out, v).expect("writing JSON into a Vec cannot fail");
         Ok(())
     };
-    let unfit = |what: &str, out: &mut Vec<u8>| {
+    let unfit = |what: &'static str, out: &mut Vec<u8>| {
         if strict {
-            Err(format!("{} is not a valid {what}", short(v)))
+            Err(WriteError::Unfit {
+                value: short(v),
+                what,
+            })
         } else {
             as_is(out)
         }
@@ -241,7 +277,7 @@ fn write(plan: &Plan, v: &Value, strict: bool, out: &mut Vec<u8>) -> Result<(), 
                 if i > 0 {
                     out.push(b',');
                 }
-                write(item, element, strict, out).map_err(|e| format!("at /{i}: {e}"))?;
+                write(item, element, strict, out).map_err(|e| e.at(&i.to_string()))?;
             }
             out.push(b']');
             Ok(())

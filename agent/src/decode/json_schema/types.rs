@@ -12,6 +12,25 @@ use std::sync::Arc;
 use iceberg::spec::{ListType, MapType, NestedField, PrimitiveType, StructType, Type};
 use serde_json::Value;
 
+/// Why a JSON schema cannot be mapped to columns.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JsonSchemaMappingError {
+    /// Subschemas nested too deep to follow.
+    #[error("schema nested deeper than 64 levels")]
+    TooDeep,
+    /// A `$ref` to a document that is not among the schema's references.
+    #[error("$ref `{reference}` names no schema reference (known: {known})")]
+    UnknownReference {
+        /// The `$ref` value.
+        reference: String,
+        /// The reference names there are, comma-separated.
+        known: String,
+    },
+    /// A `$ref` whose JSON pointer finds nothing in its document.
+    #[error("$ref `{0}` points to nothing")]
+    Dangling(String),
+}
+
 /// How one value is written.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Plan {
@@ -108,7 +127,7 @@ type Location = (Option<String>, String);
 
 impl Docs<'_> {
     /// The plan of the root schema.
-    pub(crate) fn plan(&self) -> Result<Plan, String> {
+    pub(crate) fn plan(&self) -> Result<Plan, JsonSchemaMappingError> {
         let mut stack = Vec::new();
         self.plan_of(self.root, &None, &mut stack, 0)
     }
@@ -121,7 +140,11 @@ impl Docs<'_> {
     }
 
     /// Resolves a `$ref` seen in document `doc`.
-    fn resolve(&self, doc: &Option<String>, reference: &str) -> Result<(Location, &Value), String> {
+    fn resolve(
+        &self,
+        doc: &Option<String>,
+        reference: &str,
+    ) -> Result<(Location, &Value), JsonSchemaMappingError> {
         let (file, fragment) = reference.split_once('#').unwrap_or((reference, ""));
         let file = file.strip_prefix("json-schema:///").unwrap_or(file);
         let target_doc = if file.is_empty() {
@@ -129,20 +152,21 @@ impl Docs<'_> {
         } else if self.references.contains_key(file) {
             Some(file.to_string())
         } else {
-            return Err(format!(
-                "$ref `{reference}` names no schema reference (known: {})",
-                self.references
+            return Err(JsonSchemaMappingError::UnknownReference {
+                reference: reference.to_string(),
+                known: self
+                    .references
                     .keys()
                     .cloned()
                     .collect::<Vec<_>>()
-                    .join(", ")
-            ));
+                    .join(", "),
+            });
         };
         let pointer = percent_decode(fragment);
         let value = self
             .doc(&target_doc)
             .and_then(|d| d.pointer(&pointer))
-            .ok_or_else(|| format!("$ref `{reference}` points to nothing"))?;
+            .ok_or_else(|| JsonSchemaMappingError::Dangling(reference.to_string()))?;
         Ok(((target_doc, pointer), value))
     }
 
@@ -152,9 +176,9 @@ impl Docs<'_> {
         doc: &Option<String>,
         stack: &mut Vec<Location>,
         depth: usize,
-    ) -> Result<Plan, String> {
+    ) -> Result<Plan, JsonSchemaMappingError> {
         if depth > 64 {
-            return Err("schema nested deeper than 64 levels".into());
+            return Err(JsonSchemaMappingError::TooDeep);
         }
         let Value::Object(s) = schema else {
             // `true` or `{}`-like booleans: anything.
@@ -228,7 +252,7 @@ impl Docs<'_> {
         doc: &Option<String>,
         stack: &mut Vec<Location>,
         depth: usize,
-    ) -> Result<Plan, String> {
+    ) -> Result<Plan, JsonSchemaMappingError> {
         let mut types: Vec<&str> = match s.get("type") {
             Some(Value::String(t)) => vec![t.as_str()],
             Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).collect(),

@@ -31,6 +31,7 @@ use prost_reflect::{
 };
 use protox::file::{ChainFileResolver, File, FileResolver, GoogleFileResolver};
 
+pub use self::types::ProtoMappingError;
 use self::types::{Cardinality, FieldPlan, JsonTextKind, Member, MessagePlan, ValuePlan};
 use super::DecodeError;
 use super::text;
@@ -49,7 +50,7 @@ pub struct ProtoMessage {
 
 impl ProtoMessage {
     /// Prepares `descriptor` for decoding; fails for recursive messages.
-    pub fn new(descriptor: MessageDescriptor) -> Result<ProtoMessage, String> {
+    pub fn new(descriptor: MessageDescriptor) -> Result<ProtoMessage, ProtoMappingError> {
         let plan = MessagePlan::new(&descriptor)?;
         Ok(ProtoMessage {
             columns: Arc::new(plan.columns()),
@@ -68,7 +69,8 @@ impl ProtoMessage {
         let message = DynamicMessage::decode(self.descriptor.clone(), bytes).map_err(|e| {
             DecodeError::NotProtobuf(format!("{} does not decode: {e}", self.full_name()))
         })?;
-        write_message(&self.plan, &message, out).map_err(DecodeError::NotProtobuf)
+        write_message(&self.plan, &message, out)
+            .map_err(|e| DecodeError::NotProtobuf(e.to_string()))
     }
 }
 
@@ -79,13 +81,13 @@ pub struct ProtoSchema {
     pub id: Option<u32>,
     file: FileDescriptor,
     /// Every message of the file by its index path; a recursive one maps to its error.
-    messages: HashMap<Vec<i32>, Result<Arc<ProtoMessage>, String>>,
+    messages: HashMap<Vec<i32>, Result<Arc<ProtoMessage>, ProtoMappingError>>,
 }
 
 /// A schema text from the registry: `.proto` source, or a base64 `FileDescriptorProto`
 /// (what the registry returns with `format=serialized`, and what Confluent's Python
 /// serializer registers).
-fn registry_file(name: &str, text: &str) -> Result<File, String> {
+fn registry_file(name: &str, text: &str) -> Result<File, protox::Error> {
     let looks_base64 = !text.is_empty()
         && text
             .bytes()
@@ -99,7 +101,7 @@ fn registry_file(name: &str, text: &str) -> Result<File, String> {
         descriptor.name = Some(name.to_string());
         return Ok(File::from_file_descriptor_proto(descriptor));
     }
-    File::from_source(name, text).map_err(|e| format!("Protobuf schema does not parse: {e}"))
+    File::from_source(name, text)
 }
 
 /// Resolves imports from the files the registry gave (by reference name), then the
@@ -127,13 +129,14 @@ impl ProtoSchema {
             id: Some(id),
             reason,
         };
+        let unparsed = |e: protox::Error| bad(format!("Protobuf schema does not parse: {e}"));
         let mut files = HashMap::new();
         for (name, text) in references {
-            files.insert(name.clone(), registry_file(name, text).map_err(bad)?);
+            files.insert(name.clone(), registry_file(name, text).map_err(unparsed)?);
         }
         // The main file's name only has to differ from the imported ones.
         let main = format!("floe-registry/schema-{id}.proto");
-        files.insert(main.clone(), registry_file(&main, text).map_err(bad)?);
+        files.insert(main.clone(), registry_file(&main, text).map_err(unparsed)?);
         let mut resolver = ChainFileResolver::new();
         resolver.add(RegistryFiles(files));
         resolver.add(GoogleFileResolver::new());
@@ -152,7 +155,7 @@ impl ProtoSchema {
         fn walk(
             path: &mut Vec<i32>,
             message: MessageDescriptor,
-            out: &mut HashMap<Vec<i32>, Result<Arc<ProtoMessage>, String>>,
+            out: &mut HashMap<Vec<i32>, Result<Arc<ProtoMessage>, ProtoMappingError>>,
         ) {
             for (i, child) in message.child_messages().enumerate() {
                 path.push(i as i32);
@@ -174,7 +177,7 @@ impl ProtoSchema {
             Some(Ok(m)) => Ok(m.clone()),
             Some(Err(reason)) => Err(DecodeError::BadSchema {
                 id: self.id,
-                reason: reason.clone(),
+                reason: reason.to_string(),
             }),
             None => Err(DecodeError::NotProtobuf(format!(
                 "message index {indexes:?} names no message of schema {}",
@@ -251,7 +254,10 @@ pub fn plain_message(pool: &DescriptorPool, name: &str) -> Result<Arc<ProtoMessa
         })?;
     ProtoMessage::new(descriptor)
         .map(Arc::new)
-        .map_err(|reason| DecodeError::BadSchema { id: None, reason })
+        .map_err(|e| DecodeError::BadSchema {
+            id: None,
+            reason: e.to_string(),
+        })
 }
 
 /// The message indexes at the start of a Confluent Protobuf body (after the 5-byte header).
@@ -308,11 +314,51 @@ pub fn split_message_indexes(body: &[u8]) -> Result<(MessageIndexes, &[u8]), Dec
 
 // ------------------------------------------------------------------ writing JSON text
 
+/// Why a decoded message cannot be written as JSON text: its values do not fit the
+/// plan made from its schema.
+#[derive(Debug, thiserror::Error)]
+enum ValueError {
+    /// A field's value is not of its declared cardinality (single, list, map).
+    #[error("field {field} holds {value}, not its declared cardinality")]
+    Cardinality {
+        /// The field's name.
+        field: String,
+        /// The value it holds (debug form).
+        value: String,
+    },
+    /// A value does not match its field's type.
+    #[error("value {value} does not match its field ({plan})")]
+    Mismatch {
+        /// The value (debug form).
+        value: String,
+        /// What the schema declares (debug form).
+        plan: String,
+    },
+    /// A `Timestamp` or `Duration` beyond what microseconds since the epoch hold.
+    #[error("{0} out of range")]
+    OutOfRange(&'static str),
+    /// A `Timestamp` outside the years a timestamp column holds.
+    #[error("Timestamp {0}s out of range")]
+    TimestampOutOfRange(i64),
+    /// A well-known type whose fields are not as the spec says.
+    #[error("{0}")]
+    Malformed(&'static str),
+    /// A `google.protobuf.Value` member that is none of its kinds.
+    #[error("unexpected Value member {0}")]
+    UnexpectedMember(String),
+    /// A `google.protobuf.Value` nested too deep.
+    #[error("google.protobuf.Value nested deeper than 64 levels")]
+    TooDeep,
+    /// The JSON text of a `Struct`, `Value` or `ListValue` is not UTF-8.
+    #[error("{0}")]
+    NotUtf8(#[source] std::str::Utf8Error),
+}
+
 fn write_message(
     plan: &MessagePlan,
     message: &DynamicMessage,
     out: &mut Vec<u8>,
-) -> Result<(), String> {
+) -> Result<(), ValueError> {
     out.push(b'{');
     let mut first = true;
     for member in &plan.members {
@@ -351,7 +397,11 @@ fn sep(out: &mut Vec<u8>, first: &mut bool) {
     *first = false;
 }
 
-fn write_field(f: &FieldPlan, message: &DynamicMessage, out: &mut Vec<u8>) -> Result<(), String> {
+fn write_field(
+    f: &FieldPlan,
+    message: &DynamicMessage,
+    out: &mut Vec<u8>,
+) -> Result<(), ValueError> {
     if f.presence && !message.has_field(&f.field) {
         out.extend_from_slice(b"null");
         return Ok(());
@@ -393,14 +443,14 @@ fn write_field(f: &FieldPlan, message: &DynamicMessage, out: &mut Vec<u8>) -> Re
             out.push(b'}');
             Ok(())
         }
-        (_, other) => Err(format!(
-            "field {} holds {other:?}, not its declared cardinality",
-            f.field.name()
-        )),
+        (_, other) => Err(ValueError::Cardinality {
+            field: f.field.name().to_string(),
+            value: format!("{other:?}"),
+        }),
     }
 }
 
-fn write_value(plan: &ValuePlan, v: &PValue, out: &mut Vec<u8>) -> Result<(), String> {
+fn write_value(plan: &ValuePlan, v: &PValue, out: &mut Vec<u8>) -> Result<(), ValueError> {
     match (plan, v) {
         (ValuePlan::Double, PValue::F64(f)) => text::double(out, *f),
         (ValuePlan::Float, PValue::F32(f)) => text::float(out, *f),
@@ -428,9 +478,9 @@ fn write_value(plan: &ValuePlan, v: &PValue, out: &mut Vec<u8>) -> Result<(), St
             let micros = seconds
                 .checked_mul(1_000_000)
                 .and_then(|us| us.checked_add(nanos / 1000))
-                .ok_or("Timestamp out of range")?;
+                .ok_or(ValueError::OutOfRange("Timestamp"))?;
             if !text::timestamp_micros(out, micros) {
-                return Err(format!("Timestamp {seconds}s out of range"));
+                return Err(ValueError::TimestampOutOfRange(seconds));
             }
         }
         (ValuePlan::Duration, PValue::Message(m)) => {
@@ -438,20 +488,30 @@ fn write_value(plan: &ValuePlan, v: &PValue, out: &mut Vec<u8>) -> Result<(), St
             let micros = seconds
                 .checked_mul(1_000_000)
                 .and_then(|us| us.checked_add(nanos / 1000))
-                .ok_or("Duration out of range")?;
+                .ok_or(ValueError::OutOfRange("Duration"))?;
             text::int(out, micros);
         }
         (ValuePlan::Wrapper(inner), PValue::Message(m)) => {
-            let value = m.get_field_by_number(1).ok_or("wrapper without field 1")?;
+            let value = m
+                .get_field_by_number(1)
+                .ok_or(ValueError::Malformed("wrapper without field 1"))?;
             write_value(inner, &value, out)?;
         }
         (ValuePlan::JsonText(kind), PValue::Message(m)) => {
             let mut json = Vec::new();
             write_json_like(*kind, m, &mut json, 0)?;
-            text::string(out, std::str::from_utf8(&json).map_err(|e| e.to_string())?);
+            text::string(
+                out,
+                std::str::from_utf8(&json).map_err(ValueError::NotUtf8)?,
+            );
         }
         (ValuePlan::Nothing, _) => out.extend_from_slice(b"null"),
-        (plan, v) => return Err(format!("value {v:?} does not match its field ({plan:?})")),
+        (plan, v) => {
+            return Err(ValueError::Mismatch {
+                value: format!("{v:?}"),
+                plan: format!("{plan:?}"),
+            });
+        }
     }
     Ok(())
 }
@@ -474,15 +534,17 @@ fn write_json_like(
     m: &DynamicMessage,
     out: &mut Vec<u8>,
     depth: usize,
-) -> Result<(), String> {
+) -> Result<(), ValueError> {
     if depth > 64 {
-        return Err("google.protobuf.Value nested deeper than 64 levels".into());
+        return Err(ValueError::TooDeep);
     }
     match kind {
         JsonTextKind::Struct => {
-            let fields = m.get_field_by_number(1).ok_or("Struct without fields")?;
+            let fields = m
+                .get_field_by_number(1)
+                .ok_or(ValueError::Malformed("Struct without fields"))?;
             let PValue::Map(entries) = &*fields else {
-                return Err("Struct.fields is not a map".into());
+                return Err(ValueError::Malformed("Struct.fields is not a map"));
             };
             let mut entries: Vec<_> = entries.iter().collect();
             entries.sort_by(|a, b| a.0.cmp(b.0));
@@ -492,21 +554,23 @@ fn write_json_like(
                     out.push(b',');
                 }
                 let MapKey::String(k) = k else {
-                    return Err("Struct key is not a string".into());
+                    return Err(ValueError::Malformed("Struct key is not a string"));
                 };
                 text::string(out, k);
                 out.push(b':');
                 let PValue::Message(v) = v else {
-                    return Err("Struct value is not a Value".into());
+                    return Err(ValueError::Malformed("Struct value is not a Value"));
                 };
                 write_json_like(JsonTextKind::Value, v, out, depth + 1)?;
             }
             out.push(b'}');
         }
         JsonTextKind::ListValue => {
-            let values = m.get_field_by_number(1).ok_or("ListValue without values")?;
+            let values = m
+                .get_field_by_number(1)
+                .ok_or(ValueError::Malformed("ListValue without values"))?;
             let PValue::List(items) = &*values else {
-                return Err("ListValue.values is not a list".into());
+                return Err(ValueError::Malformed("ListValue.values is not a list"));
             };
             out.push(b'[');
             for (i, item) in items.iter().enumerate() {
@@ -514,7 +578,7 @@ fn write_json_like(
                     out.push(b',');
                 }
                 let PValue::Message(v) = item else {
-                    return Err("ListValue item is not a Value".into());
+                    return Err(ValueError::Malformed("ListValue item is not a Value"));
                 };
                 write_json_like(JsonTextKind::Value, v, out, depth + 1)?;
             }
@@ -537,7 +601,9 @@ fn write_json_like(
                     };
                     write_json_like(kind, inner, out, depth + 1)?;
                 }
-                Some((_, other)) => return Err(format!("unexpected Value member {other:?}")),
+                Some((_, other)) => {
+                    return Err(ValueError::UnexpectedMember(format!("{other:?}")));
+                }
             }
         }
     }

@@ -84,6 +84,21 @@ pub(crate) enum ValuePlan {
     Nothing,
 }
 
+/// Why a Protobuf message type cannot describe table columns.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtoMappingError {
+    /// A message contains itself (directly or through other messages); Iceberg has no
+    /// recursive types.
+    #[error("recursive Protobuf message `{0}` cannot become an Iceberg column")]
+    Recursive(String),
+    /// A map field whose descriptor has no entry message.
+    #[error("map field {0} has no entry message")]
+    MapWithoutEntry(String),
+    /// A well-known wrapper type (`google.protobuf.Int64Value`, ...) without its value.
+    #[error("{0} has no field 1")]
+    WrapperWithoutValue(String),
+}
+
 /// Which of the JSON-like well-known types.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum JsonTextKind {
@@ -95,7 +110,7 @@ pub(crate) enum JsonTextKind {
 impl MessagePlan {
     /// The plan of a message type. A message that contains itself (directly or through
     /// other messages) has no Iceberg equivalent: the error names it.
-    pub(crate) fn new(message: &MessageDescriptor) -> Result<MessagePlan, String> {
+    pub(crate) fn new(message: &MessageDescriptor) -> Result<MessagePlan, ProtoMappingError> {
         let mut stack = vec![message.full_name().to_string()];
         plan_message(message, &mut stack)
     }
@@ -194,7 +209,7 @@ fn json_key(name: &str) -> String {
 fn plan_message(
     message: &MessageDescriptor,
     stack: &mut Vec<String>,
-) -> Result<MessagePlan, String> {
+) -> Result<MessagePlan, ProtoMappingError> {
     let mut members = Vec::new();
     for field in message.fields() {
         match field.containing_oneof() {
@@ -218,12 +233,14 @@ fn plan_message(
     Ok(MessagePlan { members })
 }
 
-fn plan_field(field: &FieldDescriptor, stack: &mut Vec<String>) -> Result<FieldPlan, String> {
+fn plan_field(
+    field: &FieldDescriptor,
+    stack: &mut Vec<String>,
+) -> Result<FieldPlan, ProtoMappingError> {
     let (cardinality, kind) = if field.is_map() {
         let Kind::Message(entry) = field.kind() else {
-            return Err(format!(
-                "map field {} has no entry message",
-                field.full_name()
+            return Err(ProtoMappingError::MapWithoutEntry(
+                field.full_name().to_string(),
             ));
         };
         (Cardinality::Map, entry.map_entry_value_field().kind())
@@ -241,7 +258,7 @@ fn plan_field(field: &FieldDescriptor, stack: &mut Vec<String>) -> Result<FieldP
     })
 }
 
-fn plan_value(kind: &Kind, stack: &mut Vec<String>) -> Result<ValuePlan, String> {
+fn plan_value(kind: &Kind, stack: &mut Vec<String>) -> Result<ValuePlan, ProtoMappingError> {
     Ok(match kind {
         Kind::Double => ValuePlan::Double,
         Kind::Float => ValuePlan::Float,
@@ -268,7 +285,7 @@ fn plan_value(kind: &Kind, stack: &mut Vec<String>) -> Result<ValuePlan, String>
             | "google.protobuf.BytesValue" => {
                 let value = m
                     .get_field(1)
-                    .ok_or_else(|| format!("{} has no field 1", m.full_name()))?;
+                    .ok_or_else(|| ProtoMappingError::WrapperWithoutValue(m.full_name().into()))?;
                 ValuePlan::Wrapper(Box::new(plan_value(&value.kind(), stack)?))
             }
             "google.protobuf.Struct" => ValuePlan::JsonText(JsonTextKind::Struct),
@@ -276,9 +293,7 @@ fn plan_value(kind: &Kind, stack: &mut Vec<String>) -> Result<ValuePlan, String>
             "google.protobuf.ListValue" => ValuePlan::JsonText(JsonTextKind::ListValue),
             name => {
                 if stack.iter().any(|n| n == name) {
-                    return Err(format!(
-                        "recursive Protobuf message `{name}` cannot become an Iceberg column"
-                    ));
+                    return Err(ProtoMappingError::Recursive(name.to_string()));
                 }
                 stack.push(name.to_string());
                 let plan = plan_message(m, stack);

@@ -13,7 +13,30 @@ use aws_sigv4::sign::v4;
 use aws_smithy_runtime_api::client::identity::Identity;
 use reqwest::header::{AUTHORIZATION, HeaderName, HeaderValue};
 
-use crate::catalog::aws::AwsCredentials;
+use crate::catalog::aws::{AwsCredentials, AwsError};
+
+/// Why a request could not be signed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SignError {
+    /// No AWS credentials to sign with.
+    #[error(transparent)]
+    Credentials(#[from] AwsError),
+    /// The request's body is a stream, whose hash is not known before it is sent.
+    #[error("a streamed body cannot be signed")]
+    StreamedBody,
+    /// The request cannot be signed as it is.
+    #[error("{0}")]
+    Signing(#[source] aws_sigv4::http_request::SigningError),
+    /// The signing parameters are incomplete.
+    #[error("{0}")]
+    Params(#[source] v4::signing_params::BuildError),
+    /// A signature header is not a valid header value.
+    #[error("{0}")]
+    HeaderValue(#[source] reqwest::header::InvalidHeaderValue),
+    /// A signature header is not a valid header name.
+    #[error("{0}")]
+    HeaderName(#[source] reqwest::header::InvalidHeaderName),
+}
 
 /// Signs requests for one service and region.
 #[derive(Debug)]
@@ -31,7 +54,7 @@ pub(crate) struct SigV4 {
 impl SigV4 {
     /// Signs a built request in place, just before it is sent (every attempt anew: a
     /// signature is valid for minutes only).
-    pub(crate) async fn sign(&self, request: &mut reqwest::Request) -> Result<(), String> {
+    pub(crate) async fn sign(&self, request: &mut reqwest::Request) -> Result<(), SignError> {
         let identity: Identity = self.credentials.credentials().await?.into();
         if let Some(auth) = request.headers_mut().remove(AUTHORIZATION) {
             request
@@ -41,7 +64,7 @@ impl SigV4 {
         let signed = {
             let body: &[u8] = match request.body() {
                 None => &[],
-                Some(b) => b.as_bytes().ok_or("a streamed body cannot be signed")?,
+                Some(b) => b.as_bytes().ok_or(SignError::StreamedBody)?,
             };
             let headers: Vec<(&str, &str)> = request
                 .headers()
@@ -54,7 +77,7 @@ impl SigV4 {
                 headers.into_iter(),
                 SignableBody::Bytes(body),
             )
-            .map_err(|e| e.to_string())?;
+            .map_err(SignError::Signing)?;
             let mut settings = SigningSettings::default();
             settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
             let params = v4::SigningParams::builder()
@@ -64,19 +87,20 @@ impl SigV4 {
                 .time(SystemTime::now())
                 .settings(settings)
                 .build()
-                .map_err(|e| e.to_string())?
+                .map_err(SignError::Params)?
                 .into();
             sign(signable, &params)
-                .map_err(|e| e.to_string())?
+                .map_err(SignError::Signing)?
                 .into_parts()
                 .0
         };
         let (headers, _) = signed.into_parts();
         for header in headers {
-            let mut value = HeaderValue::from_str(header.value()).map_err(|e| e.to_string())?;
+            let mut value =
+                HeaderValue::from_str(header.value()).map_err(SignError::HeaderValue)?;
             value.set_sensitive(header.sensitive());
             let name =
-                HeaderName::from_bytes(header.name().as_bytes()).map_err(|e| e.to_string())?;
+                HeaderName::from_bytes(header.name().as_bytes()).map_err(SignError::HeaderName)?;
             request.headers_mut().insert(name, value);
         }
         Ok(())
