@@ -44,7 +44,7 @@ async fn check_rest(p: &Target<'_>, rest: &RestCatalogConfig, report: &mut Steps
             format!("SigV4 for {service} in {region}, signed as access key {key}"),
         ),
         Some(Err(e)) => {
-            report.report("signing", Outcome::Fail, e);
+            report.report("signing", Outcome::Fail, e.to_string());
             return skip_rest(report, "no AWS credentials to sign with");
         }
         None => {}

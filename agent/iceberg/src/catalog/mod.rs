@@ -59,6 +59,19 @@ pub enum CatalogError {
         /// What is wrong.
         message: String,
     },
+    /// A local path of the embedded catalog cannot be resolved or created.
+    #[error("catalog {catalog:?}: {action} {}: {source}", path.display())]
+    Path {
+        /// Catalog name from the config.
+        catalog: String,
+        /// What failed: "bad path" or "cannot create".
+        action: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl CatalogError {
@@ -67,7 +80,7 @@ impl CatalogError {
         match self {
             CatalogError::Unreachable { source, .. } => crate::error::iceberg_class(source),
             CatalogError::Rest { source, .. } => source.class(),
-            CatalogError::Local { .. } => crate::ErrorClass::Fatal,
+            CatalogError::Local { .. } | CatalogError::Path { .. } => crate::ErrorClass::Fatal,
         }
     }
 }
@@ -175,7 +188,7 @@ pub async fn open_catalog(
                 catalog: name.to_string(),
                 message,
             };
-            let db = absolute(path).map_err(local)?;
+            let db = absolute(name, path)?;
             let wh = Warehouse::open(name, warehouse, s3, aws)?;
             if let Some(dir) = db.parent() {
                 std::fs::create_dir_all(dir)
@@ -366,13 +379,13 @@ impl Warehouse {
     }
 
     fn local(name: &str, dir: &Path) -> Result<Warehouse, CatalogError> {
-        let local = |message: String| CatalogError::Local {
+        let dir = absolute(name, dir)?;
+        std::fs::create_dir_all(&dir).map_err(|source| CatalogError::Path {
             catalog: name.to_string(),
-            message,
-        };
-        let dir = absolute(dir).map_err(local)?;
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| local(format!("cannot create {}: {e}", dir.display())))?;
+            action: "cannot create",
+            path: dir.clone(),
+            source,
+        })?;
         Ok(Warehouse {
             uri: format!("file://{}", dir.display()),
             props: Vec::new(),
@@ -408,8 +421,13 @@ pub fn is_already_exists(e: &iceberg::Error) -> bool {
             .any(|m| e.message().contains(m) || e.to_string().contains(m))
 }
 
-fn absolute(p: &Path) -> Result<PathBuf, String> {
-    std::path::absolute(p).map_err(|e| format!("bad path {}: {e}", p.display()))
+fn absolute(catalog: &str, p: &Path) -> Result<PathBuf, CatalogError> {
+    std::path::absolute(p).map_err(|source| CatalogError::Path {
+        catalog: catalog.to_string(),
+        action: "bad path",
+        path: p.to_path_buf(),
+        source,
+    })
 }
 
 #[cfg(test)]

@@ -326,22 +326,17 @@ impl RestSession {
     }
 
     /// With `sigv4 = true`: `(service, region, access key id)` of the signatures.
-    pub async fn signer(&self) -> Option<Result<(String, String, String), String>> {
+    pub async fn signer(
+        &self,
+    ) -> Option<Result<(String, String, String), crate::catalog::aws::AwsError>> {
         let sigv4 = self.inner.sigv4.as_ref()?;
-        Some(
-            sigv4
-                .credentials
-                .credentials()
-                .await
-                .map_err(|e| e.to_string())
-                .map(|c| {
-                    (
-                        sigv4.service.clone(),
-                        sigv4.region.clone(),
-                        c.access_key_id().to_string(),
-                    )
-                }),
-        )
+        Some(sigv4.credentials.credentials().await.map(|c| {
+            (
+                sigv4.service.clone(),
+                sigv4.region.clone(),
+                c.access_key_id().to_string(),
+            )
+        }))
     }
 }
 
