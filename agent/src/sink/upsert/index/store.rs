@@ -32,6 +32,9 @@ use super::run::{self, Run, RunWriter, TOMBSTONE};
 const SHARDS: usize = 256;
 /// A run is merged into the next older one once it is at least a third of its size.
 const MERGE_RATIO: u64 = 3;
+/// Past this many runs a spill waits for the running merge: when spills outpace merging
+/// (a slow disk, a busy machine) runs would pile up, and every lookup checks them all.
+const MAX_RUNS: usize = 10;
 /// Bits per key of the runs' Bloom filters when the budget allows (about 1 % false
 /// positives).
 const MAX_BITS_PER_KEY: u32 = 10;
@@ -289,7 +292,12 @@ impl KeyStore {
             self.runs.insert(0, Arc::new(w.finish()?));
             changed = true;
         }
-        if self.merge.as_ref().is_some_and(|m| m.handle.is_finished()) {
+        let backlog = self.runs.len() > MAX_RUNS;
+        if self
+            .merge
+            .as_ref()
+            .is_some_and(|m| backlog || m.handle.is_finished())
+        {
             let merge = self.merge.take().expect("a merge");
             let merged = merge
                 .handle
@@ -484,7 +492,7 @@ mod tests {
             }
             if store.has_work() {
                 store.maintain(None, false).unwrap();
-                assert!(store.runs() <= 12, "{} runs", store.runs());
+                assert!(store.runs() <= MAX_RUNS + 1, "{} runs", store.runs());
             }
         }
         store.settle().unwrap();
