@@ -6,8 +6,9 @@ For each entry of --keys (N) it starts a fresh Tansu broker and an embedded cata
 lets the agent create an upsert table (key `id`), seeds it with N rows directly through
 PyIceberg (in appends of --seed-chunk rows, no Kafka), produces --updates JSON records of
 about 60 bytes over 8 partitions (--existing of them update a uniformly chosen seeded
-key, the rest add new keys), then runs `$FLOE_BIN run` with default index settings and
-measures:
+key, the rest add new keys), then runs `$FLOE_BIN run` with default index settings (or `index_memory` =
+--index-memory: a budget larger than the keys need keeps the whole index in memory, the
+alternative to the bounded store) and measures:
 
   start-up    seconds from the agent's start until its first record is read: the key
               index is rebuilt from the table (no index on disk yet), and the log's
@@ -43,7 +44,7 @@ TOPIC = "keys"
 PARTITIONS = 8
 
 
-def write_config(workdir, bootstrap, port, interval):
+def write_config(workdir, bootstrap, port, interval, index_memory=None):
     text = f"""\
 [metrics]
 listen = "127.0.0.1:{port}"
@@ -78,6 +79,8 @@ key = ["id"]
 commit_interval = {sb.toml_str(interval)}
 index_dir = {sb.toml_str(os.path.join(workdir, "index"))}
 """
+    if index_memory:
+        text += f"index_memory = {sb.toml_str(index_memory)}\n"
     path = os.path.join(workdir, "floe.toml")
     with open(path, "w") as f:
         f.write(text)
@@ -216,14 +219,15 @@ def run_scenario(keys, args, env):
     deadline = sb.Deadline(args.timeout, f"{keys:,} keys")
     workdir = tempfile.mkdtemp(prefix=f"keys-{keys}-", dir=args.work_dir)
     result = {"keys": keys, "updates": args.updates, "existing": args.existing,
-              "workdir": workdir}
+              "index_memory": args.index_memory or "default", "workdir": workdir}
     broker = None
     began = time.monotonic()
     try:
         broker, bootstrap = sb.start_broker(env["FLOE_TANSU"], workdir, deadline)
         sb.create_topics(bootstrap, [TOPIC], PARTITIONS, deadline)
         port = sb.free_port()
-        config = write_config(workdir, bootstrap, port, args.commit_interval)
+        config = write_config(workdir, bootstrap, port, args.commit_interval,
+                              args.index_memory)
         rng = random.Random(keys)
 
         # The agent creates the table from one record, then the seed goes in directly.
@@ -330,6 +334,8 @@ def main():
     p.add_argument("--out", default="keys-results.json")
     p.add_argument("--work-dir", default=None)
     p.add_argument("--keep", action="store_true")
+    p.add_argument("--index-memory", default=None,
+                   help="the pipeline's index_memory (default: the agent's default)")
     args = p.parse_args()
     env = {k: os.environ.get(k) for k in ("FLOE_BIN", "FLOE_TANSU")}
     missing = [k for k, v in env.items() if not v or not os.access(v, os.X_OK)]
