@@ -108,6 +108,42 @@ impl RestCatalog {
             .map_err(|e| e.into_iceberg(not_found))
     }
 
+    /// Every item of a paged listing (`GET path` with `fixed` query parameters), page by
+    /// page while the catalog returns a next-page token ([`Pages`]).
+    async fn list_all<R: serde::de::DeserializeOwned, T>(
+        &self,
+        operation: String,
+        path: &str,
+        fixed: &[(&str, &str)],
+        items: impl Fn(R) -> (Vec<T>, Option<String>),
+    ) -> Result<Vec<T>> {
+        let mut out = Vec::new();
+        let mut page: Option<String> = None;
+        let mut pages = Pages::default();
+        loop {
+            let mut query = fixed.to_vec();
+            if let Some(t) = &page {
+                query.push(("pageToken", t.as_str()));
+            }
+            let answer: R = self
+                .json(
+                    operation.clone(),
+                    Method::GET,
+                    path,
+                    &query,
+                    None,
+                    ErrorKind::NamespaceNotFound,
+                )
+                .await?;
+            let (found, next) = items(answer);
+            out.extend(found);
+            match pages.next(&operation, next)? {
+                Some(t) => page = Some(t),
+                None => return Ok(out),
+            }
+        }
+    }
+
     async fn no_content(
         &self,
         operation: String,
@@ -208,33 +244,14 @@ impl Catalog for RestCatalog {
         parent: Option<&NamespaceIdent>,
     ) -> Result<Vec<NamespaceIdent>> {
         let parent_arg = parent.map(|p| p.as_ref().join("\u{1f}"));
-        let mut out = Vec::new();
-        let mut page: Option<String> = None;
-        let mut pages = Pages::default();
-        loop {
-            let mut query = Vec::new();
-            if let Some(p) = &parent_arg {
-                query.push(("parent", p.as_str()));
-            }
-            if let Some(t) = &page {
-                query.push(("pageToken", t.as_str()));
-            }
-            let answer: ListNamespaceResponse = self
-                .json(
-                    "list namespaces".into(),
-                    Method::GET,
-                    "namespaces",
-                    &query,
-                    None,
-                    ErrorKind::NamespaceNotFound,
-                )
-                .await?;
-            out.extend(answer.namespaces);
-            match pages.next("list namespaces", answer.next_page_token)? {
-                Some(t) => page = Some(t),
-                None => return Ok(out),
-            }
-        }
+        let fixed: Vec<(&str, &str)> = parent_arg.iter().map(|p| ("parent", p.as_str())).collect();
+        self.list_all(
+            "list namespaces".into(),
+            "namespaces",
+            &fixed,
+            |r: ListNamespaceResponse| (r.namespaces, r.next_page_token),
+        )
+        .await
     }
 
     async fn create_namespace(
@@ -315,27 +332,11 @@ impl Catalog for RestCatalog {
 
     async fn list_tables(&self, namespace: &NamespaceIdent) -> Result<Vec<TableIdent>> {
         let path = format!("namespaces/{}/tables", namespace_path(namespace.as_ref()));
-        let mut out = Vec::new();
-        let mut page: Option<String> = None;
-        let mut pages = Pages::default();
-        loop {
-            let query: Vec<(&str, &str)> = page.iter().map(|t| ("pageToken", t.as_str())).collect();
-            let answer: ListTablesResponse = self
-                .json(
-                    format!("list tables of {}", namespace.to_url_string()),
-                    Method::GET,
-                    &path,
-                    &query,
-                    None,
-                    ErrorKind::NamespaceNotFound,
-                )
-                .await?;
-            out.extend(answer.identifiers);
-            match pages.next("list tables", answer.next_page_token)? {
-                Some(t) => page = Some(t),
-                None => return Ok(out),
-            }
-        }
+        let operation = format!("list tables of {}", namespace.to_url_string());
+        self.list_all(operation, &path, &[], |r: ListTablesResponse| {
+            (r.identifiers, r.next_page_token)
+        })
+        .await
     }
 
     async fn create_table(
