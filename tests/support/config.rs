@@ -374,6 +374,11 @@ impl Pipeline {
         self.set("dead_letter.path", path_value(path))
     }
 
+    /// `dead_letter.topic`: dead letters are also produced to this topic.
+    pub fn dead_letter_topic(self, topic: &str) -> Pipeline {
+        self.set("dead_letter.topic", topic)
+    }
+
     /// Any other key, dotted from the pipeline (`"sink.max_open_files"`).
     pub fn set(mut self, dotted: &str, value: impl Into<Value>) -> Pipeline {
         set_dotted(&mut self.0, dotted, value.into());
