@@ -18,48 +18,33 @@ use anyhow::{Context, Result, bail, ensure};
 use floe::source::SourceCommand;
 use floe_tests::inject::{Faults, faulty_catalog};
 use floe_tests::scripted::{ScriptedPipeline, messages};
-use floe_tests::{TableDump, Workspace, wait_for_messages};
+use floe_tests::{Config, Pipeline, TableDump, Workspace, wait_for_messages};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
 
-/// One pipeline's config on the workspace's embedded catalog: reads `topic`, writes
-/// `ns.table`, dead letters in `<name>.ndjson`.
-fn config(
-    ws: &Workspace,
-    name: &str,
-    topic: &str,
-    table: &str,
-    sink_extra: &str,
-) -> Result<PathBuf> {
-    let d = ws.dir.path().display();
-    let text = format!(
-        r#"
-[catalogs.local]
-type = "embedded"
-path = "{d}/catalog.db"
-warehouse = "{d}/warehouse"
+/// One pipeline on the workspace's embedded catalog: reads `topic` (from a broker
+/// nobody listens on: the tests feed the source themselves), writes `ns.table`, dead
+/// letters in `<name>.ndjson`.
+fn pipeline(ws: &Workspace, name: &str, topic: &str, table: &str) -> Pipeline {
+    Pipeline::new(name, "127.0.0.1:9", topic)
+        .group_id(&format!("g-{name}"))
+        .sink("local", "ns", table)
+        .commit_interval("1s")
+        .dead_letter(ws.path(&format!("{name}.ndjson")))
+}
 
-[[pipelines]]
-name = "{name}"
-[pipelines.source]
-bootstrap_servers = "127.0.0.1:9"
-group_id = "g-{name}"
-topics = ["{topic}"]
-[pipelines.sink]
-catalog = "local"
-namespace = "ns"
-table = "{table}"
-create_table = true
-commit_interval = "1s"
-{sink_extra}
-[pipelines.dead_letter]
-path = "{d}/{name}.ndjson"
-"#
-    );
-    let path = ws.path(&format!("{name}.toml"));
-    std::fs::write(&path, text)?;
-    Ok(path)
+/// Writes `<name>.toml` with `pipeline` on the workspace's embedded catalog.
+fn write(ws: &Workspace, name: &str, pipeline: Pipeline) -> Result<PathBuf> {
+    Config::new()
+        .catalog("local", ws.embedded_catalog())
+        .pipeline(pipeline)
+        .write(ws.path(&format!("{name}.toml")))
+}
+
+/// [`pipeline`] as it is, written to `<name>.toml`.
+fn config(ws: &Workspace, name: &str, topic: &str, table: &str) -> Result<PathBuf> {
+    write(ws, name, pipeline(ws, name, topic, table))
 }
 
 /// A pipeline on the workspace's catalog with faults the test controls.
@@ -142,24 +127,28 @@ fn in_order(payloads: &[Value]) -> Vec<Value> {
 /// next commit reloads the table instead of stopping.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_view_after_another_writers_expiry_does_not_stop_a_pipeline() -> Result<()> {
-    stale_view("", "append").await
+    stale_view(false, "append").await
 }
 
 /// The same on a format-v3 upsert table: the deletion vector the quiet pipeline would
 /// merge with was replaced by the busy one's and deleted by expiry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_view_of_an_upsert_table_does_not_stop_a_pipeline() -> Result<()> {
-    stale_view(
-        "mode = \"upsert\"\nkey = [\"id\"]\nformat_version = 3",
-        "upsert",
-    )
-    .await
+    stale_view(true, "upsert").await
 }
 
-async fn stale_view(sink: &str, table: &str) -> Result<()> {
+/// `upsert`: an upsert table on format v3, keyed by `id`.
+async fn stale_view(upsert: bool, table: &str) -> Result<()> {
     let ws = Workspace::new()?;
-    let quiet_config = config(&ws, "quiet", "q", table, sink)?;
-    let busy_config = config(&ws, "busy", "b", table, sink)?;
+    let sink = |p: Pipeline| {
+        if upsert {
+            p.upsert(&["id"]).set("sink.format_version", 3)
+        } else {
+            p
+        }
+    };
+    let quiet_config = write(&ws, "quiet", sink(pipeline(&ws, "quiet", "q", table)))?;
+    let busy_config = write(&ws, "busy", sink(pipeline(&ws, "busy", "b", table)))?;
     let (quiet, _) = start(&ws, &quiet_config).await?;
     quiet.assign("q", &[(0, None, vec![None])]);
     let first = vec![json!({"id": 1, "v": "q0"}), json!({"id": 2, "v": "q1"})];
@@ -231,7 +220,7 @@ async fn stale_view(sink: &str, table: &str) -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_schema_change_survives_a_retried_write() -> Result<()> {
     let ws = Workspace::new()?;
-    let c = config(&ws, "p", "t", "t", "")?;
+    let c = config(&ws, "p", "t", "t")?;
     let (p, faults) = start(&ws, &c).await?;
     p.assign("t", &[(0, None, vec![None])]);
     let rows = [
@@ -261,7 +250,7 @@ async fn a_schema_change_survives_a_retried_write() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_schema_change_survives_a_failed_commit_and_a_lost_answer() -> Result<()> {
     let ws = Workspace::new()?;
-    let c = config(&ws, "p", "t", "t", "")?;
+    let c = config(&ws, "p", "t", "t")?;
     let (p, faults) = start(&ws, &c).await?;
     p.assign("t", &[(0, None, vec![None])]);
     let rows = [
@@ -307,8 +296,8 @@ async fn a_schema_change_survives_a_failed_commit_and_a_lost_answer() -> Result<
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_column_another_writer_typed_is_checked_against_its_type() -> Result<()> {
     let ws = Workspace::new()?;
-    let c1 = config(&ws, "p1", "t1", "t", "")?;
-    let c2 = config(&ws, "p2", "t2", "t", "")?;
+    let c1 = config(&ws, "p1", "t1", "t")?;
+    let c2 = config(&ws, "p2", "t2", "t")?;
     let (p1, _) = start(&ws, &c1).await?;
     p1.assign("t1", &[(0, None, vec![None])]);
     p1.push(messages("t1", 0, 0, &[Some(r#"{"y": 1}"#)]));
@@ -367,7 +356,7 @@ async fn a_column_another_writer_typed_is_checked_against_its_type() -> Result<(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_assigned_back_mid_commit_is_not_committed_twice() -> Result<()> {
     let ws = Workspace::new()?;
-    let c = config(&ws, "p", "t", "t", "")?;
+    let c = config(&ws, "p", "t", "t")?;
     let (p, faults) = start(&ws, &c).await?;
     p.assign("t", &[(0, None, vec![None])]);
     let rows: Vec<Value> = (0..11)
@@ -399,9 +388,8 @@ async fn a_partition_assigned_back_mid_commit_is_not_committed_twice() -> Result
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_answer_then_another_writer_leaves_one_row_per_key() -> Result<()> {
     let ws = Workspace::new()?;
-    let upsert = "mode = \"upsert\"\nkey = [\"id\"]";
-    let c1 = config(&ws, "p1", "t1", "t", upsert)?;
-    let c2 = config(&ws, "p2", "t2", "t", upsert)?;
+    let c1 = write(&ws, "p1", pipeline(&ws, "p1", "t1", "t").upsert(&["id"]))?;
+    let c2 = write(&ws, "p2", pipeline(&ws, "p2", "t2", "t").upsert(&["id"]))?;
     let (p1, faults) = start(&ws, &c1).await?;
     p1.assign("t1", &[(0, None, vec![None])]);
     p1.push(messages("t1", 0, 0, &[Some(r#"{"id": 1, "v": "a"}"#)]));
@@ -435,7 +423,7 @@ async fn a_lost_answer_then_another_writer_leaves_one_row_per_key() -> Result<()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_table_creation_is_tried_again() -> Result<()> {
     let ws = Workspace::new()?;
-    let c = config(&ws, "p", "t", "t", "")?;
+    let c = config(&ws, "p", "t", "t")?;
     let (p, faults) = start(&ws, &c).await?;
     faults.fail_metadata_writes(1);
     p.assign("t", &[(0, None, vec![None])]);
@@ -454,12 +442,11 @@ async fn a_failed_table_creation_is_tried_again() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_past_the_width_cap_is_dead_lettered_alone() -> Result<()> {
     let ws = Workspace::new()?;
-    let c = config(&ws, "p", "t", "t", "")?;
-    let text = std::fs::read_to_string(&c)?.replace(
-        "[pipelines.dead_letter]",
-        "[pipelines.schema]\nmax_columns = 3\n[pipelines.dead_letter]",
-    );
-    std::fs::write(&c, text)?;
+    let c = write(
+        &ws,
+        "p",
+        pipeline(&ws, "p", "t", "t").schema("max_columns", 3),
+    )?;
     let (p, _) = start(&ws, &c).await?;
     p.assign("t", &[(0, None, vec![None])]);
     let wide = json!({"id": 1, "a": "z", "b": "w", "c": 3});
@@ -481,7 +468,7 @@ async fn a_record_past_the_width_cap_is_dead_lettered_alone() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_seek_after_a_rewind_stops_the_pipeline_safely() -> Result<()> {
     let ws = Workspace::new()?;
-    let c = config(&ws, "p", "t", "t", "")?;
+    let c = config(&ws, "p", "t", "t")?;
     let (p, faults) = start(&ws, &c).await?;
     p.assign("t", &[(0, None, vec![None])]);
     let rows: Vec<Value> = (0..8)
@@ -539,7 +526,7 @@ async fn a_failed_seek_after_a_rewind_stops_the_pipeline_safely() -> Result<()> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retention_gap_is_recorded_in_the_snapshot() -> Result<()> {
     let ws = Workspace::new()?;
-    let c = config(&ws, "p", "t", "t", "")?;
+    let c = config(&ws, "p", "t", "t")?;
     let (p, _) = start(&ws, &c).await?;
     p.assign("t", &[(0, None, vec![None])]);
     p.push(messages("t", 0, 0, &[Some(r#"{"id": 0}"#)]));

@@ -8,7 +8,7 @@ use anyhow::Result;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use floe::dead_letter::DeadLetterWriter;
-use floe_tests::{Broker, PipelineSpec, Workspace, spawn_agent};
+use floe_tests::{Broker, Workspace, spawn_agent};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_records_are_dead_lettered_and_good_ones_committed() -> Result<()> {
@@ -34,19 +34,13 @@ async fn bad_records_are_dead_lettered_and_good_ones_committed() -> Result<()> {
     floe_tests::produce_with_headers(&broker.bootstrap, "mixed", &batch, &own_headers).await?;
 
     let ws = Workspace::new()?;
-    let config = ws.write_config(&PipelineSpec {
-        name: "mixed",
-        bootstrap: &broker.bootstrap,
-        topic: "mixed",
-        namespace: "ns",
-        table: "mixed",
-        commit_interval: "1s",
-    })?;
-    let text = std::fs::read_to_string(&config)?.replace(
-        "[pipelines.dead_letter]\n",
-        "[pipelines.dead_letter]\ntopic = \"mixed.dlq\"\n",
-    );
-    std::fs::write(&config, text)?;
+    let config = ws.write(
+        &ws.config().pipeline(
+            ws.pipeline("mixed", &broker.bootstrap, "mixed")
+                .table("ns", "mixed")
+                .dead_letter_topic("mixed.dlq"),
+        ),
+    )?;
     let agent = spawn_agent(&config)?;
     ws.wait_for_rows("ns", "mixed", 3, Duration::from_secs(60))
         .await?;
@@ -156,19 +150,14 @@ async fn dead_letters_can_go_to_the_topic_only() -> Result<()> {
     let batch: Vec<_> = values.iter().map(|v| (None, Some(v.to_vec()))).collect();
     broker.produce("few", &batch).await?;
     let ws = Workspace::new()?;
-    let config = ws.write_config(&PipelineSpec {
-        name: "few",
-        bootstrap: &broker.bootstrap,
-        topic: "few",
-        namespace: "ns",
-        table: "few",
-        commit_interval: "1s",
-    })?;
-    let text = std::fs::read_to_string(&config)?.replace(
-        "[pipelines.dead_letter]\n",
-        "[pipelines.dead_letter]\ntopic = \"few.dlq\"\nfile = false\n",
-    );
-    std::fs::write(&config, text)?;
+    let config = ws.write(
+        &ws.config().pipeline(
+            ws.pipeline("few", &broker.bootstrap, "few")
+                .table("ns", "few")
+                .dead_letter_topic("few.dlq")
+                .set("dead_letter.file", false),
+        ),
+    )?;
     let agent = spawn_agent(&config)?;
     ws.wait_for_rows("ns", "few", 2, Duration::from_secs(60))
         .await?;
@@ -265,19 +254,13 @@ async fn a_kill_between_dead_letter_and_commit_loses_no_dead_letter() -> Result<
     let bad: Vec<i64> = (0..40).filter(|i| i % 8 == 3).collect();
 
     let ws = Workspace::new()?;
-    let config = ws.write_config(&PipelineSpec {
-        name: "orders",
-        bootstrap: &broker.bootstrap,
-        topic: "orders",
-        namespace: "ns",
-        table: "orders",
-        commit_interval: "1s",
-    })?;
-    let text = std::fs::read_to_string(&config)?.replace(
-        "[pipelines.dead_letter]\n",
-        "[pipelines.dead_letter]\ntopic = \"orders.dlq\"\n",
-    );
-    std::fs::write(&config, text)?;
+    let config = ws.write(
+        &ws.config().pipeline(
+            ws.pipeline("orders", &broker.bootstrap, "orders")
+                .table("ns", "orders")
+                .dead_letter_topic("orders.dlq"),
+        ),
+    )?;
     let mut agent = floe_tests::AgentProcess::start_at_failpoint(
         &config,
         floe::failpoint::AFTER_DEAD_LETTERS,

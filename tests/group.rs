@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail, ensure};
 use floe::source::{Assignment, KafkaSource, PositionLookup, Source, SourceConfig, SourceEvent};
 use floe_tests::{
-    AgentProcess, Broker, Message, Workspace, free_port, metric_value, scrape_metrics,
+    AgentProcess, Broker, Config, Message, Pipeline, Workspace, free_port, metric_value,
+    scrape_metrics,
 };
 use serde_json::json;
 
@@ -141,52 +142,25 @@ async fn a_stopped_pipeline_leaves_the_group() -> Result<()> {
     broker.create_topic("orders", 3).await?;
     broker.create_topic("side", 1).await?;
     let ws = Workspace::new()?;
-    let d = ws.dir.path().display();
-    let pipeline = |name: &str, topic: &str, extra: &str, dl: &str| {
-        format!(
-            r#"
-[[pipelines]]
-name = "{name}"
-[pipelines.source]
-bootstrap_servers = "{bootstrap}"
-group_id = "floe-{name}"
-topics = ["{topic}"]
-[pipelines.source.properties]
-"session.timeout.ms" = "6000"
-"heartbeat.interval.ms" = "500"
-"max.poll.interval.ms" = "20000"
-[pipelines.sink]
-catalog = "local"
-namespace = "ns"
-table = "{name}"
-create_table = true
-commit_interval = "1s"
-{extra}
-[pipelines.dead_letter]
-path = "{d}/{dl}.ndjson"
-"#,
-            bootstrap = broker.bootstrap,
-        )
+    let pipeline = |name: &str, topic: &str, dl: &str| {
+        Pipeline::new(name, &broker.bootstrap, topic)
+            .property("session.timeout.ms", "6000")
+            .property("heartbeat.interval.ms", "500")
+            .property("max.poll.interval.ms", "20000")
+            .sink("local", "ns", name)
+            .commit_interval("1s")
+            .dead_letter(ws.path(&format!("{dl}.ndjson")))
     };
-    let catalog = format!(
-        "[catalogs.local]\ntype = \"embedded\"\npath = \"{d}/catalog.db\"\nwarehouse = \"{d}/warehouse\"\n"
-    );
+    let config = || Config::new().catalog("local", ws.embedded_catalog());
     let metrics = format!("127.0.0.1:{}", free_port());
-    let strict = "[pipelines.schema]\non_incompatible = \"fail\"";
-    let a_config = ws.path("a.toml");
-    std::fs::write(
-        &a_config,
-        format!(
-            "[metrics]\nlisten = \"{metrics}\"\n{catalog}{}{}",
-            pipeline("main", "orders", strict, "a-main"),
-            pipeline("other", "side", "", "a-other"),
-        ),
-    )?;
-    let b_config = ws.path("b.toml");
-    std::fs::write(
-        &b_config,
-        format!("{catalog}{}", pipeline("main", "orders", "", "b-main")),
-    )?;
+    let a_config = config()
+        .metrics(&metrics)
+        .pipeline(pipeline("main", "orders", "a-main").schema("on_incompatible", "fail"))
+        .pipeline(pipeline("other", "side", "a-other"))
+        .write(ws.path("a.toml"))?;
+    let b_config = config()
+        .pipeline(pipeline("main", "orders", "b-main"))
+        .write(ws.path("b.toml"))?;
     let good = |from: i64, to: i64| -> Vec<Message> {
         (from..to)
             .map(|i| {

@@ -3,22 +3,22 @@
 //! (dead-lettered, or committed), the pipeline (and the other pipeline beside it) keeps
 //! committing, the agent restarts fine and both readers read the table.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Result;
 use floe::dead_letter::DeadLetterWriter;
-use floe_tests::{AgentProcess, Broker, PipelineSpec, Registry, Workspace, append_config};
+use floe_tests::{AgentProcess, Broker, Pipeline, Registry, Workspace};
 use serde_json::json;
 
-fn spec<'a>(name: &'a str, bootstrap: &'a str) -> PipelineSpec<'a> {
-    PipelineSpec {
-        name,
-        bootstrap,
-        topic: name,
-        namespace: "hostile",
-        table: name,
-        commit_interval: "1s",
-    }
+/// The workspace's pipeline reading topic `name` into `hostile.NAME`.
+fn pipeline(ws: &Workspace, name: &str, bootstrap: &str) -> Pipeline {
+    ws.pipeline(name, bootstrap, name).table("hostile", name)
+}
+
+/// Writes the workspace's config with `pipeline`.
+fn write(ws: &Workspace, pipeline: Pipeline) -> Result<PathBuf> {
+    ws.write(&ws.config().pipeline(pipeline))
 }
 
 fn values(v: &[String]) -> Vec<floe_tests::Message> {
@@ -36,18 +36,6 @@ fn dead_lettered(ws: &Workspace, offsets: &[i64]) -> Result<Vec<floe::dead_lette
         "{letters:?}"
     );
     Ok(letters)
-}
-
-/// Makes the pipeline in `config` decode Avro through the registry at `url`.
-fn with_avro_registry(config: &std::path::Path, url: &str) -> Result<()> {
-    let text = std::fs::read_to_string(config)?.replace(
-        "[pipelines.sink]",
-        &format!(
-            "[pipelines.decode]\nformat = \"avro\"\nregistry = {{ url = \"{url}\" }}\n[pipelines.sink]"
-        ),
-    );
-    std::fs::write(config, text)?;
-    Ok(())
 }
 
 /// Both readers see exactly the ids `expected`.
@@ -79,7 +67,7 @@ async fn a_record_nested_45_levels_deep_is_dead_lettered_and_the_agent_restarts(
     ]);
     broker.produce("deep", &batch).await?;
     let ws = Workspace::new()?;
-    let config = ws.write_config(&spec("deep", &broker.bootstrap))?;
+    let config = write(&ws, pipeline(&ws, "deep", &broker.bootstrap))?;
     let agent = AgentProcess::start(&config, &[])?;
     ws.wait_for_rows("hostile", "deep", 2, Duration::from_secs(60))
         .await?;
@@ -123,29 +111,14 @@ async fn a_colliding_full_name_in_one_of_two_pipelines_is_dead_lettered_and_both
         )
         .await?;
     let ws = Workspace::new()?;
-    let config = ws.write_config(&spec("ecs", &broker.bootstrap))?;
-    append_config(
-        &config,
-        &format!(
-            r#"
-[[pipelines]]
-name = "plain"
-[pipelines.source]
-bootstrap_servers = "{b}"
-group_id = "floe-plain"
-topics = ["plain"]
-[pipelines.sink]
-catalog = "local"
-namespace = "hostile"
-table = "plain"
-create_table = true
-commit_interval = "1s"
-[pipelines.dead_letter]
-path = "{d}/plain-dead-letter.ndjson"
-"#,
-            b = broker.bootstrap,
-            d = ws.dir.path().display()
-        ),
+    let plain = Pipeline::new("plain", &broker.bootstrap, "plain")
+        .sink("local", "hostile", "plain")
+        .commit_interval("1s")
+        .dead_letter(ws.path("plain-dead-letter.ndjson"));
+    let config = ws.write(
+        &ws.config()
+            .pipeline(pipeline(&ws, "ecs", &broker.bootstrap))
+            .pipeline(plain),
     )?;
     let agent = AgentProcess::start(&config, &[])?;
     ws.wait_for_rows("hostile", "ecs", 2, Duration::from_secs(60))
@@ -177,7 +150,7 @@ async fn timestamps_chrono_used_to_accept_are_rejected_at_admission() -> Result<
     let first = vec![json!({"id": 0, "at": "2024-01-01T00:00:00Z"}).to_string()];
     broker.produce("times", &values(&first)).await?;
     let ws = Workspace::new()?;
-    let config = ws.write_config(&spec("times", &broker.bootstrap))?;
+    let config = write(&ws, pipeline(&ws, "times", &broker.bootstrap))?;
     let agent = AgentProcess::start(&config, &[])?;
     ws.wait_for_rows("hostile", "times", 1, Duration::from_secs(60))
         .await?;
@@ -232,8 +205,12 @@ async fn a_ten_byte_avro_message_with_a_huge_array_count_is_dead_lettered() -> R
         &[json!({"id": 2, "xs": []})],
     )?;
     let ws = Workspace::new()?;
-    let config = ws.write_config(&spec("avro", &broker.bootstrap))?;
-    with_avro_registry(&config, &registry.url)?;
+    let config = write(
+        &ws,
+        pipeline(&ws, "avro", &broker.bootstrap)
+            .format("avro")
+            .registry(&registry.url),
+    )?;
     let agent = AgentProcess::start(&config, &[])?;
     ws.wait_for_rows("hostile", "avro", 2, Duration::from_secs(60))
         .await?;
@@ -269,8 +246,12 @@ async fn a_registry_schema_the_avro_library_panics_on_is_dead_lettered() -> Resu
     broker.produce("badname", &[(None, Some(message))]).await?;
     registry.produce_avro(&broker.bootstrap, "badname", good, &[json!({"id": 2})])?;
     let ws = Workspace::new()?;
-    let config = ws.write_config(&spec("badname", &broker.bootstrap))?;
-    with_avro_registry(&config, &registry.url)?;
+    let config = write(
+        &ws,
+        pipeline(&ws, "badname", &broker.bootstrap)
+            .format("avro")
+            .registry(&registry.url),
+    )?;
     let agent = AgentProcess::start(&config, &[])?;
     ws.wait_for_rows("hostile", "badname", 2, Duration::from_secs(60))
         .await?;
@@ -300,7 +281,7 @@ async fn the_same_new_name_in_two_committed_structs_commits() -> Result<()> {
         )
         .await?;
     let ws = Workspace::new()?;
-    let config = ws.write_config(&spec("twins", &broker.bootstrap))?;
+    let config = write(&ws, pipeline(&ws, "twins", &broker.bootstrap))?;
     let agent = AgentProcess::start(&config, &[])?;
     ws.wait_for_rows("hostile", "twins", 2, Duration::from_secs(60))
         .await?;
@@ -340,7 +321,7 @@ async fn a_name_colliding_under_an_empty_parent_name_is_dead_lettered() -> Resul
         )
         .await?;
     let ws = Workspace::new()?;
-    let config = ws.write_config(&spec("empty", &broker.bootstrap))?;
+    let config = write(&ws, pipeline(&ws, "empty", &broker.bootstrap))?;
     let agent = AgentProcess::start(&config, &[])?;
     ws.wait_for_rows("hostile", "empty", 2, Duration::from_secs(60))
         .await?;

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use floe_tests::lake::Lake;
-use floe_tests::{AgentProcess, Broker, floe_bin, free_port, repo_root};
+use floe_tests::{AgentProcess, Broker, Pipeline, floe_bin, free_port, repo_root};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -136,32 +136,20 @@ impl SecureKafka {
         Ok(())
     }
 
-    /// The source section of a pipeline reading through the proxy.
-    fn source_toml(&self, mechanism: &str, password: &str, ca: &str) -> String {
-        format!(
-            r#"security_protocol = "SASL_SSL"
-[pipelines.source.sasl]
-mechanism = "{mechanism}"
-username = "{USER}"
-password = "{password}"
-[pipelines.source.tls]
-ca_file = "{ca}"
-cert_file = "{cert}"
-key_file = "{key}"
-[pipelines.source.properties]"#,
-            ca = self.file(ca),
-            cert = self.file("client.pem"),
-            key = self.file("client.key"),
-        )
+    /// A pipeline on `lake` reading `secure` through the proxy as `name` into table
+    /// `name`: SASL_SSL with the client certificate, the brokers' certificates checked
+    /// against `ca`; the SASL settings are the caller's.
+    fn pipeline(&self, lake: &Lake, name: &str, ca: &str) -> Pipeline {
+        lake.pipeline(name, &self.bootstrap, "secure", name)
+            .security_protocol("SASL_SSL")
+            .tls_ca(self.file(ca))
+            .tls_client(self.file("client.pem"), self.file("client.key"))
     }
 }
 
-/// A pipeline config on `lake` reading `topic` through the proxy.
-fn config(lake: &Lake, kafka: &SecureKafka, name: &str, source: &str) -> Result<PathBuf> {
-    let pipeline = lake
-        .pipeline_toml(name, &kafka.bootstrap, "secure", name, "")
-        .replace("[pipelines.source.properties]", source);
-    lake.write_config(&format!("{name}.toml"), &[pipeline])
+/// Writes `NAME.toml` on `lake` with `pipeline`.
+fn config(lake: &Lake, name: &str, pipeline: Pipeline) -> Result<PathBuf> {
+    lake.write(&format!("{name}.toml"), &lake.config().pipeline(pipeline))
 }
 
 fn floe_check(config: &Path) -> Result<String> {
@@ -197,9 +185,10 @@ async fn reads_over_tls_with_sasl_and_says_what_is_wrong_when_refused() -> Resul
     ] {
         let path = config(
             &lake,
-            &kafka,
             name,
-            &kafka.source_toml(mechanism, PASSWORD, "ca.pem"),
+            kafka
+                .pipeline(&lake, name, "ca.pem")
+                .sasl(mechanism, USER, PASSWORD),
         )?;
         let check = floe_check(&path)?;
         ensure!(
@@ -233,19 +222,19 @@ async fn reads_over_tls_with_sasl_and_says_what_is_wrong_when_refused() -> Resul
     // Refused: the pipeline stops at once with what to fix (librdkafka alone would
     // retry forever), and `floe check` says the same.
     let cases = [
-        (
-            "badpassword",
-            kafka.source_toml("SCRAM-SHA-512", "wrong", "ca.pem"),
-            "refused the credentials",
-        ),
+        ("badpassword", "wrong", "ca.pem", "refused the credentials"),
         (
             "unknownca",
-            kafka.source_toml("SCRAM-SHA-512", PASSWORD, "other-ca.pem"),
+            PASSWORD,
+            "other-ca.pem",
             "TLS handshake with a broker failed",
         ),
     ];
-    for (name, source, says) in cases {
-        let path = config(&lake, &kafka, name, &source)?;
+    for (name, password, ca, says) in cases {
+        let source = kafka
+            .pipeline(&lake, name, ca)
+            .sasl("SCRAM-SHA-512", USER, password);
+        let path = config(&lake, name, source)?;
         let check = floe_check(&path)?;
         ensure!(
             check.contains(says),
@@ -309,22 +298,6 @@ impl TokenEndpoint {
     }
 }
 
-fn oauth_source_toml(kafka: &SecureKafka, sasl: &str) -> String {
-    format!(
-        r#"security_protocol = "SASL_SSL"
-[pipelines.source.sasl]
-{sasl}
-[pipelines.source.tls]
-ca_file = "{ca}"
-cert_file = "{cert}"
-key_file = "{key}"
-[pipelines.source.properties]"#,
-        ca = kafka.file("ca.pem"),
-        cert = kafka.file("client.pem"),
-        key = kafka.file("client.key"),
-    )
-}
-
 fn expected_rows(records: &[(String, String)]) -> Vec<Value> {
     records
         .iter()
@@ -359,18 +332,16 @@ async fn oidc_tokens_authenticate_and_are_renewed() -> Result<()> {
         .collect();
     kafka.produce("secure", &first).await?;
     let lake = Lake::embedded()?;
-    let sasl = |secret: &str| {
-        format!(
-            "mechanism = \"OAUTHBEARER\"\ntoken_endpoint = \"{}\"\nclient_id = \"floe-agent\"\nclient_secret = \"{secret}\"\nscope = \"kafka\"",
-            endpoint.url
-        )
+    let oidc = |name: &str, endpoint: &str, secret: &str| {
+        kafka
+            .pipeline(&lake, name, "ca.pem")
+            .set("source.sasl.mechanism", "OAUTHBEARER")
+            .set("source.sasl.token_endpoint", endpoint)
+            .set("source.sasl.client_id", "floe-agent")
+            .set("source.sasl.client_secret", secret)
+            .set("source.sasl.scope", "kafka")
     };
-    let path = config(
-        &lake,
-        &kafka,
-        "oidc",
-        &oauth_source_toml(&kafka, &sasl("agent-secret")),
-    )?;
+    let path = config(&lake, "oidc", oidc("oidc", &endpoint.url, "agent-secret"))?;
     let check = floe_check(&path)?;
     ensure!(
         check.contains("broker") && !check.contains("FAIL"),
@@ -408,9 +379,8 @@ async fn oidc_tokens_authenticate_and_are_renewed() -> Result<()> {
 
     let path = config(
         &lake,
-        &kafka,
         "badsecret",
-        &oauth_source_toml(&kafka, &sasl("wrong")),
+        oidc("badsecret", &endpoint.url, "wrong"),
     )?;
     let agent = AgentProcess::start(&path, &[])?;
     let (status, log) = agent.wait_exit(Duration::from_secs(60))?;
@@ -420,9 +390,11 @@ async fn oidc_tokens_authenticate_and_are_renewed() -> Result<()> {
 
     // An endpoint that hands out tokens already expired (a clock off by minutes).
     let stale = TokenEndpoint::start("floe-agent:agent-secret", -60, JWT_SECRET)?;
-    let source =
-        oauth_source_toml(&kafka, &sasl("agent-secret")).replace(&endpoint.url, &stale.url);
-    let path = config(&lake, &kafka, "expired", &source)?;
+    let path = config(
+        &lake,
+        "expired",
+        oidc("expired", &stale.url, "agent-secret"),
+    )?;
     let agent = AgentProcess::start(&path, &[])?;
     let (status, log) = agent.wait_exit(Duration::from_secs(60))?;
     if status.success() || !log.contains("already expired") {
@@ -452,11 +424,13 @@ async fn msk_iam_tokens_carry_a_valid_signature() -> Result<()> {
         .collect();
     kafka.produce("secure", &records).await?;
     let lake = Lake::embedded()?;
-    let source = oauth_source_toml(
-        &kafka,
-        "mechanism = \"AWS_MSK_IAM\"\nregion = \"eu-west-1\"",
-    );
-    let path = config(&lake, &kafka, "msk", &source)?;
+    let msk = |name: &str| {
+        kafka
+            .pipeline(&lake, name, "ca.pem")
+            .set("source.sasl.mechanism", "AWS_MSK_IAM")
+            .set("source.sasl.region", "eu-west-1")
+    };
+    let path = config(&lake, "msk", msk("msk"))?;
     let env = |secret: &'static str| {
         [
             ("AWS_ACCESS_KEY_ID", KEY.0),
@@ -480,7 +454,7 @@ async fn msk_iam_tokens_carry_a_valid_signature() -> Result<()> {
             &["_kafka_partition", "_kafka_offset", "_kafka_timestamp"],
         )?;
     }
-    let path = config(&lake, &kafka, "mskbad", &source)?;
+    let path = config(&lake, "mskbad", msk("mskbad"))?;
     let agent = AgentProcess::start(&path, &env("not-the-secret"))?;
     let (status, log) = agent.wait_exit(Duration::from_secs(60))?;
     if status.success() || !log.contains("refused the credentials") {

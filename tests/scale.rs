@@ -60,43 +60,19 @@ fn agent_config(
     metrics: &str,
     n: usize,
 ) -> Result<PathBuf> {
-    let ws = &lake.ws;
-    let d = ws.dir.path().display();
-    let pipeline = |name: &str, table: &str, extra: &str| {
-        format!(
-            r#"
-[[pipelines]]
-name = "{name}"
-[pipelines.source]
-bootstrap_servers = "{bootstrap}"
-group_id = "floe-{name}"
-topics = ["{topic}"]
-[pipelines.source.properties]
-"session.timeout.ms" = "6000"
-"heartbeat.interval.ms" = "1000"
-"max.poll.interval.ms" = "20000"
-[pipelines.sink]
-catalog = "local"
-namespace = "scale"
-table = "{table}"
-create_table = true
-commit_interval = "1s"
-{extra}
-[pipelines.dead_letter]
-path = "{d}/dead-letter-{name}-{n}.ndjson"
-"#,
-            bootstrap = broker.bootstrap,
-        )
+    let pipeline = |name: &str, table: &str| {
+        lake.pipeline(name, &broker.bootstrap, topic, table)
+            .property("session.timeout.ms", "6000")
+            .property("heartbeat.interval.ms", "1000")
+            .property("max.poll.interval.ms", "20000")
+            .dead_letter(lake.ws.path(&format!("dead-letter-{name}-{n}.ndjson")))
     };
-    let text = format!(
-        "[metrics]\nlisten = \"{metrics}\"\n{}\n{}{}",
-        lake.catalog_toml(),
-        pipeline("append", "events", ""),
-        pipeline("upsert", "latest", "mode = \"upsert\"\nkey = [\"id\"]"),
-    );
-    let path = ws.path(&format!("agent-{n}.toml"));
-    std::fs::write(&path, text)?;
-    Ok(path)
+    let config = lake
+        .config()
+        .metrics(metrics)
+        .pipeline(pipeline("append", "events"))
+        .pipeline(pipeline("upsert", "latest").upsert(&["id"]));
+    lake.write(&format!("agent-{n}.toml"), &config)
 }
 
 struct Agent {
@@ -509,51 +485,30 @@ async fn quiet_agents_survive_aggressive_maintenance_and_kills() -> Result<()> {
     let broker = Broker::start()?;
     broker.create_topic("busy", partitions).await?;
     let lake = scale_lake(false)?;
-    let ws = &lake.ws;
-    let d = ws.dir.path().display();
-    let maintenance = "[pipelines.sink.maintenance]\ninterval = \"2s\"\nkeep_snapshots = 3\nmax_snapshot_age = \"0s\"\nmin_input_files = 2";
-    let pipeline = |name: &str, table: &str, extra: &str, n: usize| {
-        format!(
-            r#"
-[[pipelines]]
-name = "{name}"
-[pipelines.source]
-bootstrap_servers = "{bootstrap}"
-group_id = "floe-{name}"
-topics = ["busy"]
-[pipelines.source.properties]
-"session.timeout.ms" = "6000"
-"heartbeat.interval.ms" = "1000"
-"max.poll.interval.ms" = "20000"
-[pipelines.sink]
-catalog = "local"
-namespace = "scale"
-table = "{table}"
-create_table = true
-commit_interval = "1s"
-{extra}
-{maintenance}
-[pipelines.dead_letter]
-path = "{d}/dead-letter-{name}-{n}.ndjson"
-"#,
-            bootstrap = broker.bootstrap,
-        )
+    // Maintenance every 2 s: compaction, expiry keeping 3 snapshots with no age grace.
+    let pipeline = |name: &str, table: &str, n: usize| {
+        lake.pipeline(name, &broker.bootstrap, "busy", table)
+            .property("session.timeout.ms", "6000")
+            .property("heartbeat.interval.ms", "1000")
+            .property("max.poll.interval.ms", "20000")
+            .maintenance("interval", "2s")
+            .maintenance("keep_snapshots", 3)
+            .maintenance("max_snapshot_age", "0s")
+            .maintenance("min_input_files", 2)
+            .dead_letter(lake.ws.path(&format!("dead-letter-{name}-{n}.ndjson")))
     };
     let start = |n: usize| -> Result<Agent> {
         let metrics = format!("127.0.0.1:{}", free_port());
-        let text = format!(
-            "[metrics]\nlisten = \"{metrics}\"\n{}\n{}{}",
-            lake.catalog_toml(),
-            pipeline("append", "events", "", n),
-            pipeline(
-                "upsert",
-                "latest",
-                "mode = \"upsert\"\nkey = [\"id\"]\nformat_version = 3",
-                n
-            ),
-        );
-        let path = ws.path(&format!("agent-{n}.toml"));
-        std::fs::write(&path, text)?;
+        let config = lake
+            .config()
+            .metrics(&metrics)
+            .pipeline(pipeline("append", "events", n))
+            .pipeline(
+                pipeline("upsert", "latest", n)
+                    .upsert(&["id"])
+                    .set("sink.format_version", 3),
+            );
+        let path = lake.write(&format!("agent-{n}.toml"), &config)?;
         Ok(Agent {
             process: AgentProcess::start(&path, &[])?,
             metrics,

@@ -5,13 +5,15 @@
 //! DuckDB on the metadata it names) must see exactly the topic's records, every column
 //! of every row.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Result, bail};
 use floe_tests::postgres::Postgres;
 use floe_tests::reference::{append_rows, assert_append_table, assert_rows, read_topic};
-use floe_tests::{AgentProcess, Broker, Message, wait_for_messages};
+use floe_tests::{
+    AgentProcess, Broker, CatalogSection, Config, Message, Pipeline, wait_for_messages,
+};
 use serde_json::json;
 
 const TOPIC: &str = "orders";
@@ -35,34 +37,18 @@ fn records(from: i64, to: i64) -> Vec<Message> {
         .collect()
 }
 
-/// A machine's config: the shared catalog, its own dead-letter file.
-fn config(dir: &Path, pg: &Postgres, warehouse: &Path, bootstrap: &str) -> Result<String> {
-    let path = dir.join("floe.toml");
-    let text = format!(
-        r#"{catalog}
-[[pipelines]]
-name = "orders"
-[pipelines.source]
-bootstrap_servers = "{bootstrap}"
-group_id = "floe-orders"
-topics = ["{TOPIC}"]
-[pipelines.source.properties]
-"session.timeout.ms" = "6000"
-"heartbeat.interval.ms" = "500"
-[pipelines.dead_letter]
-path = "{dl}"
-[pipelines.sink]
-catalog = "lake"
-namespace = "shop"
-table = "orders"
-create_table = true
-commit_interval = "1s"
-"#,
-        catalog = pg.catalog_toml("lake", warehouse),
-        dl = dir.join("dead-letter.ndjson").display(),
-    );
-    std::fs::write(&path, text)?;
-    Ok(path.display().to_string())
+/// A machine's config in `dir`: the shared catalog `lake`, its own dead-letter file.
+fn config(dir: &Path, catalog: CatalogSection, bootstrap: &str) -> Result<PathBuf> {
+    let pipeline = Pipeline::new("orders", bootstrap, TOPIC)
+        .property("session.timeout.ms", "6000")
+        .property("heartbeat.interval.ms", "500")
+        .dead_letter(dir.join("dead-letter.ndjson"))
+        .sink("lake", "shop", "orders")
+        .commit_interval("1s");
+    Config::new()
+        .catalog("lake", catalog)
+        .pipeline(pipeline)
+        .write(dir.join("floe.toml"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -74,14 +60,14 @@ async fn agents_on_two_machines_share_a_postgres_catalog_through_kills() -> Resu
     let warehouse = lake.path().join("warehouse");
     let machine_a = tempfile::tempdir()?;
     let machine_b = tempfile::tempdir()?;
-    let a_config = config(machine_a.path(), &pg, &warehouse, &broker.bootstrap)?;
-    let b_config = config(machine_b.path(), &pg, &warehouse, &broker.bootstrap)?;
+    let a_config = config(machine_a.path(), pg.catalog(&warehouse), &broker.bootstrap)?;
+    let b_config = config(machine_b.path(), pg.catalog(&warehouse), &broker.bootstrap)?;
 
     broker.produce(TOPIC, &records(0, 1_000)).await?;
     // Both start at once on an empty database: they race to create the catalog's tables
     // and the table itself.
-    let a = AgentProcess::start(Path::new(&a_config), &[])?;
-    let b = AgentProcess::start(Path::new(&b_config), &[])?;
+    let a = AgentProcess::start(&a_config, &[])?;
+    let b = AgentProcess::start(&b_config, &[])?;
     let config = floe_iceberg::CatalogConfig::Sql {
         uri: pg.uri.clone(),
         warehouse: warehouse.display().to_string(),
@@ -113,7 +99,7 @@ async fn agents_on_two_machines_share_a_postgres_catalog_through_kills() -> Resu
     }
     a.kill9()?;
     broker.produce(TOPIC, &records(1_000, 2_000)).await?;
-    let a = AgentProcess::start(Path::new(&a_config), &[])?;
+    let a = AgentProcess::start(&a_config, &[])?;
     if let Err(e) = covered(1_500).await {
         bail!(
             "{e}\n--- agent A:\n{}\n--- agent B:\n{}",
@@ -123,7 +109,7 @@ async fn agents_on_two_machines_share_a_postgres_catalog_through_kills() -> Resu
     }
     b.kill9()?;
     broker.produce(TOPIC, &records(2_000, RECORDS)).await?;
-    let b = AgentProcess::start(Path::new(&b_config), &[])?;
+    let b = AgentProcess::start(&b_config, &[])?;
     if let Err(e) = covered(RECORDS).await {
         bail!(
             "{e}\n--- agent A:\n{}\n--- agent B:\n{}",
@@ -185,20 +171,8 @@ async fn a_postgres_catalog_keeps_its_tables_on_s3() -> Result<()> {
     broker.produce(TOPIC, &records(0, 600)).await?;
     let warehouse = format!("s3://{}/lake", floe_tests::faults::Moto::BUCKET);
     let machine = tempfile::tempdir()?;
-    let s3 = format!(
-        "s3.endpoint = \"{}\"\ns3.path-style-access = true\ns3.region = \"us-east-1\"\n",
-        moto.endpoint
-    );
-    let catalog = pg.catalog_toml_at("lake", &warehouse) + &s3;
-    let path = machine.path().join("floe.toml");
-    let text = std::fs::read_to_string(config(
-        machine.path(),
-        &pg,
-        machine.path(),
-        &broker.bootstrap,
-    )?)?;
-    let pipelines = &text[text.find("[[pipelines]]").expect("pipeline")..];
-    std::fs::write(&path, format!("{catalog}{pipelines}"))?;
+    let catalog = pg.catalog(&warehouse).s3_store(&moto.endpoint, "us-east-1");
+    let path = config(machine.path(), catalog, &broker.bootstrap)?;
     let env = [
         ("AWS_ACCESS_KEY_ID", "testing"),
         ("AWS_SECRET_ACCESS_KEY", "testing"),

@@ -10,9 +10,7 @@ use anyhow::Result;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use floe::dead_letter::DeadLetterWriter;
-use floe_tests::{
-    Broker, Message, PipelineSpec, Workspace, append_config, plugin_path, spawn_agent,
-};
+use floe_tests::{Broker, Message, Pipeline, Transform, Workspace, plugin_path, spawn_agent};
 use serde_json::{Value, json};
 
 const REGIONS: [&str; 3] = ["eu", "us", "apac"];
@@ -41,10 +39,12 @@ fn messages(values: impl Iterator<Item = Value>) -> Vec<Message> {
         .collect()
 }
 
+/// A broker holding `values` in `topic` (two partitions), and a pipeline reading it
+/// into `wasm.TOPIC`, to add transforms to.
 async fn setup(
     topic: &str,
     values: impl Iterator<Item = Value>,
-) -> Result<(Broker, Workspace, std::path::PathBuf)> {
+) -> Result<(Broker, Workspace, Pipeline)> {
     setup_on(topic, 2, values).await
 }
 
@@ -53,20 +53,28 @@ async fn setup_on(
     topic: &str,
     partitions: i32,
     values: impl Iterator<Item = Value>,
-) -> Result<(Broker, Workspace, std::path::PathBuf)> {
+) -> Result<(Broker, Workspace, Pipeline)> {
     let broker = Broker::start()?;
     broker.create_topic(topic, partitions).await?;
     broker.produce(topic, &messages(values)).await?;
     let ws = Workspace::new()?;
-    let config = ws.write_config(&PipelineSpec {
-        name: topic,
-        bootstrap: &broker.bootstrap,
-        topic,
-        namespace: "wasm",
-        table: topic,
-        commit_interval: "1s",
-    })?;
-    Ok((broker, ws, config))
+    let pipeline = ws
+        .pipeline(topic, &broker.bootstrap, topic)
+        .table("wasm", topic)
+        .commit_interval("1s");
+    Ok((broker, ws, pipeline))
+}
+
+/// The shipped plugin `name` with its settings.
+fn plugin(name: &str, with: Value) -> Transform {
+    Transform::new(plugin_path(name)).with(with)
+}
+
+/// The faulty test plugin, named `faulty`, with its settings.
+fn faulty(with: Value) -> Transform {
+    Transform::new(plugin_path("test-faulty"))
+        .name("faulty")
+        .with(with)
 }
 
 fn ids(rows: &[Value]) -> BTreeSet<i64> {
@@ -76,38 +84,27 @@ fn ids(rows: &[Value]) -> BTreeSet<i64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn filter_redact_route_chain_writes_one_table_per_stream() -> Result<()> {
     const N: i64 = 600;
-    let (_broker, ws, config) = setup("events", (0..N).map(event)).await?;
+    let (_broker, ws, pipeline) = setup("events", (0..N).map(event)).await?;
     // Two plugin threads whatever the machine's default (one less than its cores): a
     // batch of N records is two parts, run on both.
-    let text = std::fs::read_to_string(&config)?.replace(
-        "name = \"events\"\n",
-        "name = \"events\"\ntransform_threads = 2\n",
-    );
-    assert!(text.contains("transform_threads"), "{text}");
-    std::fs::write(&config, text)?;
-    append_config(
-        &config,
-        &format!(
-            r#"
-[pipelines.sink.streams]
-eu = "events_eu"
-us = "events_us"
-
-[[pipelines.transforms]]
-uses = "{filter}"
-with = {{ all = [{{ field = "paid", op = "eq", value = true }}] }}
-
-[[pipelines.transforms]]
-uses = "{redact}"
-with = {{ drop = ["email"], hash = ["user"], salt = "pepper" }}
-
-[[pipelines.transforms]]
-uses = "{route}"
-with = {{ field = "region", routes = {{ eu = "eu", us = "us" }} }}
-"#,
-            filter = plugin_path("filter").display(),
-            redact = plugin_path("redact").display(),
-            route = plugin_path("route").display(),
+    let config = ws.write(
+        &ws.config().pipeline(
+            pipeline
+                .transform_threads(2)
+                .stream("eu", "events_eu")
+                .stream("us", "events_us")
+                .transform(plugin(
+                    "filter",
+                    json!({"all": [{"field": "paid", "op": "eq", "value": true}]}),
+                ))
+                .transform(plugin(
+                    "redact",
+                    json!({"drop": ["email"], "hash": ["user"], "salt": "pepper"}),
+                ))
+                .transform(plugin(
+                    "route",
+                    json!({"field": "region", "routes": {"eu": "eu", "us": "us"}}),
+                )),
         ),
     )?;
     let agent = spawn_agent(&config)?;
@@ -178,19 +175,13 @@ with = {{ field = "region", routes = {{ eu = "eu", us = "us" }} }}
 }
 
 /// Runs the faulty test plugin until `rows` rows are committed, then stops the agent.
-async fn run_faulty(topic: &str, n: i64, with: &str, extra: &str, rows: i64) -> Result<Workspace> {
-    let (_broker, ws, config) = setup(
+async fn run_faulty(topic: &str, n: i64, faulty: Transform, rows: i64) -> Result<Workspace> {
+    let (_broker, ws, pipeline) = setup(
         topic,
         (0..n).map(|i| json!({"id": i, "v": format!("x{i}")})),
     )
     .await?;
-    append_config(
-        &config,
-        &format!(
-            "[[pipelines.transforms]]\nuses = \"{}\"\nname = \"faulty\"\nwith = {with}\n{extra}\n",
-            plugin_path("test-faulty").display()
-        ),
-    )?;
+    let config = ws.write(&ws.config().pipeline(pipeline.transform(faulty)))?;
     let agent = spawn_agent(&config)?;
     ws.wait_for_rows("wasm", topic, rows, Duration::from_secs(90))
         .await?;
@@ -204,8 +195,7 @@ async fn a_record_error_dead_letters_exactly_that_record() -> Result<()> {
     let ws = run_faulty(
         "errors",
         N,
-        "{ mode = \"fail_every\", every = 1000 }",
-        "",
+        faulty(json!({"mode": "fail_every", "every": 1000})),
         N - 3,
     )
     .await?;
@@ -244,8 +234,7 @@ async fn drop_policy_drops_and_fail_policy_stops() -> Result<()> {
     let ws = run_faulty(
         "dropped",
         2_000,
-        "{ mode = \"fail_every\", every = 1000 }",
-        "on_error = \"drop\"",
+        faulty(json!({"mode": "fail_every", "every": 1000})).on_error("drop"),
         1_998,
     )
     .await?;
@@ -260,8 +249,7 @@ async fn drop_policy_drops_and_fail_policy_stops() -> Result<()> {
 
     let err = stops_with(
         "failing",
-        "{ mode = \"fail_every\", every = 1000 }",
-        "on_error = \"fail\"",
+        faulty(json!({"mode": "fail_every", "every": 1000})).on_error("fail"),
     )
     .await?;
     assert!(
@@ -278,15 +266,9 @@ async fn drop_policy_drops_and_fail_policy_stops() -> Result<()> {
 /// before it can be committed. (With two, the other partition's records may pass the
 /// plugin and be committed at an interval before the failing batch arrives, which is
 /// correct: its offsets are its own.)
-async fn stops_with(topic: &str, with: &str, extra: &str) -> Result<String> {
-    let (_broker, ws, config) = setup_on(topic, 1, (0..50).map(|i| json!({"id": i}))).await?;
-    append_config(
-        &config,
-        &format!(
-            "[[pipelines.transforms]]\nuses = \"{}\"\nname = \"faulty\"\nwith = {with}\n{extra}\n",
-            plugin_path("test-faulty").display()
-        ),
-    )?;
+async fn stops_with(topic: &str, faulty: Transform) -> Result<String> {
+    let (_broker, ws, pipeline) = setup_on(topic, 1, (0..50).map(|i| json!({"id": i}))).await?;
+    let config = ws.write(&ws.config().pipeline(pipeline.transform(faulty)))?;
     let config = floe::config::Config::load(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
     let result = tokio::time::timeout(
         Duration::from_secs(120),
@@ -308,7 +290,7 @@ async fn stops_with(topic: &str, with: &str, extra: &str) -> Result<String> {
 async fn faults_on_every_record_stop_the_pipeline_with_a_clear_error() -> Result<()> {
     // A fault on one record is isolated and dead-lettered (tests/sandbox.rs); a plugin
     // that faults on record after record, each alone, is broken: the pipeline stops.
-    let panic = stops_with("panics", "{ mode = \"panic\" }", "").await?;
+    let panic = stops_with("panics", faulty(json!({"mode": "panic"}))).await?;
     assert!(
         panic.contains("plugin faulty panicked: faulty plugin panicked on purpose at offset"),
         "{panic}"
@@ -316,8 +298,7 @@ async fn faults_on_every_record_stop_the_pipeline_with_a_clear_error() -> Result
 
     let fuel = stops_with(
         "spins",
-        "{ mode = \"spin\" }",
-        "limits = { fuel = 50000000 }",
+        faulty(json!({"mode": "spin"})).limit("fuel", 50_000_000),
     )
     .await?;
     assert!(
@@ -327,8 +308,7 @@ async fn faults_on_every_record_stop_the_pipeline_with_a_clear_error() -> Result
 
     let memory = stops_with(
         "hogs",
-        "{ mode = \"hog\", bytes = 67108864 }",
-        "limits = { memory = \"16MiB\" }",
+        faulty(json!({"mode": "hog", "bytes": 67108864})).limit("memory", "16MiB"),
     )
     .await?;
     assert!(
@@ -336,7 +316,7 @@ async fn faults_on_every_record_stop_the_pipeline_with_a_clear_error() -> Result
         "{memory}"
     );
 
-    let init = stops_with("refuses", "{ mode = \"init_error\" }", "").await?;
+    let init = stops_with("refuses", faulty(json!({"mode": "init_error"}))).await?;
     assert!(
         init.contains("plugin faulty: init failed: faulty: init refused"),
         "{init}"
@@ -360,26 +340,19 @@ fn nested_event(i: i64) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rename_timestamp_flatten_chain() -> Result<()> {
     const N: i64 = 300;
-    let (_broker, ws, config) = setup("nested", (0..N).map(nested_event)).await?;
-    append_config(
-        &config,
-        &format!(
-            r#"
-[[pipelines.transforms]]
-uses = "{rename}"
-with = {{ fields = {{ "usr_id" = "user_id", "user.name" = "user.full_name" }} }}
-
-[[pipelines.transforms]]
-uses = "{timestamp}"
-with = {{ field = "evt.at", format = "%d/%m/%Y %H:%M:%S", offset = "+01:00" }}
-
-[[pipelines.transforms]]
-uses = "{flatten}"
-with = {{ separator = "__" }}
-"#,
-            rename = plugin_path("rename").display(),
-            timestamp = plugin_path("timestamp").display(),
-            flatten = plugin_path("flatten").display(),
+    let (_broker, ws, pipeline) = setup("nested", (0..N).map(nested_event)).await?;
+    let config = ws.write(
+        &ws.config().pipeline(
+            pipeline
+                .transform(plugin(
+                    "rename",
+                    json!({"fields": {"usr_id": "user_id", "user.name": "user.full_name"}}),
+                ))
+                .transform(plugin(
+                    "timestamp",
+                    json!({"field": "evt.at", "format": "%d/%m/%Y %H:%M:%S", "offset": "+01:00"}),
+                ))
+                .transform(plugin("flatten", json!({"separator": "__"}))),
         ),
     )?;
     let agent = spawn_agent(&config)?;
@@ -436,14 +409,11 @@ async fn flat_map_explodes_orders_into_items() -> Result<()> {
             "items": (0..(i % 4)).map(|k| json!({"sku": format!("s{k}"), "qty": k + 1})).collect::<Vec<_>>(),
         })
     };
-    let (_broker, ws, config) = setup("orders", (0..N).map(order)).await?;
-    append_config(
-        &config,
-        &format!(
-            "[[pipelines.transforms]]\nuses = \"{}\"\nwith = {{ field = \"items\", as = \"item\", index = \"line\" }}\n",
-            plugin_path("explode").display()
-        ),
-    )?;
+    let (_broker, ws, pipeline) = setup("orders", (0..N).map(order)).await?;
+    let config = ws.write(&ws.config().pipeline(pipeline.transform(plugin(
+        "explode",
+        json!({"field": "items", "as": "item", "index": "line"}),
+    ))))?;
     let expected: i64 = (0..N).map(|i| i % 4).sum();
     let agent = spawn_agent(&config)?;
     ws.wait_for_rows("wasm", "orders", expected, Duration::from_secs(120))
@@ -482,12 +452,16 @@ async fn flat_map_explodes_orders_into_items() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_between_two_tables_commits_loses_and_duplicates_nothing() -> Result<()> {
     const N: i64 = 600;
-    let (_broker, ws, config) = setup("routed", (0..N).map(event)).await?;
-    append_config(
-        &config,
-        &format!(
-            "[pipelines.sink.streams]\neu = \"routed_eu\"\nus = \"routed_us\"\n\n[[pipelines.transforms]]\nuses = \"{}\"\nwith = {{ field = \"region\", routes = {{ eu = \"eu\", us = \"us\" }} }}\n",
-            plugin_path("route").display()
+    let (_broker, ws, pipeline) = setup("routed", (0..N).map(event)).await?;
+    let config = ws.write(
+        &ws.config().pipeline(
+            pipeline
+                .stream("eu", "routed_eu")
+                .stream("us", "routed_us")
+                .transform(plugin(
+                    "route",
+                    json!({"field": "region", "routes": {"eu": "eu", "us": "us"}}),
+                )),
         ),
     )?;
     // Killed right after the first of the three tables' commits lands (the others may

@@ -6,66 +6,14 @@ use std::time::Instant;
 
 use anyhow::{Result, ensure};
 use floe_tests::lake::{Lake, WAIT};
-use floe_tests::{AgentProcess, Broker, spawn_agent};
+use floe_tests::{AgentProcess, Broker, Pipeline, spawn_agent};
 use serde_json::{Value, json};
 
 const READERS: [&str; 2] = ["pyiceberg", "duckdb"];
 
-/// One `[[pipelines]]` entry of a test config.
-struct Pipe<'a> {
-    name: &'a str,
-    topic: &'a str,
-    table: &'a str,
-    /// TOML array, e.g. `["id"]`.
-    key: &'a str,
-    /// Extra `[pipelines.sink]` lines.
-    sink_extra: &'a str,
-}
-
-/// A config with the lake's catalog (named `local`) and the given pipelines.
-fn write_config(
-    lake: &Lake,
-    bootstrap: &str,
-    pipes: &[Pipe<'_>],
-    file: &str,
-) -> Result<std::path::PathBuf> {
-    let ws = &lake.ws;
-    let d = ws.dir.path().display();
-    let mut text = lake.catalog_toml();
-    for p in pipes {
-        text.push_str(&format!(
-            r#"
-[[pipelines]]
-name = "{name}"
-[pipelines.source]
-bootstrap_servers = "{bootstrap}"
-group_id = "floe-{name}"
-topics = ["{topic}"]
-[pipelines.source.properties]
-"session.timeout.ms" = "2000"
-"heartbeat.interval.ms" = "500"
-[pipelines.sink]
-catalog = "local"
-namespace = "shop"
-table = "{table}"
-create_table = true
-commit_interval = "1s"
-mode = "upsert"
-key = {key}
-{extra}
-[pipelines.dead_letter]
-path = "{d}/dead-letter-{name}.ndjson"
-"#,
-            name = p.name,
-            topic = p.topic,
-            table = p.table,
-            key = p.key,
-            extra = p.sink_extra,
-        ));
-    }
-    let path = ws.path(file);
-    std::fs::write(&path, text)?;
-    Ok(path)
+/// An upsert pipeline reading topic `name` into `table` of the lake, keyed by `key`.
+fn upsert(lake: &Lake, bootstrap: &str, name: &str, table: &str, key: &str) -> Pipeline {
+    lake.pipeline(name, bootstrap, name, table).upsert(&[key])
 }
 
 /// Payload columns of every row a reader returns, keyed by `id`, plus each row's `_op`.
@@ -130,28 +78,21 @@ async fn customers_and_orders_keep_one_row_per_key() -> Result<()> {
     broker.create_topic("customers", 2).await?;
     broker.create_topic("orders", 3).await?;
     let lake = Lake::embedded()?;
-    let config = write_config(
-        &lake,
-        &broker.bootstrap,
-        &[
-            // Keyed by the message key: tombstones delete.
-            Pipe {
-                name: "customers",
-                topic: "customers",
-                table: "customers",
-                key: r#"["_kafka_key"]"#,
-                sink_extra: "",
-            },
-            // Keyed by a payload field: a tombstone is an error routed to the dead letters.
-            Pipe {
-                name: "orders",
-                topic: "orders",
-                table: "orders",
-                key: r#"["id"]"#,
-                sink_extra: "",
-            },
-        ],
+    let bootstrap = &broker.bootstrap;
+    let config = lake.write(
         "floe.toml",
+        &lake
+            .config()
+            // Keyed by the message key: tombstones delete.
+            .pipeline(upsert(
+                &lake,
+                bootstrap,
+                "customers",
+                "customers",
+                "_kafka_key",
+            ))
+            // Keyed by a payload field: a tombstone is an error routed to the dead letters.
+            .pipeline(upsert(&lake, bootstrap, "orders", "orders", "id")),
     )?;
     let mut customers: BTreeMap<i64, Value> = BTreeMap::new();
     let mut orders: BTreeMap<i64, Value> = BTreeMap::new();
@@ -326,19 +267,14 @@ async fn randomised(lake: Lake, format_version: u8) -> Result<()> {
     const KEYS: u64 = 1_000;
     let broker = Broker::start()?;
     broker.create_topic("state", 4).await?;
-    let config = write_config(
-        &lake,
-        &broker.bootstrap,
-        &[Pipe {
-            name: "state",
-            topic: "state",
-            table: "state",
-            key: r#"["_kafka_key"]"#,
-            sink_extra: &format!(
-                "row_group_bytes = \"64KiB\"\nmax_uncommitted_bytes = \"256KiB\"\nformat_version = {format_version}"
-            ),
-        }],
+    let config = lake.write(
         "floe.toml",
+        &lake.config().pipeline(
+            upsert(&lake, &broker.bootstrap, "state", "state", "_kafka_key")
+                .set("sink.row_group_bytes", "64KiB")
+                .set("sink.max_uncommitted_bytes", "256KiB")
+                .set("sink.format_version", format_version),
+        ),
     )?;
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let mut reference: BTreeMap<i64, Value> = BTreeMap::new();
@@ -477,29 +413,17 @@ async fn concurrent_writer(lake: Lake) -> Result<()> {
     let broker = Broker::start()?;
     broker.create_topic("a", 1).await?;
     broker.create_topic("b", 1).await?;
-    let a = write_config(
-        &lake,
-        &broker.bootstrap,
-        &[Pipe {
-            name: "a",
-            topic: "a",
-            table: "kv",
-            key: r#"["id"]"#,
-            sink_extra: "",
-        }],
+    let a = lake.write(
         "a.toml",
+        &lake
+            .config()
+            .pipeline(upsert(&lake, &broker.bootstrap, "a", "kv", "id")),
     )?;
-    let b = write_config(
-        &lake,
-        &broker.bootstrap,
-        &[Pipe {
-            name: "b",
-            topic: "b",
-            table: "kv",
-            key: r#"["id"]"#,
-            sink_extra: "",
-        }],
+    let b = lake.write(
         "b.toml",
+        &lake
+            .config()
+            .pipeline(upsert(&lake, &broker.bootstrap, "b", "kv", "id")),
     )?;
     let a_msgs: Vec<_> = (0..100)
         .map(|id| msg(format!("{id}"), Some(&json!({"id": id, "v": "a"}))))
@@ -565,20 +489,15 @@ async fn a_kept_key_index_is_opened_and_caught_up_after_kills_and_compaction() -
     broker.create_topic("state", 2).await?;
     let lake = Lake::embedded()?;
     let index_dir = lake.ws.path("index");
-    let config = write_config(
-        &lake,
-        &broker.bootstrap,
-        &[Pipe {
-            name: "state",
-            topic: "state",
-            table: "state",
-            key: r#"["_kafka_key"]"#,
-            sink_extra: &format!(
-                "index_memory = \"64KiB\"\nindex_dir = \"{}\"\n[pipelines.sink.maintenance]\ninterval = \"1h\"\nmin_input_files = 2",
-                index_dir.display()
-            ),
-        }],
+    let config = lake.write(
         "floe.toml",
+        &lake.config().pipeline(
+            upsert(&lake, &broker.bootstrap, "state", "state", "_kafka_key")
+                .set("sink.index_memory", "64KiB")
+                .set("sink.index_dir", index_dir.display().to_string())
+                .maintenance("interval", "1h")
+                .maintenance("min_input_files", 2),
+        ),
     )?;
     let mut rng = Rng(0x5DEE_CE66_D1CE_4E5B);
     let mut reference: BTreeMap<i64, Value> = BTreeMap::new();

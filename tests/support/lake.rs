@@ -11,7 +11,9 @@ use iceberg::Catalog;
 use serde_json::Value;
 
 use crate::rest::{RestStack, TokenPolicy, WRITER};
-use crate::{TableDump, Workspace, repo_root, tool, wait_for_messages};
+use crate::{
+    CatalogSection, Config, Pipeline, TableDump, Workspace, repo_root, tool, wait_for_messages,
+};
 
 /// How long a test waits for the agent to cover what was produced.
 pub const WAIT: Duration = Duration::from_secs(120);
@@ -65,6 +67,36 @@ impl Lake {
                 )
             }
         }
+    }
+
+    /// The `[catalogs.local]` section as a builder.
+    pub fn catalog_section(&self) -> CatalogSection {
+        match &self.rest {
+            Some(stack) => stack.catalog(WRITER),
+            None => self.ws.embedded_catalog(),
+        }
+    }
+
+    /// A config with the lake's catalog `local`; add pipelines with [`Config::pipeline`].
+    pub fn config(&self) -> Config {
+        Config::new().catalog("local", self.catalog_section())
+    }
+
+    /// A pipeline reading `topic` into `table` of the lake's namespace (created if
+    /// missing), committing every second, with a short consumer session and dead
+    /// letters in `dead-letter-NAME.ndjson` of the workspace.
+    pub fn pipeline(&self, name: &str, bootstrap: &str, topic: &str, table: &str) -> Pipeline {
+        Pipeline::new(name, bootstrap, topic)
+            .property("session.timeout.ms", "2000")
+            .property("heartbeat.interval.ms", "500")
+            .dead_letter(self.ws.path(&format!("dead-letter-{name}.ndjson")))
+            .sink("local", &self.namespace, table)
+            .commit_interval("1s")
+    }
+
+    /// Writes `config` to `file` in the workspace; returns its path.
+    pub fn write(&self, file: &str, config: &Config) -> Result<PathBuf> {
+        config.write(self.ws.path(file))
     }
 
     /// The catalog as the agent opens it (with its commit backend).

@@ -21,6 +21,9 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::Value;
 
+pub use config::{CatalogSection, Config, Pipeline, Transform};
+
+pub mod config;
 pub mod faults;
 pub mod fuzzing;
 pub mod inject;
@@ -305,53 +308,47 @@ impl Workspace {
         self.dir.path().join(rel)
     }
 
+    /// A config with the shared plugin cache (`[plugins] cache_dir`) and the workspace's
+    /// embedded catalog `local`; add pipelines with [`Config::pipeline`].
+    pub fn config(&self) -> Config {
+        Config::new()
+            .plugin_cache(plugin_cache())
+            .catalog("local", self.embedded_catalog())
+    }
+
+    /// The workspace's embedded catalog: `catalog.db` and `warehouse/` in it.
+    pub fn embedded_catalog(&self) -> CatalogSection {
+        CatalogSection::embedded(self.path("catalog.db"), self.path("warehouse"))
+    }
+
+    /// A pipeline reading `topic` into the catalog `local` (set the table with
+    /// [`Pipeline::table`]): group `floe-NAME`, a short consumer session (2s, heartbeat
+    /// 0.5s), `create_table`, a commit every second, dead letters in
+    /// `dead-letter.ndjson` of the workspace.
+    pub fn pipeline(&self, name: &str, bootstrap: &str, topic: &str) -> Pipeline {
+        Pipeline::new(name, bootstrap, topic)
+            .property("session.timeout.ms", "2000")
+            .property("heartbeat.interval.ms", "500")
+            .set("sink.catalog", "local")
+            .set("sink.create_table", true)
+            .commit_interval("1s")
+            .dead_letter(self.path("dead-letter.ndjson"))
+    }
+
+    /// Writes `config` to `floe.toml` in the workspace; returns its path.
+    pub fn write(&self, config: &Config) -> Result<PathBuf> {
+        config.write(self.path("floe.toml"))
+    }
+
     /// Writes `floe.toml` for one pipeline on the embedded catalog `local`; returns its path.
     pub fn write_config(&self, spec: &PipelineSpec<'_>) -> Result<PathBuf> {
-        let d = self.dir.path().display();
-        // Compiled plugins are cached once for all tests (they compile in seconds in debug builds).
-        let cache = std::env::var_os("FLOE_CACHE")
-            .map(PathBuf::from)
-            .unwrap_or_else(std::env::temp_dir)
-            .join("wasm-cache-tests");
-        let text = format!(
-            r#"
-[plugins]
-cache_dir = "{cache}"
-
-[catalogs.local]
-type = "embedded"
-path = "{d}/catalog.db"
-warehouse = "{d}/warehouse"
-
-[[pipelines]]
-name = "{name}"
-[pipelines.source]
-bootstrap_servers = "{bootstrap}"
-group_id = "floe-{name}"
-topics = ["{topic}"]
-[pipelines.source.properties]
-"session.timeout.ms" = "2000"
-"heartbeat.interval.ms" = "500"
-[pipelines.sink]
-catalog = "local"
-namespace = "{ns}"
-table = "{table}"
-create_table = true
-commit_interval = "{interval}"
-[pipelines.dead_letter]
-path = "{d}/dead-letter.ndjson"
-"#,
-            name = spec.name,
-            bootstrap = spec.bootstrap,
-            topic = spec.topic,
-            ns = spec.namespace,
-            table = spec.table,
-            interval = spec.commit_interval,
-            cache = cache.display(),
-        );
-        let path = self.path("floe.toml");
-        std::fs::write(&path, text)?;
-        Ok(path)
+        self.write(
+            &self.config().pipeline(
+                self.pipeline(spec.name, spec.bootstrap, spec.topic)
+                    .table(spec.namespace, spec.table)
+                    .commit_interval(spec.commit_interval),
+            ),
+        )
     }
 
     /// Opens the embedded catalog read-side, for polling progress.
@@ -708,6 +705,15 @@ pub fn spawn_agent(config: &Path) -> Result<InProcessAgent> {
         let _ = rx.await;
     }));
     Ok(InProcessAgent { stop, handle })
+}
+
+/// Where the tests cache compiled plugins, once for all of them (they compile in
+/// seconds in debug builds): `$FLOE_CACHE/wasm-cache-tests`.
+pub fn plugin_cache() -> PathBuf {
+    std::env::var_os("FLOE_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir)
+        .join("wasm-cache-tests")
 }
 
 /// Path of a built plugin (`scripts/build-plugins.sh` puts them in `FLOE_PLUGIN_DIR`).

@@ -35,17 +35,9 @@ impl Postgres {
     }
 
     /// The `[catalogs.NAME]` section of a SQL catalog in this database with its tables
-    /// in `warehouse`.
-    pub fn catalog_toml(&self, name: &str, warehouse: &Path) -> String {
-        self.catalog_toml_at(name, &warehouse.display().to_string())
-    }
-
-    /// [`Postgres::catalog_toml`] with a warehouse location (a path or `s3://...`).
-    pub fn catalog_toml_at(&self, name: &str, warehouse: &str) -> String {
-        format!(
-            "[catalogs.{name}]\ntype = \"sql\"\nuri = \"{}\"\nwarehouse = \"{warehouse}\"\n",
-            self.uri,
-        )
+    /// in `warehouse` (a path or `s3://...`).
+    pub fn catalog(&self, warehouse: impl AsRef<Path>) -> crate::CatalogSection {
+        crate::CatalogSection::sql(&self.uri, warehouse)
     }
 
     /// Reads `namespace.table` of catalog `catalog` with an independent reader

@@ -284,8 +284,17 @@ role_arn = "arn:aws:iam::123456789012:role/floe-writer"
         Ok(())
     }
 
-    /// A `[catalogs.NAME]` section for Floe: OAuth2 client `client`, vended credentials,
-    /// the agent's S3 endpoint settings (moto). No S3 keys: they come from the catalog.
+    /// The catalog's `[catalogs.NAME]` section, as client `client`.
+    pub fn catalog(&self, client: (&str, &str)) -> crate::CatalogSection {
+        crate::CatalogSection::rest(&self.uri)
+            .warehouse(WAREHOUSE)
+            .credential(&format!("{}:{}", client.0, client.1))
+            .scope(SCOPE)
+            .s3_store(&self.s3_endpoint, "us-east-1")
+    }
+
+    /// The `[catalogs.NAME]` section of the catalog as TOML text, for tests that edit
+    /// it as text (`s3.*` as dotted keys in the section).
     pub fn catalog_toml(&self, name: &str, client: (&str, &str)) -> String {
         format!(
             r#"
