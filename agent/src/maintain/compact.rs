@@ -39,7 +39,8 @@ use floe_iceberg::CatalogHandle;
 use floe_iceberg::dv;
 use floe_iceberg::manifests::{self, FileKey, LiveFile};
 use floe_iceberg::{
-    COMMIT_KEY, MAINTENANCE_KEY, Rewrite, RewriteOutcome, RewritePlan, SpecFile, commit_rewrite,
+    COMMIT_KEY, GiveUp, MAINTENANCE_KEY, Rewrite, RewriteOutcome, RewritePlan, SpecFile,
+    commit_rewrite,
 };
 
 /// Files below this share of the target size count as small.
@@ -431,13 +432,13 @@ impl Compaction {
 
 #[async_trait]
 impl Rewrite for Compaction {
-    async fn plan(&mut self, table: &Table, live: &[LiveFile]) -> Result<RewritePlan, String> {
+    async fn plan(&mut self, table: &Table, live: &[LiveFile]) -> Result<RewritePlan, GiveUp> {
         let keys: HashSet<FileKey> = live.iter().map(LiveFile::key).collect();
         if let Some(gone) = self.removed_data.iter().find(|k| !keys.contains(*k)) {
-            return Err(format!(
+            return Err(GiveUp::Changed(format!(
                 "data file {} was removed by another writer meanwhile",
                 gone.path
-            ));
+            )));
         }
         let mut removed: HashSet<FileKey> = self.removed_data.clone();
         removed.extend(self.removed_deletes.intersection(&keys).cloned());
@@ -448,15 +449,20 @@ impl Rewrite for Compaction {
             match f.content() {
                 DataContentType::Data => {}
                 DataContentType::EqualityDeletes => {
-                    return Err("another writer added equality deletes meanwhile".into());
+                    return Err(GiveUp::Changed(
+                        "another writer added equality deletes meanwhile".into(),
+                    ));
                 }
                 DataContentType::PositionDeletes => {
                     let key = f.key();
                     if !self.seen.contains_key(&key) {
-                        let translated = self
-                            .translate(table, f.entry.data_file())
-                            .await
-                            .map_err(|e| format!("reading a concurrent delete file: {e}"))?;
+                        let translated =
+                            self.translate(table, f.entry.data_file())
+                                .await
+                                .map_err(|e| GiveUp::Failed {
+                                    what: "reading a concurrent delete file",
+                                    source: Box::new(e),
+                                })?;
                         self.seen.insert(key.clone(), translated);
                     }
                     let (rows, names_other) = &self.seen[&key];
@@ -482,7 +488,10 @@ impl Rewrite for Compaction {
                     let files = self
                         .write_carried(table, carried.clone())
                         .await
-                        .map_err(|e| format!("writing carried-over deletes: {e}"))?;
+                        .map_err(|e| GiveUp::Failed {
+                            what: "writing carried-over deletes",
+                            source: Box::new(e),
+                        })?;
                     self.last_carried = Some((carried, files.clone()));
                     files
                 }

@@ -45,7 +45,7 @@ pub use offsets::{
     WRITER_KEY,
 };
 pub use rewrite::{
-    MAINTENANCE_KEY, Rewrite, RewriteOutcome, RewritePlan, commit_rewrite, commit_updates,
+    GiveUp, MAINTENANCE_KEY, Rewrite, RewriteOutcome, RewritePlan, commit_rewrite, commit_updates,
 };
 pub use snapshot::{SpecFile, StagedSnapshot};
 

@@ -48,9 +48,27 @@ pub struct RewritePlan {
 /// A rewrite that can be planned on any parent.
 #[async_trait]
 pub trait Rewrite: Send {
-    /// The plan for parent `table`, whose live files are `live`; `Err(reason)` gives up
-    /// (a concurrent change the rewrite cannot absorb).
-    async fn plan(&mut self, table: &Table, live: &[LiveFile]) -> Result<RewritePlan, String>;
+    /// The plan for parent `table`, whose live files are `live`, or why the rewrite gives
+    /// up on the table as it is now.
+    async fn plan(&mut self, table: &Table, live: &[LiveFile]) -> Result<RewritePlan, GiveUp>;
+}
+
+/// Why a rewrite gives up; the next maintenance run plans again on the table as it is
+/// then.
+#[derive(Debug, thiserror::Error)]
+pub enum GiveUp {
+    /// Another writer changed the table in a way the rewrite cannot absorb.
+    #[error("{0}")]
+    Changed(String),
+    /// A file the plan needs could not be read or written.
+    #[error("{what}: {source}")]
+    Failed {
+        /// What the plan was doing.
+        what: &'static str,
+        /// Why it failed.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 /// How a rewrite ended.
@@ -101,7 +119,7 @@ pub async fn commit_rewrite(
             .map_err(|e| iceberg_failure(&ident, e))?;
         let plan = match rewrite.plan(&base, &live).await {
             Ok(plan) => plan,
-            Err(reason) => return Ok(RewriteOutcome::GaveUp(reason)),
+            Err(reason) => return Ok(RewriteOutcome::GaveUp(reason.to_string())),
         };
         let parts = writer
             .parts(&base, &current, &live, &plan, attempt, properties)
