@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail, ensure};
 use floe_tests::lake::WAIT;
 use floe_tests::{
-    Broker, PipelineSpec, Workspace, free_port, metric_value, scrape_metrics, spawn_agent,
+    Broker, Pipeline, Transform, Workspace, free_port, metric_value, scrape_metrics, spawn_agent,
 };
 use serde_json::{Value, json};
 
@@ -44,19 +44,12 @@ async fn keyed_json_messages_reach_both_readers_and_new_fields_add_columns() -> 
     broker.produce("events", &batch).await?;
 
     let ws = Workspace::new()?;
-    let config = ws.write_config(&PipelineSpec {
-        name: "events",
-        bootstrap: &broker.bootstrap,
-        topic: "events",
-        namespace: "demo",
-        table: "events",
-        commit_interval: "1s",
-    })?;
     let metrics_addr = format!("127.0.0.1:{}", free_port());
-    let text = std::fs::read_to_string(&config)?;
-    std::fs::write(
-        &config,
-        format!("[metrics]\nlisten = \"{metrics_addr}\"\n{text}"),
+    let config = ws.write(
+        &ws.config().metrics(&metrics_addr).pipeline(
+            ws.pipeline("events", &broker.bootstrap, "events")
+                .table("demo", "events"),
+        ),
     )?;
     let started = Instant::now();
     let agent = spawn_agent(&config)?;
@@ -214,12 +207,9 @@ async fn a_table_per_topic_holds_exactly_its_topics_records() -> Result<()> {
     }
     let lake = floe_tests::lake::Lake::embedded()?;
     let pipeline = lake
-        .pipeline_toml("split", &broker.bootstrap, "orders.eu", "raw_{topic}", "")
-        .replace(
-            "topics = [\"orders.eu\"]",
-            "topics = [\"orders.eu\", \"orders-us\"]",
-        );
-    let config = lake.write_config("floe.toml", &[pipeline])?;
+        .pipeline("split", &broker.bootstrap, "orders.eu", "raw_{topic}")
+        .topics(&topics);
+    let config = lake.write("floe.toml", &lake.config().pipeline(pipeline))?;
     let mut counts = Vec::new();
     for (i, t) in topics.iter().enumerate() {
         let n = 200 + 100 * i as i64;
@@ -265,17 +255,10 @@ fn pattern_pipeline(
     bootstrap: &str,
     pattern: &str,
     table: &str,
-    sink_extra: &str,
-) -> String {
-    lake.pipeline_toml(name, bootstrap, "placeholder", table, sink_extra)
-        .replace(
-            "topics = [\"placeholder\"]",
-            &format!("topic_pattern = \"{}\"", pattern.replace('\\', "\\\\")),
-        )
-        .replace(
-            "[pipelines.source.properties]",
-            "[pipelines.source.properties]\n\"topic.metadata.refresh.interval.ms\" = \"1000\"",
-        )
+) -> Pipeline {
+    lake.pipeline(name, bootstrap, "placeholder", table)
+        .topic_pattern(pattern)
+        .property("topic.metadata.refresh.interval.ms", "1000")
 }
 
 /// Twenty topics of one pattern, the last created while the agent runs: twenty tables,
@@ -308,9 +291,8 @@ async fn twenty_topics_of_a_pattern_become_twenty_tables() -> Result<()> {
         &broker.bootstrap,
         r"feed\..*",
         "raw_{topic}",
-        "",
     );
-    let config = lake.write_config("floe.toml", &[pipeline])?;
+    let config = lake.write("floe.toml", &lake.config().pipeline(pipeline))?;
     let agent = floe_tests::AgentProcess::start(&config, &[])?;
     let table = |i: i64| format!("raw_feed_t{i:02}");
     for i in 0..TOPICS - 1 {
@@ -388,9 +370,8 @@ async fn a_topic_pattern_adds_a_table_per_topic_as_topics_appear() -> Result<()>
         &broker.bootstrap,
         r"shop\..*",
         "raw_{topic}",
-        "",
     );
-    let config = lake.write_config("floe.toml", &[pipeline])?;
+    let config = lake.write("floe.toml", &lake.config().pipeline(pipeline))?;
     let agent = floe_tests::AgentProcess::start(&config, &[])?;
     lake.wait_for_messages("raw_shop_a", "split", 200).await?;
     lake.wait_for_messages("raw_shop_b", "split", 100).await?;
@@ -450,9 +431,11 @@ async fn messages_of_nearly_a_megabyte_land_whole() -> Result<()> {
     let broker = Broker::start()?;
     broker.create_topic("big", 1).await?;
     let lake = floe_tests::lake::Lake::embedded()?;
-    let config = lake.write_config(
+    let config = lake.write(
         "floe.toml",
-        &[lake.pipeline_toml("big", &broker.bootstrap, "big", "big", "")],
+        &lake
+            .config()
+            .pipeline(lake.pipeline("big", &broker.bootstrap, "big", "big")),
     )?;
     let batch: Vec<_> = (0..24i64)
         .map(|i| {
@@ -485,12 +468,10 @@ async fn messages_of_ten_megabytes_pass_a_plugin_and_land_whole() -> Result<()> 
     let broker = Broker::start()?;
     broker.create_topic("huge", 1).await?;
     let lake = floe_tests::lake::Lake::embedded()?;
-    let pipeline = lake.pipeline_toml("huge", &broker.bootstrap, "huge", "huge", "")
-        + &format!(
-            "[[pipelines.transforms]]\nuses = \"{}\"\n",
-            floe_tests::plugin_path("passthrough").display()
-        );
-    let config = lake.write_config("floe.toml", &[pipeline])?;
+    let pipeline = lake
+        .pipeline("huge", &broker.bootstrap, "huge", "huge")
+        .transform(Transform::new(floe_tests::plugin_path("passthrough")));
+    let config = lake.write("floe.toml", &lake.config().pipeline(pipeline))?;
     let batch: Vec<_> = (0..9i64)
         .map(|i| {
             let size = if i % 3 == 1 { 10_000_000 } else { 100 };
@@ -529,15 +510,10 @@ async fn a_topic_pattern_shares_a_table_with_the_topic_in_each_row() -> Result<(
     }
     broker.create_topic("other", 1).await?;
     let lake = floe_tests::lake::Lake::embedded()?;
-    let pipeline = pattern_pipeline(
-        &lake,
-        "all",
-        &broker.bootstrap,
-        r"^events\..*",
-        "events",
-        "headers_column = true",
-    ) + "[pipelines.decode]\nkey_format = \"base64\"\n";
-    let config = lake.write_config("floe.toml", &[pipeline])?;
+    let pipeline = pattern_pipeline(&lake, "all", &broker.bootstrap, r"^events\..*", "events")
+        .set("sink.headers_column", true)
+        .key_format("base64");
+    let config = lake.write("floe.toml", &lake.config().pipeline(pipeline))?;
     let batch = |topic: &str, n: i64| -> Vec<floe_tests::Message> {
         (0..n)
             .map(|k| {

@@ -8,7 +8,7 @@ use anyhow::Result;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use floe::dead_letter::DeadLetterWriter;
-use floe_tests::{Broker, PipelineSpec, Registry, Workspace, append_config, spawn_agent};
+use floe_tests::{Broker, Registry, Transform, Workspace, spawn_agent};
 use serde_json::{Value, json};
 
 const V1: &str = r#"{"type": "record", "name": "Order", "namespace": "shop", "fields": [
@@ -72,22 +72,14 @@ async fn avro_v1_then_v2_lands_with_exact_types_and_both_readers_see_it() -> Res
     )?;
 
     let ws = Workspace::new()?;
-    let config = ws.write_config(&PipelineSpec {
-        name: "orders",
-        bootstrap: &broker.bootstrap,
-        topic: "orders",
-        namespace: "shop",
-        table: "orders",
-        commit_interval: "1s",
-    })?;
-    append_config(
-        &config,
-        &format!(
-            r#"[pipelines.decode]
-format = "avro"
-registry = {{ url = "{}", username = "floe", password = "s3cret" }}
-"#,
-            registry.url
+    let config = ws.write(
+        &ws.config().pipeline(
+            ws.pipeline("orders", &broker.bootstrap, "orders")
+                .table("shop", "orders")
+                .format("avro")
+                .registry(&registry.url)
+                .set("decode.registry.username", "floe")
+                .set("decode.registry.password", "s3cret"),
         ),
     )?;
     let agent = spawn_agent(&config)?;
@@ -219,18 +211,13 @@ async fn an_unreachable_registry_is_retried_and_nothing_is_lost() -> Result<()> 
     broker.create_topic("orders", 1).await?;
     let port = floe_tests::free_port();
     let ws = Workspace::new()?;
-    let config = ws.write_config(&PipelineSpec {
-        name: "orders",
-        bootstrap: &broker.bootstrap,
-        topic: "orders",
-        namespace: "shop",
-        table: "orders",
-        commit_interval: "1s",
-    })?;
-    append_config(
-        &config,
-        &format!(
-            "[pipelines.decode]\nformat = \"avro\"\nregistry = {{ url = \"http://127.0.0.1:{port}\", timeout = \"2s\" }}\n"
+    let config = ws.write(
+        &ws.config().pipeline(
+            ws.pipeline("orders", &broker.bootstrap, "orders")
+                .table("shop", "orders")
+                .format("avro")
+                .registry(&format!("http://127.0.0.1:{port}"))
+                .set("decode.registry.timeout", "2s"),
         ),
     )?;
     // Records produced through a registry that then goes away.
@@ -282,28 +269,17 @@ async fn plugins_see_avro_as_json_and_unchanged_fields_keep_their_avro_types() -
         Some((r#""string""#, "customer")),
     )?;
     let ws = Workspace::new()?;
-    let config = ws.write_config(&PipelineSpec {
-        name: "orders",
-        bootstrap: &broker.bootstrap,
-        topic: "orders",
-        namespace: "shop",
-        table: "orders",
-        commit_interval: "1s",
-    })?;
-    append_config(
-        &config,
-        &format!(
-            r#"[pipelines.decode]
-format = "avro"
-key_format = "avro"
-registry = {{ url = "{}" }}
-
-[[pipelines.transforms]]
-uses = "{}"
-with = {{ drop = ["customer"] }}
-"#,
-            registry.url,
-            floe_tests::plugin_path("redact").display(),
+    let config = ws.write(
+        &ws.config().pipeline(
+            ws.pipeline("orders", &broker.bootstrap, "orders")
+                .table("shop", "orders")
+                .format("avro")
+                .key_format("avro")
+                .registry(&registry.url)
+                .transform(
+                    Transform::new(floe_tests::plugin_path("redact"))
+                        .with(json!({"drop": ["customer"]})),
+                ),
         ),
     )?;
     let agent = spawn_agent(&config)?;

@@ -30,18 +30,11 @@ async fn sustained(lake: Lake) -> Result<()> {
     let broker = Broker::start()?;
     broker.create_topic("c", 2).await?;
     let pipeline = lake
-        .pipeline_toml(
-            "c",
-            &broker.bootstrap,
-            "c",
-            "c",
-            "target_file_size = \"128KiB\"\nrow_group_bytes = \"64KiB\"",
-        )
-        .replace(
-            "commit_interval = \"1s\"",
-            &format!("commit_interval = \"{INTERVAL_SECS}s\""),
-        );
-    let config = lake.write_config("floe.toml", &[pipeline])?;
+        .pipeline("c", &broker.bootstrap, "c", "c")
+        .set("sink.target_file_size", "128KiB")
+        .set("sink.row_group_bytes", "64KiB")
+        .commit_interval(&format!("{INTERVAL_SECS}s"));
+    let config = lake.write("floe.toml", &lake.config().pipeline(pipeline))?;
     let agent = AgentProcess::start(&config, &[])?;
     let started = Instant::now();
 

@@ -102,17 +102,17 @@ async fn sigkill_with_files_half_written_on_s3() -> Result<()> {
     let lake = floe_tests::lake::Lake::rest()?;
     let broker = Broker::start()?;
     broker.create_topic("orders", 2).await?;
-    let sink = "target_file_size = \"128KiB\"\nrow_group_bytes = \"64KiB\"";
-    let pipeline = |interval: &str| {
-        lake.pipeline_toml("orders", &broker.bootstrap, "orders", "orders", sink)
-            .replace(
-                "commit_interval = \"1s\"",
-                &format!("commit_interval = \"{interval}\""),
-            )
+    let config = |interval: &str| {
+        lake.config().pipeline(
+            lake.pipeline("orders", &broker.bootstrap, "orders", "orders")
+                .set("sink.target_file_size", "128KiB")
+                .set("sink.row_group_bytes", "64KiB")
+                .commit_interval(interval),
+        )
     };
     // The killed run never reaches its first commit; the restarted one commits often.
-    let slow = lake.write_config("slow.toml", &[pipeline("600s")])?;
-    let config = lake.write_config("floe.toml", &[pipeline("1s")])?;
+    let slow = lake.write("slow.toml", &config("600s"))?;
+    let config = lake.write("floe.toml", &config("1s"))?;
     let batch = |range: std::ops::Range<i64>| -> Vec<floe_tests::Message> {
         range
             .map(|i| {

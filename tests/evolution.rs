@@ -10,7 +10,7 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use floe::dead_letter::DeadLetterWriter;
 use floe::schema::type_name;
-use floe_tests::{Broker, PipelineSpec, Registry, Workspace, append_config, spawn_agent};
+use floe_tests::{Broker, PipelineSpec, Registry, Transform, Workspace, spawn_agent};
 use iceberg::TableIdent;
 use iceberg::spec::{Snapshot, TableMetadata};
 use serde_json::{Value, json};
@@ -154,25 +154,15 @@ async fn widenings(plugin: Option<&str>) -> Result<()> {
         ],
     )?;
     let ws = Workspace::new()?;
-    let config = ws.write_config(&PipelineSpec {
-        name: "readings",
-        bootstrap: &broker.bootstrap,
-        topic: "readings",
-        namespace: "plant",
-        table: "readings",
-        commit_interval: "1s",
-    })?;
-    let mut toml = format!(
-        "[pipelines.decode]\nformat = \"avro\"\nregistry = {{ url = \"{}\" }}\n",
-        registry.url
-    );
+    let mut pipeline = ws
+        .pipeline("readings", &broker.bootstrap, "readings")
+        .table("plant", "readings")
+        .format("avro")
+        .registry(&registry.url);
     if let Some(name) = plugin {
-        toml.push_str(&format!(
-            "\n[[pipelines.transforms]]\nuses = \"{}\"\n",
-            floe_tests::plugin_path(name).display()
-        ));
+        pipeline = pipeline.transform(Transform::new(floe_tests::plugin_path(name)));
     }
-    append_config(&config, &toml)?;
+    let config = ws.write(&ws.config().pipeline(pipeline))?;
     let agent = spawn_agent(&config)?;
     // v1 is committed first: the widenings change columns that are in the table.
     ws.wait_for_rows("plant", "readings", 3, Duration::from_secs(60))

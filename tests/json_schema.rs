@@ -10,7 +10,7 @@ use anyhow::Result;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use floe::dead_letter::DeadLetterWriter;
-use floe_tests::{Broker, PipelineSpec, Produce, Registry, Workspace, append_config, spawn_agent};
+use floe_tests::{Broker, Pipeline, Produce, Registry, Workspace, spawn_agent};
 use serde_json::{Value, json};
 
 const ADDRESS: &str = r#"{
@@ -72,15 +72,10 @@ fn order(id: i64, v2: bool) -> Value {
     })
 }
 
-fn spec<'a>(bootstrap: &'a str) -> PipelineSpec<'a> {
-    PipelineSpec {
-        name: "orders",
-        bootstrap,
-        topic: "orders",
-        namespace: "shop",
-        table: "orders",
-        commit_interval: "1s",
-    }
+/// The pipeline `orders`: topic `orders` into `shop.orders`, a commit every second.
+fn orders(ws: &Workspace, bootstrap: &str) -> Pipeline {
+    ws.pipeline("orders", bootstrap, "orders")
+        .table("shop", "orders")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -117,16 +112,12 @@ async fn json_schema_v1_then_v2_with_a_reference_keys_and_invalid_messages() -> 
     produce(&[order(1, false), order(2, false), order(3, false)], &v1)?;
 
     let ws = Workspace::new()?;
-    let config = ws.write_config(&spec(&broker.bootstrap))?;
-    append_config(
-        &config,
-        &format!(
-            r#"[pipelines.decode]
-format = "json_schema"
-key_format = "json_schema"
-registry = {{ url = "{}" }}
-"#,
-            registry.url
+    let config = ws.write(
+        &ws.config().pipeline(
+            orders(&ws, &broker.bootstrap)
+                .format("json_schema")
+                .key_format("json_schema")
+                .registry(&registry.url),
         ),
     )?;
     let agent = spawn_agent(&config)?;
@@ -273,12 +264,12 @@ async fn a_violation_stops_the_pipeline_when_the_policy_is_fail() -> Result<()> 
         )
         .await?;
     let ws = Workspace::new()?;
-    let config = ws.write_config(&spec(&broker.bootstrap))?;
-    append_config(
-        &config,
-        &format!(
-            "[pipelines.decode]\nformat = \"json_schema\"\nschema_file = \"{}\"\n[pipelines.schema]\non_incompatible = \"fail\"\n",
-            schema.display()
+    let config = ws.write(
+        &ws.config().pipeline(
+            orders(&ws, &broker.bootstrap)
+                .format("json_schema")
+                .schema_file(&schema)
+                .schema("on_incompatible", "fail"),
         ),
     )?;
     let agent = spawn_agent(&config)?;
@@ -331,12 +322,11 @@ async fn avro_with_a_reference_to_another_subject() -> Result<()> {
         },
     )?;
     let ws = Workspace::new()?;
-    let config = ws.write_config(&spec(&broker.bootstrap))?;
-    append_config(
-        &config,
-        &format!(
-            "[pipelines.decode]\nformat = \"avro\"\nregistry = {{ url = \"{}\" }}\n",
-            registry.url
+    let config = ws.write(
+        &ws.config().pipeline(
+            orders(&ws, &broker.bootstrap)
+                .format("avro")
+                .registry(&registry.url),
         ),
     )?;
     let agent = spawn_agent(&config)?;

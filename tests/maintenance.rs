@@ -12,7 +12,7 @@ use anyhow::{Context, Result, bail, ensure};
 use floe_iceberg::manifests;
 use floe_iceberg::{OffsetMap, OffsetsSource};
 use floe_tests::lake::{Lake, WAIT};
-use floe_tests::{AgentProcess, Broker, floe_bin};
+use floe_tests::{AgentProcess, Broker, Pipeline, floe_bin};
 use iceberg::spec::DataContentType;
 use serde_json::{Value, json};
 
@@ -27,15 +27,16 @@ impl Rng {
     }
 }
 
-const MAINTENANCE: &str = r#"
-[pipelines.sink.maintenance]
-interval = "2s"
-min_input_files = 2
-keep_snapshots = 3
-max_snapshot_age = "0s"
-orphan_age = "1h"
-keep_metadata_files = 5
-"#;
+/// Maintenance every 2s: compaction from 2 files, 3 snapshots kept, any older expired.
+fn maintenance(pipeline: Pipeline) -> Pipeline {
+    pipeline
+        .maintenance("interval", "2s")
+        .maintenance("min_input_files", 2)
+        .maintenance("keep_snapshots", 3)
+        .maintenance("max_snapshot_age", "0s")
+        .maintenance("orphan_age", "1h")
+        .maintenance("keep_metadata_files", 5)
+}
 
 /// `floe maintain --config CONFIG`; returns its output, failing on a failed job.
 fn maintain(config: &std::path::Path) -> Result<String> {
@@ -88,16 +89,12 @@ async fn concurrent(lake: Lake) -> Result<()> {
     let broker = Broker::start()?;
     broker.create_topic("events", 2).await?;
     broker.create_topic("state", 2).await?;
-    let events =
-        lake.pipeline_toml("events", &broker.bootstrap, "events", "events", "") + MAINTENANCE;
-    let state = lake.pipeline_toml(
-        "state",
-        &broker.bootstrap,
-        "state",
-        "state",
-        "mode = \"upsert\"\nkey = [\"_kafka_key\"]",
-    ) + MAINTENANCE;
-    let config = lake.write_config("floe.toml", &[events, state])?;
+    let events = maintenance(lake.pipeline("events", &broker.bootstrap, "events", "events"));
+    let state = maintenance(
+        lake.pipeline("state", &broker.bootstrap, "state", "state")
+            .upsert(&["_kafka_key"]),
+    );
+    let config = lake.write("floe.toml", &lake.config().pipeline(events).pipeline(state))?;
 
     let mut agent = AgentProcess::start(&config, &[])?;
     let mut rng = Rng(0x5EED_CAFE_F00D_D00D);
@@ -310,8 +307,8 @@ async fn offsets_survive_foreign_commits_and_expiry() -> Result<()> {
     let lake = Lake::embedded()?;
     let broker = Broker::start()?;
     broker.create_topic("events", 2).await?;
-    let pipeline = lake.pipeline_toml("events", &broker.bootstrap, "events", "events", "");
-    let config = lake.write_config("floe.toml", &[pipeline])?;
+    let pipeline = lake.pipeline("events", &broker.bootstrap, "events", "events");
+    let config = lake.write("floe.toml", &lake.config().pipeline(pipeline))?;
     let batch = |from: i64| -> Vec<floe_tests::Message> {
         (from..from + 100)
             .map(|n| (None, Some(json!({"n": n}).to_string().into_bytes())))
@@ -373,14 +370,12 @@ async fn carry_over(format_version: u8) -> Result<()> {
     let lake = Lake::embedded()?;
     let broker = Broker::start()?;
     broker.create_topic("state", 1).await?;
-    let pipeline = lake.pipeline_toml(
-        "state",
-        &broker.bootstrap,
-        "state",
-        "state",
-        &format!("mode = \"upsert\"\nkey = [\"_kafka_key\"]\nformat_version = {format_version}"),
-    ) + "[pipelines.sink.maintenance]\nmin_input_files = 2\n";
-    let config = lake.write_config("floe.toml", &[pipeline])?;
+    let pipeline = lake
+        .pipeline("state", &broker.bootstrap, "state", "state")
+        .upsert(&["_kafka_key"])
+        .set("sink.format_version", i64::from(format_version))
+        .maintenance("min_input_files", 2);
+    let config = lake.write("floe.toml", &lake.config().pipeline(pipeline))?;
     let mut reference: BTreeMap<String, Value> = BTreeMap::new();
     let mut produced = 0i64;
     let agent = AgentProcess::start(&config, &[])?;
@@ -488,9 +483,13 @@ async fn equality_deletes_of_another_engine_are_never_undone() -> Result<()> {
     let lake = Lake::embedded()?;
     let broker = Broker::start()?;
     broker.create_topic("events", 1).await?;
-    let pipeline = lake.pipeline_toml("events", &broker.bootstrap, "events", "events", "")
-        + "[pipelines.sink.maintenance]\ninterval = \"1h\"\nmin_input_files = 2\nkeep_snapshots = 1\nmax_snapshot_age = \"0s\"\n";
-    let config = lake.write_config("floe.toml", &[pipeline])?;
+    let pipeline = lake
+        .pipeline("events", &broker.bootstrap, "events", "events")
+        .maintenance("interval", "1h")
+        .maintenance("min_input_files", 2)
+        .maintenance("keep_snapshots", 1)
+        .maintenance("max_snapshot_age", "0s");
+    let config = lake.write("floe.toml", &lake.config().pipeline(pipeline))?;
     let value = |n: i64| json!({"n": n, "s": format!("v{n}")});
     let batch = |from: i64, to: i64| -> Vec<floe_tests::Message> {
         (from..to)

@@ -23,7 +23,7 @@ use anyhow::{Context, Result, bail};
 use floe::source::SourceCommand;
 use floe_tests::inject::{Faults, faulty_catalog};
 use floe_tests::scripted::ScriptedPipeline;
-use floe_tests::{TableDump, Workspace};
+use floe_tests::{Config, Pipeline, TableDump, Workspace};
 use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
 use serde_json::{Map, Value, json};
 
@@ -373,39 +373,22 @@ impl Driven {
 }
 
 fn config(ws: &Workspace, name: &str, topic: &str, mode: Mode) -> Result<PathBuf> {
-    let d = ws.dir.path().display();
-    let upsert = match mode {
-        Mode::Append => "",
-        Mode::Upsert => "mode = \"upsert\"\nkey = [\"_kafka_key\"]",
-        Mode::UpsertV3 => "mode = \"upsert\"\nkey = [\"_kafka_key\"]\nformat_version = 3",
+    let pipeline = Pipeline::new(name, "127.0.0.1:9", topic)
+        .group_id(&format!("g-{name}"))
+        .sink("local", "ns", "t")
+        .commit_interval("1s")
+        .dead_letter(ws.path(&format!("{name}.ndjson")));
+    let pipeline = match mode {
+        Mode::Append => pipeline,
+        Mode::Upsert => pipeline.upsert(&["_kafka_key"]),
+        Mode::UpsertV3 => pipeline
+            .upsert(&["_kafka_key"])
+            .set("sink.format_version", 3),
     };
-    let text = format!(
-        r#"
-[catalogs.local]
-type = "embedded"
-path = "{d}/catalog.db"
-warehouse = "{d}/warehouse"
-
-[[pipelines]]
-name = "{name}"
-[pipelines.source]
-bootstrap_servers = "127.0.0.1:9"
-group_id = "g-{name}"
-topics = ["{topic}"]
-[pipelines.sink]
-catalog = "local"
-namespace = "ns"
-table = "t"
-create_table = true
-commit_interval = "1s"
-{upsert}
-[pipelines.dead_letter]
-path = "{d}/{name}.ndjson"
-"#
-    );
-    let path = ws.path(&format!("{name}.toml"));
-    std::fs::write(&path, text)?;
-    Ok(path)
+    Config::new()
+        .catalog("local", ws.embedded_catalog())
+        .pipeline(pipeline)
+        .write(ws.path(&format!("{name}.toml")))
 }
 
 /// The stored offsets of `pipeline` per partition.

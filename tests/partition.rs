@@ -136,14 +136,10 @@ async fn a_partitioned_append_table_on_the_rest_catalog() -> Result<()> {
 async fn partitioned_append(lake: Lake) -> Result<()> {
     let broker = Broker::start()?;
     broker.create_topic("events", 3).await?;
-    let pipeline = lake.pipeline_toml(
-        "events",
-        &broker.bootstrap,
-        "events",
-        "events",
-        r#"partition_by = ["day(ts)", "bucket(4, user)", "_kafka_partition"]"#,
-    );
-    let config = lake.write_config("floe.toml", &[pipeline])?;
+    let pipeline = lake
+        .pipeline("events", &broker.bootstrap, "events", "events")
+        .partition_by(&["day(ts)", "bucket(4, user)", "_kafka_partition"]);
+    let config = lake.write("floe.toml", &lake.config().pipeline(pipeline))?;
     let mut reference: BTreeMap<i64, Value> = BTreeMap::new();
     let mut messages = Vec::new();
     for n in 0..300i64 {
@@ -243,16 +239,12 @@ async fn a_partitioned_v3_upsert_table_with_deletion_vectors() -> Result<()> {
 async fn partitioned_upsert(lake: Lake, format_version: u8) -> Result<()> {
     let broker = Broker::start()?;
     broker.create_topic("state", 2).await?;
-    let pipeline = lake.pipeline_toml(
-        "state",
-        &broker.bootstrap,
-        "state",
-        "state",
-        &format!(
-            "mode = \"upsert\"\nkey = [\"_kafka_key\"]\nformat_version = {format_version}\npartition_by = [\"day(ts)\", \"bucket(4, _kafka_key)\"]"
-        ),
-    );
-    let config = lake.write_config("floe.toml", &[pipeline])?;
+    let pipeline = lake
+        .pipeline("state", &broker.bootstrap, "state", "state")
+        .upsert(&["_kafka_key"])
+        .set("sink.format_version", i64::from(format_version))
+        .partition_by(&["day(ts)", "bucket(4, _kafka_key)"]);
+    let config = lake.write("floe.toml", &lake.config().pipeline(pipeline))?;
     let mut reference: BTreeMap<String, Value> = BTreeMap::new();
     let mut produced = 0i64;
     let agent = spawn_agent(&config)?;
@@ -383,9 +375,9 @@ async fn a_table_whose_spec_floe_cannot_write_is_refused_at_start() -> Result<()
         )
         .await?;
     let pipeline = lake
-        .pipeline_toml("events", &broker.bootstrap, "events", "events", "")
-        .replace("create_table = true", "create_table = false");
-    let config = lake.write_config("floe.toml", &[pipeline])?;
+        .pipeline("events", &broker.bootstrap, "events", "events")
+        .set("sink.create_table", false);
+    let config = lake.write("floe.toml", &lake.config().pipeline(pipeline))?;
     broker
         .produce("events", &[(None, Some(br#"{"user": "a"}"#.to_vec()))])
         .await?;

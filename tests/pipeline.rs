@@ -10,19 +10,23 @@ use anyhow::Result;
 use floe::dead_letter::DeadLetterWriter;
 use floe::source::SourceCommand;
 use floe_tests::scripted::{ScriptedPipeline, messages};
-use floe_tests::{PipelineSpec, Workspace, append_config, committed_rows, plugin_path};
-use serde_json::Value;
+use floe_tests::{Pipeline, Transform, Workspace, committed_rows, plugin_path};
+use serde_json::{Value, json};
 
+/// A workspace with the config of the in-process pipeline `name` (topic `t` into
+/// `ns.NAME`).
 fn workspace(name: &str) -> Result<(Workspace, std::path::PathBuf)> {
+    workspace_with(name, |p| p)
+}
+
+/// [`workspace`], the pipeline completed by `more`.
+fn workspace_with(
+    name: &str,
+    more: impl FnOnce(Pipeline) -> Pipeline,
+) -> Result<(Workspace, std::path::PathBuf)> {
     let ws = Workspace::new()?;
-    let config = ws.write_config(&PipelineSpec {
-        name,
-        bootstrap: "127.0.0.1:9",
-        topic: "t",
-        namespace: "ns",
-        table: name,
-        commit_interval: "1s",
-    })?;
+    let pipeline = ws.pipeline(name, "127.0.0.1:9", "t").table("ns", name);
+    let config = ws.write(&ws.config().pipeline(more(pipeline)))?;
     Ok((ws, config))
 }
 
@@ -178,14 +182,12 @@ async fn revoking_a_partition_mid_batch_drops_only_its_records() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routed_tables_each_hold_every_record_once_and_offsets_never_go_back() -> Result<()> {
-    let (ws, config) = workspace("routed")?;
-    append_config(
-        &config,
-        &format!(
-            "[pipelines.sink.streams]\neu = \"routed_eu\"\n\n[[pipelines.transforms]]\nuses = \"{}\"\nwith = {{ field = \"region\", routes = {{ eu = \"eu\" }} }}\n",
-            plugin_path("route").display()
-        ),
-    )?;
+    let (ws, config) = workspace_with("routed", |p| {
+        p.stream("eu", "routed_eu").transform(
+            Transform::new(plugin_path("route"))
+                .with(json!({"field": "region", "routes": {"eu": "eu"}})),
+        )
+    })?;
     let record = |i: i64| {
         let region = if i % 2 == 0 { "eu" } else { "us" };
         format!(r#"{{"id": {i}, "region": "{region}"}}"#)
@@ -238,16 +240,9 @@ async fn routed_tables_each_hold_every_record_once_and_offsets_never_go_back() -
 /// `{"id": "7"}` and then `{"id": 7}` are the same row (a string column stores "7").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upsert_keys_are_read_after_coercion() -> Result<()> {
-    let (ws, config) = workspace("coerced")?;
-    let text = std::fs::read_to_string(&config)?.replace(
-        "create_table = true",
-        "create_table = true\nmode = \"upsert\"\nkey = [\"id\"]",
-    );
-    std::fs::write(&config, text)?;
-    append_config(
-        &config,
-        "[pipelines.schema]\non_incompatible = \"coerce\"\n",
-    )?;
+    let (ws, config) = workspace_with("coerced", |p| {
+        p.upsert(&["id"]).schema("on_incompatible", "coerce")
+    })?;
     let p = ScriptedPipeline::start(&config).await?;
     p.assign("t", &[(0, None, vec![None])]);
     p.push(messages("t", 0, 0, &[Some(r#"{"id": "7", "v": "first"}"#)]));

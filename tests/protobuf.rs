@@ -11,7 +11,7 @@ use anyhow::Result;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use floe::dead_letter::DeadLetterWriter;
-use floe_tests::{Broker, PipelineSpec, Produce, Registry, Workspace, append_config, spawn_agent};
+use floe_tests::{Broker, Produce, Registry, Workspace, spawn_agent};
 use serde_json::{Value, json};
 
 const COMMON: &str = r#"syntax = "proto3";
@@ -134,24 +134,15 @@ async fn protobuf_v1_then_v2_with_references_keys_and_well_known_types() -> Resu
     )?;
 
     let ws = Workspace::new()?;
-    let config = ws.write_config(&PipelineSpec {
-        name: "orders",
-        bootstrap: &broker.bootstrap,
-        topic: "orders",
-        namespace: "shop",
-        table: "orders",
-        commit_interval: "1s",
-    })?;
     // Credentials in the URL: used as basic auth, never shown.
     let url = registry.url.replacen("http://", "http://floe:s3cret@", 1);
-    append_config(
-        &config,
-        &format!(
-            r#"[pipelines.decode]
-format = "protobuf"
-key_format = "protobuf"
-registry = {{ url = "{url}" }}
-"#
+    let config = ws.write(
+        &ws.config().pipeline(
+            ws.pipeline("orders", &broker.bootstrap, "orders")
+                .table("shop", "orders")
+                .format("protobuf")
+                .key_format("protobuf")
+                .registry(&url),
         ),
     )?;
     let agent = spawn_agent(&config)?;
@@ -343,25 +334,17 @@ async fn plain_protobuf_from_a_proto_file() -> Result<()> {
         },
     )?;
     let ws = Workspace::new()?;
-    let config = ws.write_config(&PipelineSpec {
-        name: "orders",
-        bootstrap: &broker.bootstrap,
-        topic: "orders",
-        namespace: "shop",
-        table: "orders",
-        commit_interval: "1s",
-    })?;
-    append_config(
-        &config,
-        &format!(
-            r#"[pipelines.decode]
-format = "protobuf"
-schema_file = "{}"
-import_paths = ["{}"]
-message = "shop.Order"
-"#,
-            schema.display(),
-            protos.path().display()
+    let config = ws.write(
+        &ws.config().pipeline(
+            ws.pipeline("orders", &broker.bootstrap, "orders")
+                .table("shop", "orders")
+                .format("protobuf")
+                .schema_file(&schema)
+                .set(
+                    "decode.import_paths",
+                    vec![protos.path().display().to_string()],
+                )
+                .set("decode.message", "shop.Order"),
         ),
     )?;
     let agent = spawn_agent(&config)?;

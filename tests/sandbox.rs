@@ -17,16 +17,18 @@ use floe::record::json::JsonObject;
 use floe::transform::{
     ChainInput, Limits, OnError, PluginsConfig, TransformChain, TransformConfig, TransformEngine,
 };
-use floe_tests::{
-    AgentProcess, Broker, PipelineSpec, Workspace, append_config, floe_cmd, plugin_path,
-};
+use floe_tests::{AgentProcess, Broker, Pipeline, Transform, Workspace, floe_cmd, plugin_path};
 use serde_json::{Value, json};
 
 const NS: &str = "sandbox";
 
 /// A broker with a one-partition topic (offsets equal the `id`s) holding `values`,
-/// and a workspace config for it.
-async fn setup(topic: &str, values: &[Value]) -> Result<(Broker, Workspace, PathBuf)> {
+/// and a workspace config for it running `transforms`.
+async fn setup(
+    topic: &str,
+    values: &[Value],
+    transforms: &[Transform],
+) -> Result<(Broker, Workspace, PathBuf)> {
     let broker = Broker::start()?;
     broker.create_topic(topic, 1).await?;
     let messages: Vec<floe_tests::Message> = values
@@ -34,22 +36,36 @@ async fn setup(topic: &str, values: &[Value]) -> Result<(Broker, Workspace, Path
         .map(|v| (None, Some(v.to_string().into_bytes())))
         .collect();
     broker.produce(topic, &messages).await?;
-    let (ws, config) = workspace_for(&broker, topic)?;
+    let (ws, config) = workspace_for(&broker, topic, transforms)?;
     Ok((broker, ws, config))
 }
 
-/// A workspace with a config reading `topic` into table `topic` of namespace `NS`.
-fn workspace_for(broker: &Broker, topic: &str) -> Result<(Workspace, PathBuf)> {
+/// A workspace with a config reading `topic` into table `topic` of namespace `NS`
+/// through `transforms`.
+fn workspace_for(
+    broker: &Broker,
+    topic: &str,
+    transforms: &[Transform],
+) -> Result<(Workspace, PathBuf)> {
     let ws = Workspace::new()?;
-    let config = ws.write_config(&PipelineSpec {
-        name: topic,
-        bootstrap: &broker.bootstrap,
-        topic,
-        namespace: NS,
-        table: topic,
-        commit_interval: "1s",
-    })?;
+    let config = write_config(&ws, broker, topic, transforms)?;
     Ok((ws, config))
+}
+
+/// Writes the workspace's config reading `topic` into table `topic` of namespace `NS`
+/// through `transforms`.
+fn write_config(
+    ws: &Workspace,
+    broker: &Broker,
+    topic: &str,
+    transforms: &[Transform],
+) -> Result<PathBuf> {
+    let pipeline = transforms.iter().cloned().fold(
+        ws.pipeline(topic, &broker.bootstrap, topic)
+            .table(NS, topic),
+        Pipeline::transform,
+    );
+    ws.write(&ws.config().pipeline(pipeline))
 }
 
 fn records(n: i64) -> Vec<Value> {
@@ -58,15 +74,11 @@ fn records(n: i64) -> Vec<Value> {
         .collect()
 }
 
-/// Adds one plugin to the pipeline.
-fn plugin(config: &Path, name: &str, with: &str, extra: &str) -> Result<()> {
-    append_config(
-        config,
-        &format!(
-            "[[pipelines.transforms]]\nuses = \"{}\"\nname = \"{name}\"\nwith = {with}\n{extra}\n",
-            plugin_path(&format!("test-{name}")).display()
-        ),
-    )
+/// The test plugin `test-NAME`, named `name`, with its settings `with`.
+fn plugin(name: &str, with: Value) -> Transform {
+    Transform::new(plugin_path(&format!("test-{name}")))
+        .name(name)
+        .with(with)
 }
 
 /// Runs `floe run` until the table holds `rows` rows, stops it with SIGTERM (which must
@@ -129,20 +141,20 @@ fn outcomes(ws: &Workspace, reader: &str, table: &str) -> Result<Vec<String>> {
         .collect())
 }
 
-/// Runs `n` records through the plugin and checks that exactly the record with
+/// Runs `n` records through the plugin `name` (with `with`, completed by `extra`) and
+/// checks that exactly the record with
 /// `id == bad` was dead-lettered, with its original bytes, its offset and a reason
 /// naming the plugin and containing `reason`, and that the others were committed.
 async fn isolates(
     topic: &str,
     name: &str,
-    with: &str,
-    extra: &str,
+    with: Value,
+    extra: impl FnOnce(Transform) -> Transform,
     bad: i64,
     reason: &str,
 ) -> Result<DeadLetter> {
     const N: i64 = 60;
-    let (_broker, ws, config) = setup(topic, &records(N)).await?;
-    plugin(&config, name, with, extra)?;
+    let (_broker, ws, config) = setup(topic, &records(N), &[extra(plugin(name, with))]).await?;
     let log = run_until(&config, &ws, topic, N - 1).await?;
     for reader in ["pyiceberg", "duckdb"] {
         let rows = ws.read(reader, NS, topic, "id")?;
@@ -184,8 +196,8 @@ async fn a_record_that_traps_only_on_one_input_is_dead_lettered() -> Result<()> 
     isolates(
         "traps",
         "faulty",
-        "{ mode = \"panic\", at_offset = 17 }",
-        "",
+        json!({"mode": "panic", "at_offset": 17}),
+        |t| t,
         17,
         "panicked: faulty plugin panicked on purpose at offset 17",
     )
@@ -199,8 +211,8 @@ async fn an_endless_loop_is_stopped_at_its_deadline() -> Result<()> {
     isolates(
         "loops",
         "faulty",
-        "{ mode = \"spin\", at_offset = 30 }",
-        "limits = { timeout = \"300ms\" }",
+        json!({"mode": "spin", "at_offset": 30}),
+        |t| t.limit("timeout", "300ms"),
         30,
         "exceeded its time limit (300ms per batch",
     )
@@ -213,8 +225,8 @@ async fn a_memory_bomb_is_contained() -> Result<()> {
     isolates(
         "bombs",
         "faulty",
-        "{ mode = \"hog\", bytes = 268435456, at_offset = 5 }",
-        "limits = { memory = \"16MiB\" }",
+        json!({"mode": "hog", "bytes": 268435456, "at_offset": 5}),
+        |t| t.limit("memory", "16MiB"),
         5,
         "exceeded its memory limit (16 MiB",
     )
@@ -227,8 +239,8 @@ async fn a_huge_output_is_capped() -> Result<()> {
     isolates(
         "floods",
         "escape",
-        "{ attempt = \"flood\", at_offset = 44, copies = 5000 }",
-        "limits = { max_outputs = 1000 }",
+        json!({"attempt": "flood", "at_offset": 44, "copies": 5000}),
+        |t| t.limit("max_outputs", 1000),
         44,
         "exceeded its output limit: more than 1000 records",
     )
@@ -242,8 +254,8 @@ async fn a_log_line_cannot_pose_as_a_panic() -> Result<()> {
     let letter = isolates(
         "spoofs",
         "escape",
-        "{ attempt = \"spoof\", at_offset = 9 }",
-        "",
+        json!({"attempt": "spoof", "at_offset": 9}),
+        |t| t,
         9,
         "trapped: ",
     )
@@ -254,10 +266,13 @@ async fn a_log_line_cannot_pose_as_a_panic() -> Result<()> {
 
 /// Runs every record through the escape plugin with `with` and returns each reader's
 /// `outcome`s.
-async fn attempt(topic: &str, with: &str, extra: &str) -> Result<(Vec<String>, String)> {
+async fn attempt(
+    topic: &str,
+    with: Value,
+    extra: impl FnOnce(Transform) -> Transform,
+) -> Result<(Vec<String>, String)> {
     const N: i64 = 20;
-    let (_broker, ws, config) = setup(topic, &records(N)).await?;
-    plugin(&config, "escape", with, extra)?;
+    let (_broker, ws, config) = setup(topic, &records(N), &[extra(plugin("escape", with))]).await?;
     let log = run_until(&config, &ws, topic, N).await?;
     let pyiceberg = outcomes(&ws, "pyiceberg", topic)?;
     assert_eq!(
@@ -275,8 +290,8 @@ async fn a_plugin_cannot_open_files() -> Result<()> {
     std::fs::write(&secret, "do not read")?;
     let (outcomes, _) = attempt(
         "files",
-        &format!("{{ attempt = \"file\", path = \"{}\" }}", secret.display()),
-        "",
+        json!({"attempt": "file", "path": secret.display().to_string()}),
+        |t| t,
     )
     .await?;
     for o in &outcomes {
@@ -297,12 +312,8 @@ async fn a_plugin_cannot_open_sockets() -> Result<()> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     listener.set_nonblocking(true)?;
     let port = listener.local_addr()?.port();
-    let (outcomes, _) = attempt(
-        "sockets",
-        &format!("{{ attempt = \"socket\", port = {port} }}"),
-        "",
-    )
-    .await?;
+    let (outcomes, _) =
+        attempt("sockets", json!({"attempt": "socket", "port": port}), |t| t).await?;
     for o in &outcomes {
         assert!(o.starts_with("denied: "), "{o}");
     }
@@ -315,7 +326,7 @@ async fn a_plugin_cannot_open_sockets() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_sees_no_environment() -> Result<()> {
-    let (outcomes, _) = attempt("env", "{ attempt = \"env\", var = \"HOME\" }", "").await?;
+    let (outcomes, _) = attempt("env", json!({"attempt": "env", "var": "HOME"}), |t| t).await?;
     assert!(std::env::var("HOME").is_ok(), "the agent has a HOME");
     for o in &outcomes {
         assert_eq!(o, "0 variables, 0 arguments, HOME=None");
@@ -325,11 +336,14 @@ async fn a_plugin_sees_no_environment() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_clock_is_frozen_unless_granted() -> Result<()> {
-    let (outcomes, _) = attempt("clocks", "{ attempt = \"clock\" }", "").await?;
+    let (outcomes, _) = attempt("clocks", json!({"attempt": "clock"}), |t| t).await?;
     for o in &outcomes {
         assert_eq!(o, "wall 0 monotonic 0");
     }
-    let (outcomes, _) = attempt("granted", "{ attempt = \"clock\" }", "allow_clock = true").await?;
+    let (outcomes, _) = attempt("granted", json!({"attempt": "clock"}), |t| {
+        t.set("allow_clock", true)
+    })
+    .await?;
     for o in &outcomes {
         let wall: u64 = o.split(' ').nth(1).unwrap().parse()?;
         assert!(wall > 1_700_000_000, "{o}");
@@ -340,7 +354,12 @@ async fn the_clock_is_frozen_unless_granted() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sleeping_returns_at_once() -> Result<()> {
     // An hour per record: the rows only arrive (within the wait) if sleep does not block.
-    let (outcomes, _) = attempt("sleeps", "{ attempt = \"sleep\", seconds = 3600 }", "").await?;
+    let (outcomes, _) = attempt(
+        "sleeps",
+        json!({"attempt": "sleep", "seconds": 3600}),
+        |t| t,
+    )
+    .await?;
     assert!(outcomes.iter().all(|o| o == "slept"));
     Ok(())
 }
@@ -350,7 +369,7 @@ async fn printing_goes_to_the_log_with_the_plugin_name() -> Result<()> {
     // Under `floe run`, a plugin writing to stdout or stderr made a blocking WASI call on
     // a tokio worker, and the agent died with "Cannot start a runtime from within a
     // runtime" before committing a row.
-    let (outcomes, log) = attempt("prints", "{ attempt = \"print\" }", "").await?;
+    let (outcomes, log) = attempt("prints", json!({"attempt": "print"}), |t| t).await?;
     assert!(outcomes.iter().all(|o| o == "printed"));
     assert!(!log.contains("Cannot start a runtime"), "{log}");
     let line = |needle: &str| -> &str {
@@ -395,15 +414,14 @@ async fn a_5_mb_record_goes_through_on_its_own() -> Result<()> {
     let broker = Broker::start()?;
     broker.create_topic(topic, 1).await?;
     produce_large(&broker.bootstrap, topic, &values).await?;
-    let (ws, config) = workspace_for(&broker, topic)?;
     // Through two plugins, the second one patching every record.
-    append_config(
-        &config,
-        &format!(
-            "[[pipelines.transforms]]\nuses = \"{}\"\n[[pipelines.transforms]]\nuses = \"{}\"\nwith = {{ hash = [\"id\"] }}\n",
-            plugin_path("passthrough").display(),
-            plugin_path("redact").display()
-        ),
+    let (ws, config) = workspace_for(
+        &broker,
+        topic,
+        &[
+            Transform::new(plugin_path("passthrough")),
+            Transform::new(plugin_path("redact")).with(json!({"hash": ["id"]})),
+        ],
     )?;
     run_until(&config, &ws, topic, 11).await?;
     for reader in ["pyiceberg", "duckdb"] {
@@ -425,13 +443,10 @@ async fn a_5_mb_record_goes_through_on_its_own() -> Result<()> {
     let topic = "big_small_memory";
     broker.create_topic(topic, 1).await?;
     produce_large(&broker.bootstrap, topic, &values).await?;
-    let (ws, config) = workspace_for(&broker, topic)?;
-    append_config(
-        &config,
-        &format!(
-            "[[pipelines.transforms]]\nuses = \"{}\"\nlimits = {{ memory = \"4MiB\" }}\n",
-            plugin_path("passthrough").display()
-        ),
+    let (ws, config) = workspace_for(
+        &broker,
+        topic,
+        &[Transform::new(plugin_path("passthrough")).limit("memory", "4MiB")],
     )?;
     run_until(&config, &ws, topic, 10).await?;
     let letters = dead_letters(&ws)?;
@@ -474,13 +489,12 @@ async fn produce_large(bootstrap: &str, topic: &str, values: &[Value]) -> Result
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_interrupts_a_running_plugin() -> Result<()> {
-    let (_broker, ws, config) = setup("stuck", &records(5)).await?;
-    plugin(
-        &config,
-        "faulty",
-        "{ mode = \"spin\" }",
-        "limits = { timeout = \"10m\" }",
-    )?;
+    let (_broker, ws, config) = setup(
+        "stuck",
+        &records(5),
+        &[plugin("faulty", json!({"mode": "spin"})).limit("timeout", "10m")],
+    )
+    .await?;
     let mut agent = AgentProcess::start(&config, &[])?;
     agent.wait_for_line("plugin loaded", Duration::from_secs(120))?;
     // Let it reach the records and spin.
@@ -498,9 +512,7 @@ async fn shutdown_interrupts_a_running_plugin() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_built_for_the_old_contract_is_refused_with_how_to_rebuild() -> Result<()> {
-    let (_broker, ws, config) = setup("legacy", &records(3)).await?;
-    let text = std::fs::read_to_string(&config)?;
-    plugin(&config, "legacy", "{}", "")?;
+    let (broker, ws, config) = setup("legacy", &records(3), &[plugin("legacy", json!({}))]).await?;
     let (status, out) = AgentProcess::start(&config, &[])?.wait_exit(Duration::from_secs(120))?;
     assert!(!status.success());
     let out = plain(&out);
@@ -521,9 +533,15 @@ async fn a_plugin_built_for_the_old_contract_is_refused_with_how_to_rebuild() ->
         line.contains("FAIL") && line.contains("transform@0.1.0"),
         "{line}"
     );
-    std::fs::write(&config, &text)?;
-    plugin(&config, "faulty", "{ mode = \"ok\" }", "")?;
-    plugin(&config, "escape", "{ attempt = \"nope\" }", "")?;
+    write_config(
+        &ws,
+        &broker,
+        "legacy",
+        &[
+            plugin("faulty", json!({"mode": "ok"})),
+            plugin("escape", json!({"attempt": "nope"})),
+        ],
+    )?;
     let (_, stdout, _) = floe_cmd(&["check", "--config", config.to_str().unwrap()])?;
     let lines: Vec<&str> = stdout.lines().filter(|l| l.contains(" plugin ")).collect();
     assert_eq!(lines.len(), 2, "{stdout}");

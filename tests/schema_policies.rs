@@ -4,14 +4,14 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use floe_tests::{Broker, PipelineSpec, Workspace, append_config, spawn_agent};
+use floe_tests::{Broker, Pipeline, Workspace, spawn_agent};
 use serde_json::json;
 
 async fn setup(
     broker: &Broker,
     topic: &str,
     values: &[&str],
-    schema_toml: &str,
+    schema: impl FnOnce(Pipeline) -> Pipeline,
 ) -> Result<(Workspace, std::path::PathBuf)> {
     broker.create_topic(topic, 1).await?;
     let batch: Vec<_> = values
@@ -20,15 +20,12 @@ async fn setup(
         .collect();
     broker.produce(topic, &batch).await?;
     let ws = Workspace::new()?;
-    let config = ws.write_config(&PipelineSpec {
-        name: topic,
-        bootstrap: &broker.bootstrap,
-        topic,
-        namespace: "ns",
-        table: topic,
-        commit_interval: "1s",
-    })?;
-    append_config(&config, schema_toml)?;
+    let config = ws.write(
+        &ws.config().pipeline(schema(
+            ws.pipeline(topic, &broker.bootstrap, topic)
+                .table("ns", topic),
+        )),
+    )?;
     Ok((ws, config))
 }
 
@@ -43,7 +40,7 @@ async fn fail_policy_stops_naming_field_types_and_offset() -> Result<()> {
             r#"{"id": 2}"#,
             r#"{"id": {"nested": true}}"#,
         ],
-        "[pipelines.schema]\non_incompatible = \"fail\"\n",
+        |p| p.schema("on_incompatible", "fail"),
     )
     .await?;
     let error = spawn_agent(&config)?
@@ -71,11 +68,12 @@ async fn coerce_policy_and_overrides_shape_the_table() -> Result<()> {
             r#"{"id": 2, "note": 42, "price": 3.1, "day": "2024-01-03", "at": "later"}"#,
             r#"{"id": 3, "note": {"a": [1]}, "price": "1.999", "day": "2024-01-04"}"#,
         ],
-        r#"[pipelines.schema]
-on_incompatible = "coerce"
-detect_timestamps = false
-overrides = { price = "decimal(18,2)", day = "date" }
-"#,
+        |p| {
+            p.schema("on_incompatible", "coerce")
+                .schema("detect_timestamps", false)
+                .type_override("price", "decimal(18,2)")
+                .type_override("day", "date")
+        },
     )
     .await?;
     let agent = spawn_agent(&config)?;

@@ -5,42 +5,26 @@
 //! v2 position deletes and v3 deletion vectors, both readers).
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Result;
 use floe_tests::scripted::{ScriptedPipeline, messages};
-use floe_tests::{Workspace, wait_for_messages};
+use floe_tests::{Config, Pipeline, Workspace, wait_for_messages};
 use serde_json::{Value, json};
 
-fn config(ws: &Workspace, sink_extra: &str) -> Result<std::path::PathBuf> {
-    let d = ws.dir.path().display();
-    let text = format!(
-        r#"
-[catalogs.local]
-type = "embedded"
-path = "{d}/catalog.db"
-warehouse = "{d}/warehouse"
-
-[[pipelines]]
-name = "p"
-[pipelines.source]
-bootstrap_servers = "127.0.0.1:9"
-group_id = "g"
-topics = ["t"]
-[pipelines.sink]
-catalog = "local"
-namespace = "ns"
-table = "t"
-create_table = true
-commit_interval = "3s"
-{sink_extra}
-[pipelines.dead_letter]
-path = "{d}/p.ndjson"
-"#
-    );
-    let path = ws.path("floe.toml");
-    std::fs::write(&path, text)?;
-    Ok(path)
+/// The config of the in-process pipeline `p` (topic `t` into `ns.t`, a commit every
+/// 3s), its sink completed by `sink`.
+fn config(ws: &Workspace, sink: impl FnOnce(Pipeline) -> Pipeline) -> Result<PathBuf> {
+    let pipeline = Pipeline::new("p", "127.0.0.1:9", "t")
+        .group_id("g")
+        .sink("local", "ns", "t")
+        .commit_interval("3s")
+        .dead_letter(ws.path("p.ndjson"));
+    Config::new()
+        .catalog("local", ws.embedded_catalog())
+        .pipeline(sink(pipeline))
+        .write(ws.path("floe.toml"))
 }
 
 /// Keys updated several times within one interval (their versions in different
@@ -48,12 +32,11 @@ path = "{d}/p.ndjson"
 /// with deletes: one live row per key, the newest.
 async fn upsert_across_files(format_version: u8) -> Result<()> {
     let ws = Workspace::new()?;
-    let path = config(
-        &ws,
-        &format!(
-            "mode = \"upsert\"\nkey = [\"id\"]\nformat_version = {format_version}\nrow_group_bytes = \"64KiB\""
-        ),
-    )?;
+    let path = config(&ws, |p| {
+        p.upsert(&["id"])
+            .set("sink.format_version", i64::from(format_version))
+            .set("sink.row_group_bytes", "64KiB")
+    })?;
     let p = ScriptedPipeline::start(&path).await?;
     p.assign("t", &[(0, None, vec![None])]);
     let mut reference: BTreeMap<i64, Value> = BTreeMap::new();
@@ -134,12 +117,11 @@ async fn upsert_keys_updated_across_streamed_files_keep_one_row_v3() -> Result<(
 /// deleted, written again and deleted within one interval, and across intervals.
 async fn tombstones_across_files(format_version: u8) -> Result<()> {
     let ws = Workspace::new()?;
-    let path = config(
-        &ws,
-        &format!(
-            "mode = \"upsert\"\nkey = [\"_kafka_key\"]\nformat_version = {format_version}\nrow_group_bytes = \"64KiB\""
-        ),
-    )?;
+    let path = config(&ws, |p| {
+        p.upsert(&["_kafka_key"])
+            .set("sink.format_version", i64::from(format_version))
+            .set("sink.row_group_bytes", "64KiB")
+    })?;
     let p = ScriptedPipeline::start(&path).await?;
     p.assign("t", &[(0, None, vec![None])]);
     let mut reference: BTreeMap<String, Option<Value>> = BTreeMap::new();
@@ -237,7 +219,7 @@ async fn tombstones_across_streamed_files_v3() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_partition_commits_its_streamed_rows_with_their_offsets() -> Result<()> {
     let ws = Workspace::new()?;
-    let path = config(&ws, "row_group_bytes = \"64KiB\"")?;
+    let path = config(&ws, |p| p.set("sink.row_group_bytes", "64KiB"))?;
     let p = ScriptedPipeline::start(&path).await?;
     p.assign("t", &[(0, None, vec![None]), (1, None, vec![None])]);
     let values: Vec<String> = (0..2_000i64)

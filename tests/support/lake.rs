@@ -186,53 +186,6 @@ impl Lake {
         Ok(())
     }
 
-    /// A `[[pipelines]]` entry reading `topic` into `table`, committing every second,
-    /// with extra `[pipelines.sink]` lines (`sink_extra`) and sections after it (`after`).
-    pub fn pipeline_toml(
-        &self,
-        name: &str,
-        bootstrap: &str,
-        topic: &str,
-        table: &str,
-        sink_extra: &str,
-    ) -> String {
-        let d = self.ws.dir.path().display();
-        format!(
-            r#"
-[[pipelines]]
-name = "{name}"
-[pipelines.source]
-bootstrap_servers = "{bootstrap}"
-group_id = "floe-{name}"
-topics = ["{topic}"]
-[pipelines.source.properties]
-"session.timeout.ms" = "2000"
-"heartbeat.interval.ms" = "500"
-[pipelines.dead_letter]
-path = "{d}/dead-letter-{name}.ndjson"
-[pipelines.sink]
-catalog = "local"
-namespace = "{ns}"
-table = "{table}"
-create_table = true
-commit_interval = "1s"
-{sink_extra}
-"#,
-            ns = self.namespace,
-        )
-    }
-
-    /// Writes a config file `file` with the lake's catalog and `pipelines` (TOML text).
-    pub fn write_config(&self, file: &str, pipelines: &[String]) -> Result<PathBuf> {
-        let mut text = self.catalog_toml();
-        for p in pipelines {
-            text.push_str(p);
-        }
-        let path = self.ws.path(file);
-        std::fs::write(&path, text)?;
-        Ok(path)
-    }
-
     /// Runs `tests/readers/foreign_writer.py` (PyIceberg as another engine) on an
     /// embedded lake's table with `args`; returns its JSON answer.
     pub fn foreign(&self, table: &str, args: &[&str]) -> Result<Value> {

@@ -727,15 +727,6 @@ pub fn plugin_path(name: &str) -> PathBuf {
     path
 }
 
-/// Appends TOML to a config file (e.g. `[[pipelines.transforms]]` entries for its last pipeline).
-pub fn append_config(config: &Path, toml: &str) -> Result<()> {
-    let mut text = std::fs::read_to_string(config)?;
-    text.push('\n');
-    text.push_str(toml);
-    std::fs::write(config, text)?;
-    Ok(())
-}
-
 /// The schema-registry fixture (`tests/registry/registry.py`) on a loopback port, killed on drop.
 pub struct Registry {
     child: Child,
