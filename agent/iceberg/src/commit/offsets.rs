@@ -89,6 +89,86 @@ pub enum OffsetsParseError {
     /// A partition key is not a partition number.
     #[error("bad partition {0:?}")]
     Partition(String),
+    /// A topic's packed offsets (see [`OffsetMap::to_summary_value`]) do not decode.
+    #[error("topic {topic:?}: packed offsets are damaged: {reason}")]
+    Packed {
+        /// The topic.
+        topic: String,
+        /// What is wrong.
+        reason: &'static str,
+    },
+}
+
+/// Topics with more partitions than this are stored packed: on shared clusters a topic
+/// can have thousands of partitions, and the map rides in every snapshot summary and in
+/// the table property, rewritten by every commit.
+pub const PACKED_ABOVE: usize = 64;
+
+/// Prefix of a packed topic's value.
+const PACKED_PREFIX: &str = "packed:";
+
+/// Packs `(partition, offset)` pairs sorted by partition: per pair, the gap to the
+/// previous partition minus one and the zigzag offset delta, as LEB128 varints, then
+/// unpadded URL-safe base64. Partitions are dense and offsets of one topic are close, so
+/// a partition costs 2-4 bytes instead of about 10 as JSON.
+fn pack(sorted: &[(i32, i64)]) -> String {
+    use base64::Engine as _;
+    fn varint(out: &mut Vec<u8>, mut v: u64) {
+        while v >= 0x80 {
+            out.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+    }
+    let mut bytes = Vec::with_capacity(sorted.len() * 4);
+    let (mut last_partition, mut last_offset) = (-1i64, 0i64);
+    for &(partition, offset) in sorted {
+        varint(
+            &mut bytes,
+            (i64::from(partition) - last_partition - 1) as u64,
+        );
+        let delta = offset.wrapping_sub(last_offset);
+        varint(&mut bytes, ((delta << 1) ^ (delta >> 63)) as u64);
+        (last_partition, last_offset) = (i64::from(partition), offset);
+    }
+    let mut out = String::from(PACKED_PREFIX);
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode_string(&bytes, &mut out);
+    out
+}
+
+/// Decodes what [`pack`] wrote (after its prefix).
+fn unpack(packed: &str) -> Result<Vec<(i32, i64)>, &'static str> {
+    use base64::Engine as _;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(packed)
+        .map_err(|_| "not base64")?;
+    fn varint(input: &mut &[u8]) -> Result<u64, &'static str> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let (&b, rest) = input.split_first().ok_or("truncated")?;
+            *input = rest;
+            v |= u64::from(b & 0x7f) << shift;
+            if b < 0x80 {
+                return Ok(v);
+            }
+        }
+        Err("varint too long")
+    }
+    let mut input = bytes.as_slice();
+    let mut out = Vec::new();
+    let (mut partition, mut offset) = (-1i64, 0i64);
+    while !input.is_empty() {
+        let gap = varint(&mut input)?;
+        partition = i64::try_from(gap)
+            .ok()
+            .and_then(|gap| partition.checked_add(gap)?.checked_add(1))
+            .filter(|p| *p <= i64::from(i32::MAX))
+            .ok_or("partition out of range")?;
+        let zigzag = varint(&mut input)?;
+        offset = offset.wrapping_add(((zigzag >> 1) as i64) ^ -((zigzag & 1) as i64));
+        out.push((partition as i32, offset));
+    }
+    Ok(out)
 }
 
 /// The value of the table property `floe.offsets.<pipeline>`.
@@ -143,16 +223,32 @@ pub enum OffsetsSource {
 }
 
 impl OffsetMap {
-    /// Encodes as `{"topic": {"partition": next_offset}}`, sorted for stable output.
+    /// Encodes as `{"topic": {"partition": next_offset}}`, sorted for stable output; a
+    /// topic with more than [`PACKED_ABOVE`] partitions as `{"topic": "packed:..."}`
+    /// (see [`pack`]).
     pub fn to_summary_value(&self) -> String {
-        let mut sorted: BTreeMap<&str, BTreeMap<String, i64>> = BTreeMap::new();
+        let mut by_topic: BTreeMap<&str, Vec<(i32, i64)>> = BTreeMap::new();
         for ((topic, partition), offset) in &self.0 {
-            sorted
+            by_topic
                 .entry(topic)
                 .or_default()
-                .insert(partition.to_string(), *offset);
+                .push((*partition, *offset));
         }
-        serde_json::to_string(&sorted).expect("offsets serialize")
+        let mut out = serde_json::Map::new();
+        for (topic, mut partitions) in by_topic {
+            partitions.sort_unstable();
+            let value = if partitions.len() > PACKED_ABOVE {
+                serde_json::Value::String(pack(&partitions))
+            } else {
+                partitions
+                    .into_iter()
+                    .map(|(p, o)| (p.to_string(), serde_json::Value::from(o)))
+                    .collect::<serde_json::Map<_, _>>()
+                    .into()
+            };
+            out.insert(topic.to_string(), value);
+        }
+        serde_json::Value::Object(out).to_string()
     }
 
     /// These offsets with `update` laid over them (per partition, the larger one: stored
@@ -168,13 +264,34 @@ impl OffsetMap {
 
     /// Decodes what [`OffsetMap::to_summary_value`] wrote.
     pub fn from_summary_value(s: &str) -> Result<OffsetMap, OffsetsParseError> {
-        let parsed: BTreeMap<String, BTreeMap<String, i64>> = serde_json::from_str(s)?;
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Topic {
+            Partitions(BTreeMap<String, i64>),
+            Packed(String),
+        }
+        let parsed: BTreeMap<String, Topic> = serde_json::from_str(s)?;
         let mut map = PartitionMap::default();
-        for (topic, partitions) in parsed {
-            let topic: Arc<str> = Arc::from(topic);
-            for (p, o) in partitions {
-                let p: i32 = p.parse().map_err(|_| OffsetsParseError::Partition(p))?;
-                map.insert((topic.clone(), p), o);
+        for (name, partitions) in parsed {
+            let topic: Arc<str> = Arc::from(name.as_str());
+            match partitions {
+                Topic::Partitions(partitions) => {
+                    for (p, o) in partitions {
+                        let p: i32 = p.parse().map_err(|_| OffsetsParseError::Partition(p))?;
+                        map.insert((topic.clone(), p), o);
+                    }
+                }
+                Topic::Packed(value) => {
+                    let pairs = value
+                        .strip_prefix(PACKED_PREFIX)
+                        .ok_or("no packed: prefix")
+                        .and_then(unpack)
+                        .map_err(|reason| OffsetsParseError::Packed {
+                            topic: name.clone(),
+                            reason,
+                        })?;
+                    map.extend(pairs.into_iter().map(|(p, o)| ((topic.clone(), p), o)));
+                }
             }
         }
         Ok(OffsetMap(map))
@@ -309,5 +426,54 @@ mod tests {
             r#"{"snapshot-id":42,"offsets":{"a.b":{"1":0},"orders":{"0":10,"3":7}}}"#
         );
         assert_eq!(StoredOffsets::from_property_value(&v).unwrap(), stored);
+    }
+
+    #[test]
+    fn many_partitions_are_packed_and_round_trip() {
+        let mut m = OffsetMap::default();
+        // 2,000 partitions with a gap, offsets up and down, one huge and one zero.
+        for p in (0..2_100).filter(|p| !(500..600).contains(p)) {
+            m.0.insert(
+                (Arc::from("big"), p),
+                1_000_000 + i64::from(p % 7) * 13 - 40,
+            );
+        }
+        m.0.insert((Arc::from("big"), 7), i64::MAX);
+        m.0.insert((Arc::from("big"), 8), 0);
+        m.0.insert((Arc::from("small"), 2), 5);
+        let s = m.to_summary_value();
+        assert!(s.starts_with(r#"{"big":"packed:"#), "{}", &s[..40]);
+        assert!(s.ends_with(r#","small":{"2":5}}"#), "{s}");
+        assert!(s.len() < 2_000 * 4, "{} bytes", s.len());
+        assert_eq!(OffsetMap::from_summary_value(&s).unwrap(), m);
+        let stored = StoredOffsets {
+            snapshot_id: 1,
+            offsets: m,
+        };
+        let v = stored.to_property_value();
+        assert_eq!(StoredOffsets::from_property_value(&v).unwrap(), stored);
+
+        // An agent that predates packing refuses the value (it stops rather than
+        // reading from the start): its decoder expects a map per topic.
+        let old: Result<BTreeMap<String, BTreeMap<String, i64>>, _> = serde_json::from_str(&s);
+        assert!(old.is_err());
+    }
+
+    #[test]
+    fn a_damaged_packed_topic_is_an_error() {
+        for bad in [
+            r#"{"t":"packed:!!"}"#,
+            r#"{"t":"packed:gA"}"#,
+            r#"{"t":"nopack"}"#,
+            r#"{"t":"packed:_____________w"}"#,
+            // A gap past i32::MAX.
+            r#"{"t":"packed:gICAgBAA"}"#,
+        ] {
+            let err = OffsetMap::from_summary_value(bad).unwrap_err();
+            assert!(
+                matches!(&err, OffsetsParseError::Packed { topic, .. } if topic == "t"),
+                "{bad}: {err}"
+            );
+        }
     }
 }
