@@ -384,7 +384,7 @@ impl TableSink {
             None => None,
             Some(_) => {
                 self.ensure_index().await?;
-                let exists = |k: &KeyHash| self.key_is_live(&current.overlay, k);
+                let exists = |keys: &[KeyHash]| self.keys_live(&current.overlay, keys);
                 Some(Plan::new(&buffered.keys, exists)?)
             }
         };
@@ -436,16 +436,33 @@ impl TableSink {
         Ok(())
     }
 
-    /// Whether `key` has a live row: in the uncommitted generations (newest first), else
-    /// in the table.
-    fn key_is_live(&self, current: &Overlay, key: &KeyHash) -> Result<bool, upsert::UpsertError> {
-        match self.uncommitted_row(current, key) {
-            Some(row) => Ok(row.is_some()),
-            None => match self.upsert.as_ref().and_then(|u| u.index.as_ref()) {
-                Some(index) => Ok(index.get(key)?.is_some()),
-                None => Ok(false),
-            },
+    /// Per key, whether it has a live row: in the uncommitted generations, else in the
+    /// table. The keys the generations do not decide go to the index in one batch.
+    fn keys_live(
+        &self,
+        current: &Overlay,
+        keys: &[KeyHash],
+    ) -> Result<Vec<bool>, upsert::UpsertError> {
+        let mut live = Vec::with_capacity(keys.len());
+        let mut undecided = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            match self.uncommitted_row(current, key) {
+                Some(row) => live.push(row.is_some()),
+                None => {
+                    live.push(false);
+                    undecided.push(i);
+                }
+            }
         }
+        if let Some(index) = self.upsert.as_ref().and_then(|u| u.index.as_ref())
+            && !undecided.is_empty()
+        {
+            let asked: Vec<KeyHash> = undecided.iter().map(|&i| keys[i]).collect();
+            for (i, row) in undecided.into_iter().zip(index.get_many(&asked)?) {
+                live[i] = row.is_some();
+            }
+        }
+        Ok(live)
     }
 
     /// `key`'s newest row in the uncommitted generations: `Some(None)` for a tombstone,
@@ -471,7 +488,8 @@ impl TableSink {
                 plan.row_keys.len()
             )));
         }
-        let written: HashMap<KeyHash, RowPlace> =
+        // Keys are digests already: a fast hasher, not SipHash, for a map built per chunk.
+        let written: HashMap<KeyHash, RowPlace, foldhash::fast::RandomState> =
             plan.row_keys.iter().copied().zip(places).collect();
         for key in &plan.touched {
             if let Some(place) = self.uncommitted_row(overlay, key).flatten() {
@@ -833,17 +851,16 @@ impl TableSink {
                     .push(pos);
             };
         for g in generations {
-            for (key, _) in g.overlay.writes() {
-                if let Some((id, pos)) = index.get(key)? {
-                    let info = index.file(id);
-                    add(
-                        info.path.clone(),
-                        info.spec_id,
-                        &info.partition,
-                        info.dv.clone(),
-                        pos,
-                    );
-                }
+            let written: Vec<KeyHash> = g.overlay.writes().map(|(key, _)| *key).collect();
+            for (id, pos) in index.get_many(&written)?.into_iter().flatten() {
+                let info = index.file(id);
+                add(
+                    info.path.clone(),
+                    info.spec_id,
+                    &info.partition,
+                    info.dv.clone(),
+                    pos,
+                );
             }
             for (path, pos) in g.overlay.superseded() {
                 match ours.get(path.as_ref()) {

@@ -104,10 +104,11 @@ pub struct Plan {
 
 impl Plan {
     /// Plans buffered rows with their `keys` (`live`: false for a tombstone); `exists`
-    /// says whether a key has a live row already (its new row is an `update`).
+    /// says of each key written whether it has a live row already (its new row is an
+    /// `update`), asked once for all of them so the lookups can run together.
     pub fn new(
         keys: &[(KeyHash, bool)],
-        exists: impl Fn(&KeyHash) -> Result<bool, UpsertError>,
+        exists: impl FnOnce(&[KeyHash]) -> Result<Vec<bool>, UpsertError>,
     ) -> Result<Plan, UpsertError> {
         let mut last: HashMap<KeyHash, usize, RandomState> =
             HashMap::with_capacity_and_hasher(keys.len(), RandomState::default());
@@ -129,10 +130,20 @@ impl Plan {
             plan.keep.push(keep);
             if keep {
                 plan.row_keys.push(*key);
-                plan.ops
-                    .push(if exists(key)? { "update" } else { "insert" });
             }
         }
+        let existing = exists(&plan.row_keys)?;
+        if existing.len() != plan.row_keys.len() {
+            return Err(UpsertError::Unsupported(format!(
+                "{} keys looked up, {} answers",
+                plan.row_keys.len(),
+                existing.len()
+            )));
+        }
+        plan.ops = existing
+            .into_iter()
+            .map(|e| if e { "update" } else { "insert" })
+            .collect();
         Ok(plan)
     }
 }
@@ -393,7 +404,10 @@ mod tests {
         index.put(3, old, 6).unwrap();
         // Rows 0..5 with keys 1, 2, 1, 3 (tombstone), 4.
         let keys = [(1, true), (2, true), (1, true), (3, false), (4, true)];
-        let plan = Plan::new(&keys, |k| Ok(index.get(k)?.is_some())).unwrap();
+        let plan = Plan::new(&keys, |keys| {
+            Ok(index.get_many(keys)?.iter().map(Option::is_some).collect())
+        })
+        .unwrap();
         assert_eq!(
             plan.keep,
             [false, true, true, false, true],

@@ -432,6 +432,12 @@ impl KeyIndex {
         Ok(self.store().get(*key)?.map(unpack))
     }
 
+    /// [`KeyIndex::get`] of each of `keys`, in order (big batches on several threads).
+    pub fn get_many(&self, keys: &[KeyHash]) -> Result<Vec<Option<(u32, u64)>>, UpsertError> {
+        let rows = self.store().get_many(keys)?;
+        Ok(rows.into_iter().map(|row| row.map(unpack)).collect())
+    }
+
     /// The data file with id `id`.
     pub fn file(&self, id: u32) -> &FileInfo {
         &self.files[id as usize]

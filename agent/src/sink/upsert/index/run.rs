@@ -140,7 +140,20 @@ impl Run {
 
     /// The packed row stored for `key` ([`TOMBSTONE`] if this run deletes it).
     pub fn get(&self, key: u128) -> io::Result<Option<u64>> {
-        if self.len == 0 || self.bloom.as_ref().is_some_and(|b| !b.may_contain(key)) {
+        if !self.may_contain(key) {
+            return Ok(None);
+        }
+        self.get_unfiltered(key)
+    }
+
+    /// False when this run surely has no entry for `key` (empty, or its filter says so).
+    pub fn may_contain(&self, key: u128) -> bool {
+        self.len > 0 && self.bloom.as_ref().is_none_or(|b| b.may_contain(key))
+    }
+
+    /// [`Run::get`] without asking the filter: for callers that already did.
+    pub fn get_unfiltered(&self, key: u128) -> io::Result<Option<u64>> {
+        if self.len == 0 {
             return Ok(None);
         }
         let Some(block) = self.block_of(key) else {

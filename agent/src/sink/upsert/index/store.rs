@@ -40,9 +40,17 @@ const MAX_RUNS: usize = 10;
 const MAX_BITS_PER_KEY: u32 = 10;
 /// Below this many bits per key a filter saves too little to be worth its memory.
 const MIN_BITS_PER_KEY: u32 = 4;
+/// Batches of lookups at least this big are split across threads (see
+/// [`KeyStore::get_many`]); below it a thread costs more than it saves.
+const PARALLEL_LOOKUPS_FROM: usize = 4096;
 /// Version of the manifest and run layout.
 pub const FORMAT: u32 = 1;
 const MANIFEST: &str = "MANIFEST";
+
+/// Threads for a big batch of lookups: one per core, at most four.
+fn lookup_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
+}
 
 /// What a persisted store reflects, written with its runs (see the module docs).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -160,12 +168,60 @@ impl KeyStore {
         if let Some(row) = self.shards[shard_of(key)].get(&key) {
             return Ok((*row != TOMBSTONE).then_some(*row));
         }
-        for r in &self.runs {
+        // Ask every run's filter before reading any run: the filters' cache misses are
+        // independent, so the CPU overlaps them, and most keys looked up are in no run.
+        let (filtered, rest) = self.runs.split_at(self.runs.len().min(64));
+        let mut maybe = 0u64;
+        for (i, r) in filtered.iter().enumerate() {
+            maybe |= u64::from(r.may_contain(key)) << i;
+        }
+        while maybe != 0 {
+            let i = maybe.trailing_zeros() as usize;
+            maybe &= maybe - 1;
+            if let Some(row) = filtered[i].get_unfiltered(key)? {
+                return Ok((row != TOMBSTONE).then_some(row));
+            }
+        }
+        for r in rest {
             if let Some(row) = r.get(key)? {
                 return Ok((row != TOMBSTONE).then_some(row));
             }
         }
         Ok(None)
+    }
+
+    /// [`KeyStore::get`] of each of `keys`, in order. With runs on disk a big batch is
+    /// split across threads: a key that misses memory costs filter probes and a block
+    /// read, and one thread doing them all leaves the other cores idle.
+    pub fn get_many(&self, keys: &[u128]) -> io::Result<Vec<Option<u64>>> {
+        let threads = if self.runs.is_empty() || keys.len() < PARALLEL_LOOKUPS_FROM {
+            1
+        } else {
+            lookup_threads()
+        };
+        if threads == 1 {
+            return keys.iter().map(|k| self.get(*k)).collect();
+        }
+        std::thread::scope(|scope| {
+            let parts: Vec<_> = keys
+                .chunks(keys.len().div_ceil(threads))
+                .map(|part| {
+                    scope.spawn(move || {
+                        part.iter()
+                            .map(|k| self.get(*k))
+                            .collect::<io::Result<Vec<_>>>()
+                    })
+                })
+                .collect();
+            let mut out = Vec::with_capacity(keys.len());
+            for part in parts {
+                match part.join() {
+                    Ok(rows) => out.extend(rows?),
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
+            }
+            Ok(out)
+        })
     }
 
     /// Whether the memory table holds an entry for `key`.
@@ -501,6 +557,12 @@ mod tests {
             let key = digest(i);
             assert_eq!(store.get(key).unwrap(), model.get(&key).copied(), "key {i}");
         }
+        // A batch big enough for several threads answers the same, in order.
+        let keys: Vec<u128> = (0..20_000).map(digest).collect();
+        assert!(keys.len() >= PARALLEL_LOOKUPS_FROM && store.runs() > 0);
+        let expected: Vec<Option<u64>> = keys.iter().map(|k| model.get(k).copied()).collect();
+        assert_eq!(store.get_many(&keys).unwrap(), expected);
+        assert_eq!(store.get_many(&keys[..10]).unwrap(), expected[..10]);
         assert!(store.approx_len() >= model.len() as u64);
     }
 
