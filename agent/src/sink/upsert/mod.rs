@@ -133,13 +133,7 @@ impl Plan {
             }
         }
         let existing = exists(&plan.row_keys)?;
-        if existing.len() != plan.row_keys.len() {
-            return Err(UpsertError::Unsupported(format!(
-                "{} keys looked up, {} answers",
-                plan.row_keys.len(),
-                existing.len()
-            )));
-        }
+        debug_assert_eq!(existing.len(), plan.row_keys.len(), "one answer per key");
         plan.ops = existing
             .into_iter()
             .map(|e| if e { "update" } else { "insert" })

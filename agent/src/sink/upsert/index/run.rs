@@ -138,7 +138,9 @@ impl Run {
         })
     }
 
-    /// The packed row stored for `key` ([`TOMBSTONE`] if this run deletes it).
+    /// The packed row stored for `key` ([`TOMBSTONE`] if this run deletes it). The store
+    /// asks all runs' filters first, then [`Run::get_unfiltered`].
+    #[cfg(test)]
     pub fn get(&self, key: u128) -> io::Result<Option<u64>> {
         if !self.may_contain(key) {
             return Ok(None);

@@ -170,21 +170,18 @@ impl KeyStore {
         }
         // Ask every run's filter before reading any run: the filters' cache misses are
         // independent, so the CPU overlaps them, and most keys looked up are in no run.
-        let (filtered, rest) = self.runs.split_at(self.runs.len().min(64));
-        let mut maybe = 0u64;
-        for (i, r) in filtered.iter().enumerate() {
-            maybe |= u64::from(r.may_contain(key)) << i;
-        }
-        while maybe != 0 {
-            let i = maybe.trailing_zeros() as usize;
-            maybe &= maybe - 1;
-            if let Some(row) = filtered[i].get_unfiltered(key)? {
-                return Ok((row != TOMBSTONE).then_some(row));
+        // (Runs are newest first and at most MAX_RUNS + 1, so one group of 64 in practice.)
+        for group in self.runs.chunks(64) {
+            let mut maybe = 0u64;
+            for (i, r) in group.iter().enumerate() {
+                maybe |= u64::from(r.may_contain(key)) << i;
             }
-        }
-        for r in rest {
-            if let Some(row) = r.get(key)? {
-                return Ok((row != TOMBSTONE).then_some(row));
+            while maybe != 0 {
+                let i = maybe.trailing_zeros() as usize;
+                maybe &= maybe - 1;
+                if let Some(row) = group[i].get_unfiltered(key)? {
+                    return Ok((row != TOMBSTONE).then_some(row));
+                }
             }
         }
         Ok(None)
