@@ -2,7 +2,8 @@
 # The full fault-injection run (not part of CI, which runs the short version of the same
 # tests): 30 s broker and S3 outages, 60 s of catalog 503, 3 broker restarts, 20 SIGKILLs
 # at random moments, a full disk under the dead-letter file; then the model-based test
-# with 20 seeds of 60 steps. Each fault scenario ends with both
+# with 20 seeds of 60 steps, and 12 SIGKILLs of an upsert pipeline whose key index
+# spills to disk. Each fault scenario ends with both
 # readers checked against the reference; one JSON line per scenario and reader goes to
 # $FLOE_FAULTS_REPORT (default .floe/faults-report.jsonl) and a summary is printed.
 #
@@ -48,6 +49,11 @@ echo "full fault run: $(( $(date +%s) - started )) s, exit $status"
 if [[ -z "${1:-}" ]]; then
     FLOE_MODEL_SEEDS="${FLOE_MODEL_SEEDS:-1-20}" FLOE_MODEL_STEPS="${FLOE_MODEL_STEPS:-60}" \
         cargo test --locked -p floe-tests --test model || status=$?
+    # Upsert with a spilled key index: 12 SIGKILLs at random moments, maintenance on, and
+    # a kill at every step that writes the index.
+    cargo test --locked -p floe-tests --test upsert -- \
+        a_spilled_index_stays_exact_through_random_kills \
+        a_kept_key_index_survives_a_sigkill_at_every_index_write || status=$?
 fi
 "$FLOE_PYTHON" - "$FLOE_FAULTS_REPORT" <<'PY'
 import json, sys

@@ -591,6 +591,15 @@ async fn a_kept_key_index_is_opened_and_caught_up_after_kills_and_compaction() -
         })
         .count();
     ensure!(runs > 0, "the index never spilled to disk");
+    // The kept index names only live data files: the compacted and rewritten ones are
+    // forgotten (it would otherwise grow with every file the table ever had).
+    let kept = kept_index_files(&index_dir.join("state"))?;
+    let live = live_data_files(&lake, "state").await?;
+    ensure!(
+        kept.is_subset(&live),
+        "the kept index still names {} files no longer in the table",
+        kept.difference(&live).count()
+    );
 
     let fields = ["id", "n", "s"];
     let expected: BTreeMap<i64, Value> = reference
@@ -613,6 +622,270 @@ async fn a_kept_key_index_is_opened_and_caught_up_after_kills_and_compaction() -
             };
             ensure!(op == want, "{reader}: _op of key {id} is {op}, want {want}");
         }
+    }
+    Ok(())
+}
+
+/// The data files the kept key index under `pipeline_dir` names (its `MANIFEST`: JSON,
+/// then a checksum line).
+fn kept_index_files(pipeline_dir: &std::path::Path) -> Result<std::collections::BTreeSet<String>> {
+    let table = std::fs::read_dir(pipeline_dir)?
+        .next()
+        .expect("one table")?;
+    let text = std::fs::read_to_string(table.path().join("MANIFEST"))?;
+    let (json, _) = text.trim_end().rsplit_once('\n').expect("a checksum line");
+    let manifest: Value = serde_json::from_str(json)?;
+    Ok(manifest["files"]
+        .as_object()
+        .expect("files")
+        .values()
+        .map(|p| p.as_str().expect("path").to_string())
+        .collect())
+}
+
+/// The paths of the live data files of `table`.
+async fn live_data_files(lake: &Lake, table: &str) -> Result<std::collections::BTreeSet<String>> {
+    use futures::TryStreamExt;
+    let table = lake.table(table).await?;
+    let tasks: Vec<_> = table
+        .scan()
+        .build()?
+        .plan_files()
+        .await?
+        .try_collect()
+        .await?;
+    Ok(tasks.into_iter().map(|t| t.data_file_path).collect())
+}
+
+/// Crash safety of the kept key index (`docs/reliability.md`, "Invariants"): the agent
+/// is SIGKILLed at each step that writes the index (a run's entries durable before its
+/// sidecar, the manifest about to be written, a merge about to be installed or just
+/// installed between two spills, a rebuild half done) and after commits, with an index small enough that spills and merges
+/// happen between commits. After each kill it restarts and reads on; at the end every
+/// value of every row must match the reference through both readers: a key the index
+/// lost would keep two live rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_key_index_survives_a_sigkill_at_every_index_write() -> Result<()> {
+    use floe::failpoint::{
+        AFTER_COMMIT, INDEX_BEFORE_MANIFEST, INDEX_MERGE_INSTALL, INDEX_MERGE_INSTALLED,
+        INDEX_REBUILDING, INDEX_RUN_WRITTEN,
+    };
+    const KEYS: u64 = 5_000;
+    let broker = Broker::start()?;
+    broker.create_topic("kept", 2).await?;
+    let lake = Lake::embedded()?;
+    let index_dir = lake.ws.path("index");
+    let config = lake.write(
+        "floe.toml",
+        &lake.config().pipeline(
+            upsert(&lake, &broker.bootstrap, "kept", "kept", "_kafka_key")
+                // About 3,300 entries in memory: spills and merges every few commits.
+                .set("sink.index_memory", "256KiB")
+                .set("sink.index_dir", index_dir.display().to_string())
+                .commit_interval("1s"),
+        ),
+    )?;
+    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+    let mut reference: BTreeMap<i64, Value> = BTreeMap::new();
+    let mut produced = 0i64;
+    let mut next_id = 0u64;
+    // Keys updated round-robin, as a producer of state would; one in twelve deleted.
+    let mut round = |n: usize, reference: &mut BTreeMap<i64, Value>| {
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            let id = (next_id % KEYS) as i64;
+            next_id += 1;
+            if rng.next().is_multiple_of(12) {
+                out.push(msg(id.to_string(), None));
+                reference.remove(&id);
+            } else {
+                let v = json!({"id": id, "n": rng.next() % 1_000_000, "s": format!("v{}", rng.next() % 97)});
+                out.push(msg(id.to_string(), Some(&v)));
+                reference.insert(id, v);
+            }
+        }
+        out
+    };
+
+    // The table and a first kept index.
+    let batch = round(8_000, &mut reference);
+    broker.produce("kept", &batch).await?;
+    produced += batch.len() as i64;
+    let agent = AgentProcess::start(&config, &[])?;
+    lake.wait_for_messages("kept", "kept", produced).await?;
+    agent.terminate()?;
+
+    let table_dir = || -> Result<std::path::PathBuf> {
+        let tables = std::fs::read_dir(index_dir.join("kept"))?;
+        Ok(tables.last().expect("one table")?.path())
+    };
+    let steps: [(&str, &str); 8] = [
+        (INDEX_RUN_WRITTEN, "0"),
+        (INDEX_BEFORE_MANIFEST, "1"),
+        (INDEX_MERGE_INSTALL, "0"),
+        // The manifest rewritten for a merge while newer keys are in memory only.
+        (INDEX_MERGE_INSTALLED, "0"),
+        (AFTER_COMMIT, "3"),
+        // A rebuild (the kept index removed first) killed after its first spill.
+        (INDEX_REBUILDING, "0"),
+        (INDEX_MERGE_INSTALLED, "1"),
+        (INDEX_BEFORE_MANIFEST, "3"),
+    ];
+    for (point, skip) in steps {
+        if point == INDEX_REBUILDING {
+            for entry in std::fs::read_dir(table_dir()?)? {
+                let entry = entry?;
+                if entry.file_name() != "LOCK" {
+                    std::fs::remove_file(entry.path())?;
+                }
+            }
+        }
+        // Rounds until the agent reaches the point: commits of fewer keys than the
+        // memory table holds, so that spills come every few commits and merges are
+        // installed between them.
+        let mut agent =
+            AgentProcess::start_at_failpoint(&config, point, &[("FLOE_FAILPOINT_SKIP", skip)])?;
+        let mut reached = false;
+        for _ in 0..16 {
+            let batch = round(1_000, &mut reference);
+            broker.produce("kept", &batch).await?;
+            produced += batch.len() as i64;
+            if agent
+                .wait_for_failpoint(std::time::Duration::from_secs(6))
+                .is_ok()
+            {
+                reached = true;
+                break;
+            }
+        }
+        ensure!(reached, "never reached {point}:\n{}", agent.output());
+        agent.kill9()?;
+        let mut agent = AgentProcess::start(&config, &[])?;
+        if point == INDEX_REBUILDING {
+            agent.wait_for_line("upsert index rebuilt from the table", WAIT)?;
+        }
+        lake.wait_for_messages("kept", "kept", produced).await?;
+        // Killed again once all is committed: no clean close keeps the index.
+        agent.kill9()?;
+    }
+    // Everything written once more, so every key's delete is computed from the index.
+    let batch = round(KEYS as usize, &mut reference);
+    broker.produce("kept", &batch).await?;
+    produced += batch.len() as i64;
+    let agent = AgentProcess::start(&config, &[])?;
+    lake.wait_for_messages("kept", "kept", produced).await?;
+    let log = agent.terminate()?;
+    for line in log.lines().filter(|l| l.contains("upsert index")) {
+        println!("{line}");
+    }
+    let fields = ["id", "n", "s"];
+    let expected: BTreeMap<i64, Value> = reference
+        .iter()
+        .map(|(k, v)| (*k, project(v, &fields)))
+        .collect();
+    for reader in READERS {
+        let (rows, _) = rows_by_id(&lake, reader, "kept", &fields)?;
+        ensure!(
+            rows == expected,
+            "{reader}: {} rows differ from the reference ({} rows)",
+            rows.len(),
+            expected.len()
+        );
+    }
+    Ok(())
+}
+
+/// The reported scenario: an upsert table whose key index spills to disk (256 KiB,
+/// 8,000 keys updated round-robin by a producer that keeps going), the agent SIGKILLed
+/// at random moments (start-up, reading, writing, committing, spilling, merging) and
+/// started again, maintenance on. At the end no key may hold two live rows and every
+/// value must match the last message of its key, through both readers. 4 kills in CI,
+/// 12 in the full run (`FLOE_FAULTS_FULL=1`, `scripts/faults.sh`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spilled_index_stays_exact_through_random_kills() -> Result<()> {
+    const KEYS: u64 = 8_000;
+    const BATCH: usize = 400;
+    let full = std::env::var_os("FLOE_FAULTS_FULL").is_some_and(|v| v == "1");
+    let kills: u64 = if full { 12 } else { 4 };
+    let broker = Broker::start()?;
+    broker.create_topic("churn", 2).await?;
+    let lake = Lake::embedded()?;
+    let config = lake.write(
+        "floe.toml",
+        &lake.config().pipeline(
+            upsert(&lake, &broker.bootstrap, "churn", "churn", "_kafka_key")
+                .set("sink.index_memory", "256KiB")
+                .set(
+                    "sink.index_dir",
+                    lake.ws.path("index").display().to_string(),
+                )
+                .commit_interval("1s")
+                .maintenance("interval", "5s")
+                .maintenance("min_input_files", 4),
+        ),
+    )?;
+    // Every message up front, so the reference is the last message per key.
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ kills);
+    let mut reference: BTreeMap<i64, Value> = BTreeMap::new();
+    let mut batches = Vec::new();
+    let total = kills as usize * 8 * BATCH;
+    let mut batch = Vec::with_capacity(BATCH);
+    for i in 0..total {
+        let id = (i as u64 % KEYS) as i64;
+        if rng.next().is_multiple_of(16) {
+            batch.push(msg(id.to_string(), None));
+            reference.remove(&id);
+        } else {
+            let v = json!({"id": id, "n": rng.next() % 1_000_000, "s": format!("v{}", rng.next() % 97)});
+            batch.push(msg(id.to_string(), Some(&v)));
+            reference.insert(id, v);
+        }
+        if batch.len() == BATCH {
+            batches.push(std::mem::take(&mut batch));
+        }
+    }
+    let bootstrap = broker.bootstrap.clone();
+    let producer = tokio::spawn(async move {
+        for b in batches {
+            floe_tests::produce_to(&bootstrap, "churn", &b).await?;
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        }
+        anyhow::Ok(())
+    });
+    let mut moments = Vec::new();
+    for _ in 0..kills {
+        let agent = AgentProcess::start(&config, &[])?;
+        let ms = 800 + rng.next() % 4_000;
+        moments.push(ms);
+        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+        agent.kill9()?;
+    }
+    producer.await??;
+    let agent = AgentProcess::start(&config, &[])?;
+    lake.wait_for_messages("churn", "churn", total as i64)
+        .await?;
+    let log = agent.terminate()?;
+    println!("killed after (ms): {moments:?}");
+    for line in log.lines().filter(|l| l.contains("upsert index")) {
+        println!("{line}");
+    }
+    let fields = ["id", "n", "s"];
+    let expected: BTreeMap<i64, Value> = reference
+        .iter()
+        .map(|(k, v)| (*k, project(v, &fields)))
+        .collect();
+    for reader in READERS {
+        let (rows, _) = rows_by_id(&lake, reader, "churn", &fields)?;
+        let wrong = expected
+            .iter()
+            .filter(|(k, v)| rows.get(k) != Some(v))
+            .count();
+        ensure!(
+            rows == expected,
+            "{reader}: {} rows, {} expected, {wrong} keys wrong or missing",
+            rows.len(),
+            expected.len()
+        );
     }
     Ok(())
 }

@@ -24,6 +24,18 @@ pub const AFTER_COMMIT: &str = "after_commit";
 /// Compaction: after the new files are written, before the replace commit.
 pub const COMPACT_BEFORE_COMMIT: &str = "compact_before_commit";
 
+/// Upsert key index: a run's entries are durable, its sidecar not yet written.
+pub const INDEX_RUN_WRITTEN: &str = "index_run_written";
+/// Upsert key index: a merged run is complete, about to replace its inputs.
+pub const INDEX_MERGE_INSTALL: &str = "index_merge_install";
+/// Upsert key index: a merge was installed between two spills and the manifest
+/// rewritten with the new runs (the memory table holds keys of newer commits).
+pub const INDEX_MERGE_INSTALLED: &str = "index_merge_installed";
+/// Upsert key index: the runs are durable, the manifest naming them not yet written.
+pub const INDEX_BEFORE_MANIFEST: &str = "index_before_manifest";
+/// Upsert key index: a rebuild has read a data file and has spilled to disk.
+pub const INDEX_REBUILDING: &str = "index_rebuilding";
+
 /// Parks the process forever if `name` is the configured failpoint.
 pub fn hit(name: &str) {
     static ARMED: OnceLock<Option<String>> = OnceLock::new();

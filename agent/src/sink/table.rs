@@ -385,7 +385,17 @@ impl TableSink {
             Some(_) => {
                 self.ensure_index().await?;
                 let exists = |keys: &[KeyHash]| self.keys_live(&current.overlay, keys);
-                Some(Plan::new(&buffered.keys, exists)?)
+                let plan = match Plan::new(&buffered.keys, exists) {
+                    Err(e) if e.is_index_damage() => {
+                        // Once: a rebuilt index that is damaged again is an error.
+                        self.drop_damaged_index(&e);
+                        self.ensure_index().await?;
+                        let exists = |keys: &[KeyHash]| self.keys_live(&current.overlay, keys);
+                        Plan::new(&buffered.keys, exists)
+                    }
+                    other => other,
+                };
+                Some(plan?)
             }
         };
         let handle = tokio::runtime::Handle::current();
@@ -723,9 +733,15 @@ impl TableSink {
             .iter()
             .flat_map(|g| g.files.iter().cloned())
             .collect();
-        let targets = self
-            .delete_targets(generations, &data)
-            .map_err(|e| Attempt::from(SinkError::from(e)))?;
+        let targets = match self.delete_targets(generations, &data) {
+            Ok(targets) => targets,
+            Err(e) if e.is_index_damage() => {
+                // Rebuilt at the next attempt (catch_up_index).
+                self.drop_damaged_index(&e);
+                return Err(Attempt::Stale(Some(Box::new(table))));
+            }
+            Err(e) => return Err(Attempt::from(SinkError::from(e))),
+        };
         let deletes = upsert::write_deletes(&table, &self.pipeline, targets)
             .await
             .map_err(|e| Attempt::from(SinkError::from(e)))?;
@@ -793,6 +809,15 @@ impl TableSink {
         }
     }
 
+    /// Drops an upsert index whose files were found damaged: it is rebuilt from the table
+    /// before its next use.
+    fn drop_damaged_index(&mut self, e: &upsert::UpsertError) {
+        tracing::warn!(pipeline = %self.pipeline, table = %self.ident, error = %e, "the upsert index is damaged: rebuilding it from the table");
+        if let Some(u) = &mut self.upsert {
+            u.index = None;
+        }
+    }
+
     /// Upsert: brings the key index to `table`'s current snapshot (the parent the
     /// deletes are computed against): learns other writers' commits since the snapshot
     /// it reflects, or is rebuilt when that cannot be done incrementally.
@@ -804,7 +829,13 @@ impl TableSink {
         if let Some(index) = &mut u.index
             && index.snapshot() != current
         {
-            let caught_up = index.catch_up(table, &u.spec).await?;
+            let caught_up = match index.catch_up(table, &u.spec).await {
+                Err(e) if e.is_index_damage() => {
+                    tracing::warn!(pipeline = %self.pipeline, table = %self.ident, error = %e, "the upsert index is damaged: rebuilding it from the table");
+                    false
+                }
+                other => other?,
+            };
             tracing::info!(pipeline = %self.pipeline, table = %self.ident, caught_up, "upsert index: learning other writers' commits");
             if !caught_up {
                 // Dropped first: its directory is locked while it lives.
@@ -853,7 +884,7 @@ impl TableSink {
         for g in generations {
             let written: Vec<KeyHash> = g.overlay.writes().map(|(key, _)| *key).collect();
             for (id, pos) in index.get_many(&written)?.into_iter().flatten() {
-                let info = index.file(id);
+                let info = index.file(id)?;
                 add(
                     info.path.clone(),
                     info.spec_id,
@@ -868,7 +899,7 @@ impl TableSink {
                     // A file of an earlier generation committed since: in the index.
                     None => {
                         if let Some(id) = index.file_id(&path) {
-                            let info = index.file(id);
+                            let info = index.file(id)?;
                             add(
                                 path.clone(),
                                 info.spec_id,

@@ -56,8 +56,8 @@ pub enum UpsertError {
         /// The cause.
         source: std::io::Error,
     },
-    /// A temporary directory for the key index could not be made.
-    #[error("the upsert key index could not make a temporary directory: {0}")]
+    /// The key index's temporary directory or files failed.
+    #[error("the upsert key index failed: {0}")]
     Io(#[from] std::io::Error),
     /// A limit of the index format.
     #[error("too many {0} for the upsert index")]
@@ -68,6 +68,15 @@ pub enum UpsertError {
 }
 
 impl UpsertError {
+    /// Whether the key index's files were found damaged (a checksum, a length or a file
+    /// id that does not match): the index must be dropped and rebuilt from the table.
+    pub fn is_index_damage(&self) -> bool {
+        match self {
+            UpsertError::Dir { source, .. } | UpsertError::Io(source) => index::is_damage(source),
+            _ => false,
+        }
+    }
+
     /// A failure of the index directory `dir`.
     pub fn dir(dir: &std::path::Path, source: std::io::Error) -> UpsertError {
         UpsertError::Dir {

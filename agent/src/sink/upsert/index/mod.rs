@@ -14,8 +14,15 @@
 //!   files, the rows their deletes remove, and the rows of data files they removed
 //!   (compaction rewrites, another engine's copy-on-write deletes).
 //!
-//! Memory besides the store: per data file its path, partition tuple and (format v3)
-//! the entry of its deletion vector.
+//! - A rebuild keeps no manifest until it has read every file: a start never opens a
+//!   partial index (see [`store`] for what a manifest promises).
+//! - A damaged run or manifest (a checksum that does not match, a row naming no file) is
+//!   an error that [`UpsertError::is_index_damage`] recognises: the caller drops the
+//!   index and rebuilds it.
+//!
+//! Memory besides the store: per live data file its path, partition tuple and (format
+//! v3) the entry of its deletion vector. A file removed from the table (compaction,
+//! another engine's rewrite) is forgotten once no key points into it.
 
 mod bloom;
 mod run;
@@ -39,6 +46,8 @@ use super::UpsertError;
 use crate::record::key::{KeyHash, KeySpec};
 use floe_iceberg::{dv, manifests, read_position_deletes};
 use store::{KeyStore, Manifest};
+
+pub use run::is_damage;
 
 /// Rows per batch when reading key columns.
 const KEY_BATCH_ROWS: usize = 64 * 1024;
@@ -102,8 +111,12 @@ impl Home {
 /// The key index of one table (see the module docs).
 #[derive(Debug)]
 pub struct KeyIndex {
-    files: Vec<FileInfo>,
+    /// Data files by id (the high half of a packed row); ids are never reused.
+    files: HashMap<u32, FileInfo, RandomState>,
+    next_file: u32,
     file_ids: HashMap<Arc<str>, u32, RandomState>,
+    /// While a rebuild reads the table: nothing is kept for the next start.
+    rebuilding: bool,
     /// `None` only while a spill runs on a blocking thread.
     store: Option<KeyStore>,
     home: Home,
@@ -146,8 +159,10 @@ impl KeyIndex {
         let home = Home::Temporary(tempfile::Builder::new().prefix("floe-index-").tempdir()?);
         let store = KeyStore::new(home.dir(), settings.memory);
         Ok(KeyIndex {
-            files: Vec::new(),
+            files: HashMap::default(),
+            next_file: 0,
             file_ids: HashMap::default(),
+            rebuilding: false,
             store: Some(store),
             home,
             settings,
@@ -187,8 +202,10 @@ impl KeyIndex {
         clear_dir(home.dir())?;
         let store = KeyStore::new(home.dir(), settings.memory);
         Ok(KeyIndex {
-            files: Vec::new(),
+            files: HashMap::default(),
+            next_file: 0,
             file_ids: HashMap::default(),
+            rebuilding: false,
             store: Some(store),
             home,
             settings: settings.clone(),
@@ -209,7 +226,7 @@ impl KeyIndex {
         let kept = match KeyStore::open(home.dir(), settings.memory) {
             Ok(kept) => kept,
             Err(e) => {
-                tracing::warn!(dir = %home.dir().display(), error = %e, "the kept upsert index cannot be read: rebuilding it from the table");
+                tracing::warn!(dir = %home.dir().display(), error = %e, "the kept upsert index cannot be read or is damaged: rebuilding it from the table");
                 None
             }
         };
@@ -219,8 +236,10 @@ impl KeyIndex {
             && is_ancestor(table, manifest.snapshot)
         {
             let mut index = KeyIndex {
-                files: Vec::new(),
+                files: HashMap::default(),
+                next_file: manifest.next_file,
                 file_ids: HashMap::default(),
+                rebuilding: false,
                 store: Some(store),
                 home,
                 settings: settings.clone(),
@@ -230,7 +249,14 @@ impl KeyIndex {
             };
             index.restore_files(table, &manifest).await?;
             let newer = index.newer_snapshots(table).map_or(0, |s| s.len());
-            if index.catch_up(table, spec).await? {
+            let caught_up = match index.catch_up(table, spec).await {
+                Err(e) if e.is_index_damage() => {
+                    tracing::warn!(dir = %index.home.dir().display(), error = %e, "the kept upsert index is damaged: rebuilding it from the table");
+                    false
+                }
+                other => other?,
+            };
+            if caught_up {
                 let stats = RebuildStats {
                     from_disk: true,
                     caught_up: newer,
@@ -252,15 +278,18 @@ impl KeyIndex {
         table: &Table,
         manifest: &Manifest,
     ) -> Result<(), UpsertError> {
-        for path in &manifest.files {
+        for (&id, path) in &manifest.files {
             let path: Arc<str> = Arc::from(path.as_str());
-            self.file_ids.insert(path.clone(), self.files.len() as u32);
-            self.files.push(FileInfo {
-                path,
-                spec_id: 0,
-                partition: Struct::empty(),
-                dv: None,
-            });
+            self.file_ids.insert(path.clone(), id);
+            self.files.insert(
+                id,
+                FileInfo {
+                    path,
+                    spec_id: 0,
+                    partition: Struct::empty(),
+                    dv: None,
+                },
+            );
         }
         let Some(snapshot) = manifest
             .snapshot
@@ -272,8 +301,11 @@ impl KeyIndex {
             let file = live.entry.data_file();
             match live.content() {
                 DataContentType::Data => {
-                    if let Some(&id) = self.file_ids.get(live.path()) {
-                        let info = &mut self.files[id as usize];
+                    if let Some(info) = self
+                        .file_ids
+                        .get(live.path())
+                        .and_then(|id| self.files.get_mut(id))
+                    {
                         info.spec_id = live.manifest.partition_spec_id;
                         info.partition = file.partition().clone();
                     }
@@ -281,11 +313,12 @@ impl KeyIndex {
                 DataContentType::PositionDeletes
                     if file.file_format() == DataFileFormat::Puffin =>
                 {
-                    if let Some(&id) = file
+                    if let Some(info) = file
                         .referenced_data_file()
                         .and_then(|target| self.file_ids.get(target.as_str()))
+                        .and_then(|id| self.files.get_mut(id))
                     {
-                        self.files[id as usize].dv = Some(file.clone());
+                        info.dv = Some(file.clone());
                     }
                 }
                 _ => {}
@@ -304,6 +337,9 @@ impl KeyIndex {
         Self::rebuild_in(home, table, spec, settings).await
     }
 
+    /// Reads the table into an empty index in `home`. Until every file is read the
+    /// directory holds no manifest, so a start after a crash (or a retry after an error)
+    /// rebuilds again instead of opening a partial index; at the end it is persisted.
     async fn rebuild_in(
         home: Home,
         table: &Table,
@@ -313,8 +349,10 @@ impl KeyIndex {
         clear_dir(home.dir())?;
         let store = KeyStore::new(home.dir(), settings.memory);
         let mut index = KeyIndex {
-            files: Vec::new(),
+            files: HashMap::default(),
+            next_file: 0,
             file_ids: HashMap::default(),
+            rebuilding: true,
             store: Some(store),
             home,
             settings: settings.clone(),
@@ -324,6 +362,7 @@ impl KeyIndex {
         };
         let mut stats = RebuildStats::default();
         let Some(snapshot) = table.metadata().current_snapshot() else {
+            index.rebuilding = false;
             return Ok((index, stats));
         };
         let v3 = table.metadata().format_version() >= FormatVersion::V3;
@@ -398,6 +437,14 @@ impl KeyIndex {
             stats.duplicates += duplicates;
             index.check_bound()?;
             index.maintain().await?;
+            if index.store().runs() > 0 {
+                crate::failpoint::hit(crate::failpoint::INDEX_REBUILDING);
+            }
+        }
+        index.rebuilding = false;
+        // Kept only when it spilled: a rebuild small enough for memory is quick to redo.
+        if index.store().runs() > 0 {
+            index.persist().await?;
         }
         stats.keys = index.len();
         Ok((index, stats))
@@ -438,9 +485,23 @@ impl KeyIndex {
         Ok(rows.into_iter().map(|row| row.map(unpack)).collect())
     }
 
-    /// The data file with id `id`.
-    pub fn file(&self, id: u32) -> &FileInfo {
-        &self.files[id as usize]
+    /// The data file with id `id`: an error (damage) when the index knows no such file,
+    /// which only a damaged run can point to.
+    pub fn file(&self, id: u32) -> Result<&FileInfo, UpsertError> {
+        self.files.get(&id).ok_or_else(|| {
+            UpsertError::dir(
+                self.home.dir(),
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("a key points into data file {id}, which the index does not know"),
+                ),
+            )
+        })
+    }
+
+    /// Data files the index knows.
+    pub fn files(&self) -> usize {
+        self.files.len()
     }
 
     /// Records a data file (once; later calls return the same id).
@@ -449,15 +510,26 @@ impl KeyIndex {
             return id;
         }
         let path: Arc<str> = Arc::from(path);
-        let id = self.files.len() as u32;
-        self.files.push(FileInfo {
-            path: path.clone(),
-            spec_id,
-            partition: partition.clone(),
-            dv: None,
-        });
+        let id = self.next_file;
+        self.next_file += 1;
+        self.files.insert(
+            id,
+            FileInfo {
+                path: path.clone(),
+                spec_id,
+                partition: partition.clone(),
+                dv: None,
+            },
+        );
         self.file_ids.insert(path, id);
         id
+    }
+
+    /// Forgets data file `id` (removed from the table, no key points into it).
+    fn unregister_file(&mut self, id: u32) {
+        if let Some(info) = self.files.remove(&id) {
+            self.file_ids.remove(&info.path);
+        }
     }
 
     /// The id of a registered data file.
@@ -467,7 +539,9 @@ impl KeyIndex {
 
     /// Records the live deletion vector of data file `id`.
     pub fn set_dv(&mut self, id: u32, dv: DataFile) {
-        self.files[id as usize].dv = Some(dv);
+        if let Some(info) = self.files.get_mut(&id) {
+            info.dv = Some(dv);
+        }
     }
 
     /// Records that `key` now lives at `pos` of data file `file` (a registered id).
@@ -502,12 +576,20 @@ impl KeyIndex {
         self.snapshot = snapshot;
     }
 
+    /// What a spill now may promise the next start; `None` for a temporary index or a
+    /// rebuild in progress.
     fn manifest(&self) -> Option<Manifest> {
-        matches!(self.home, Home::Kept { .. }).then(|| Manifest {
+        let kept = matches!(self.home, Home::Kept { .. }) && !self.rebuilding;
+        kept.then(|| Manifest {
             table_uuid: self.table_uuid.clone(),
             key_field_ids: self.key_field_ids.clone(),
             snapshot: self.snapshot,
-            files: self.files.iter().map(|f| f.path.to_string()).collect(),
+            files: self
+                .files
+                .iter()
+                .map(|(id, f)| (*id, f.path.to_string()))
+                .collect(),
+            next_file: self.next_file,
             ..Default::default()
         })
     }
@@ -650,7 +732,7 @@ impl KeyIndex {
                     continue;
                 };
                 match self.forget_file(table, &key_ids, id).await {
-                    Ok(()) => {}
+                    Ok(()) => self.unregister_file(id),
                     Err(UpsertError::Iceberg(e)) if crate::error::is_missing_file(&e) => {
                         return Ok(false);
                     }
@@ -695,7 +777,7 @@ impl KeyIndex {
         key_ids: &[i32],
         id: u32,
     ) -> Result<(), UpsertError> {
-        let path = self.files[id as usize].path.clone();
+        let path = self.file(id)?.path.clone();
         let store = self.store.as_mut().expect("store");
         scan_keys(table, &path, key_ids, |pos, key| {
             if store.get(key)?.map(unpack) == Some((id, pos)) {
@@ -756,8 +838,10 @@ fn is_ancestor(table: &Table, snapshot: Option<i64>) -> bool {
     false
 }
 
-/// Removes a kept index's files from `dir` (not the lock).
+/// Removes a kept index's files from `dir` (not the lock), the manifest first and
+/// durably: runs without a manifest are never opened.
 fn clear_dir(dir: &Path) -> Result<(), UpsertError> {
+    store::remove_manifest(dir).map_err(|e| UpsertError::dir(dir, e))?;
     let entries = std::fs::read_dir(dir).map_err(|e| UpsertError::dir(dir, e))?;
     for entry in entries {
         let entry = entry.map_err(|e| UpsertError::dir(dir, e))?;

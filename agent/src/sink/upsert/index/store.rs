@@ -14,9 +14,15 @@
 //! so merging the largest run (gigabytes at a hundred million keys) does not hold up
 //! commits.
 //!
-//! With a directory to persist in, every spill also writes `MANIFEST` (the runs and what
-//! the caller says they reflect) after the runs are durable, so a restart can start from
-//! them instead of reading the table again.
+//! With a directory to persist in, a spill also writes `MANIFEST` (the runs and the
+//! table snapshot the caller says they reflect) after the runs are durable, so a restart
+//! can start from them instead of reading the table again. Its invariant
+//! (`docs/reliability.md`, "Invariants"): **every key of the snapshot a manifest names is
+//! in a run it names.** So a manifest is written only when the memory table was just
+//! spilled (nothing of that snapshot is in memory alone), and installing a merge rewrites
+//! the last such manifest with the new run list, keeping the snapshot it named. A manifest
+//! and every block of every run carry a CRC-32; a start that finds one wrong does not
+//! open the store.
 
 use std::collections::HashMap;
 use std::io;
@@ -44,7 +50,7 @@ const MIN_BITS_PER_KEY: u32 = 4;
 /// [`KeyStore::get_many`]); below it a thread costs more than it saves.
 const PARALLEL_LOOKUPS_FROM: usize = 4096;
 /// Version of the manifest and run layout.
-pub const FORMAT: u32 = 1;
+pub const FORMAT: u32 = 2;
 const MANIFEST: &str = "MANIFEST";
 
 /// Threads for a big batch of lookups: one per core, at most four.
@@ -63,8 +69,11 @@ pub struct Manifest {
     pub key_field_ids: Vec<i32>,
     /// The table snapshot the entries reflect.
     pub snapshot: Option<i64>,
-    /// Data file paths by file id (the id is the high half of a packed row).
-    pub files: Vec<String>,
+    /// Data file paths by file id (the id is the high half of a packed row): the files
+    /// some live key of the snapshot is in.
+    pub files: std::collections::BTreeMap<u32, String>,
+    /// The next file id to use (ids are never reused).
+    pub next_file: u32,
     /// Run ids, newest first.
     pub runs: Vec<u64>,
     /// The next run id to use.
@@ -84,6 +93,9 @@ pub struct KeyStore {
     /// Runs a persisted manifest still names although their entries are in memory now
     /// (loaded at open): deleted once a newer manifest is written.
     retained: Vec<u64>,
+    /// The manifest the runs on disk reflect: the one written at the last spill (or read
+    /// at open). A merge installed later rewrites it with the new runs.
+    durable: Option<Manifest>,
     dir: PathBuf,
     memory: u64,
     next_run: u64,
@@ -103,6 +115,7 @@ impl KeyStore {
             runs: Vec::new(),
             merge: None,
             retained: Vec::new(),
+            durable: None,
             dir: dir.to_path_buf(),
             memory,
             next_run: 0,
@@ -111,19 +124,17 @@ impl KeyStore {
 
     /// Opens the store persisted in `dir`, if there is one in this format. Runs that
     /// fit in the memory table are read back into it. Files of runs the manifest does
-    /// not name (a spill cut short) are deleted.
+    /// not name (a spill cut short) are deleted. A damaged manifest or run is an
+    /// [`io::ErrorKind::InvalidData`] error.
     pub fn open(dir: &Path, memory: u64) -> io::Result<Option<(KeyStore, Manifest)>> {
         let bytes = match std::fs::read(dir.join(MANIFEST)) {
             Ok(b) => b,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
-        let Ok(manifest) = serde_json::from_slice::<Manifest>(&bytes) else {
+        let Some(manifest) = read_manifest(&bytes)? else {
             return Ok(None);
         };
-        if manifest.format != FORMAT {
-            return Ok(None);
-        }
         for entry in std::fs::read_dir(dir)? {
             let name = entry?.file_name();
             if let Some(id) = name.to_str().and_then(run::run_id_of)
@@ -153,6 +164,7 @@ impl KeyStore {
                 store.retained.push(r.id());
             }
         }
+        store.durable = Some(manifest.clone());
         Ok(Some((store, manifest)))
     }
 
@@ -314,16 +326,17 @@ impl KeyStore {
     }
 
     /// Writes the memory table out as a run when it is past its budget (or, with
-    /// `force`, whenever it holds anything), puts a finished merge in place of its
-    /// inputs, starts the next merge the size rule asks for, and, with `manifest`,
-    /// persists the result: the manifest is written once every run it names is
-    /// durable, and runs it no longer names are deleted after it. Blocking: call off the
-    /// async workers.
+    /// `force`, always), puts a finished merge in place of its inputs, starts the next
+    /// merge the size rule asks for, and persists the result: after a spill, `manifest`
+    /// (what the caller's entries reflect, `None`: nothing to keep) is written once every
+    /// run it names is durable; after a merge alone, the manifest of the last spill with
+    /// the new runs. Runs no manifest names any more are deleted after it. Blocking: call
+    /// off the async workers.
     pub fn maintain(&mut self, manifest: Option<Manifest>, force: bool) -> io::Result<()> {
         let mut obsolete = Vec::new();
-        let mut changed = false;
         let entries = self.mem_entries();
-        if entries > 0 && (force || self.needs_spill()) {
+        let spill = force || (entries > 0 && self.needs_spill());
+        if spill && entries > 0 {
             let id = self.new_run_id();
             let bits = self.bits_for(self.disk_entries() + entries as u64);
             let mut w = RunWriter::create(&self.dir, id, entries as u64, bits)?;
@@ -343,7 +356,6 @@ impl KeyStore {
             }
             self.mem_live = 0;
             self.runs.insert(0, Arc::new(w.finish()?));
-            changed = true;
         }
         let backlog = self.runs.len() > MAX_RUNS;
         if self
@@ -362,21 +374,34 @@ impl KeyStore {
                 .position(|r| r.id() == merge.newer)
                 .filter(|i| self.runs.get(i + 1).is_some_and(|r| r.id() == merge.older))
                 .ok_or_else(|| io::Error::other("merged key-index runs are not in place"))?;
+            crate::failpoint::hit(crate::failpoint::INDEX_MERGE_INSTALL);
             self.runs.splice(at..at + 2, [Arc::new(merged)]);
             obsolete.extend([merge.newer, merge.older]);
-            changed = true;
         }
         if self.merge.is_none() {
             self.start_merge()?;
         }
-        if changed && let Some(mut m) = manifest {
-            m.format = FORMAT;
-            m.runs = self.runs.iter().map(|r| r.id()).collect();
-            m.next_run = self.next_run;
-            write_manifest(&self.dir, &m)?;
+        if spill {
+            // Everything the caller holds is in the runs now.
+            self.durable = manifest;
             obsolete.append(&mut self.retained);
-        } else if changed {
-            obsolete.append(&mut self.retained);
+        } else if obsolete.is_empty() {
+            return Ok(());
+        }
+        match &mut self.durable {
+            Some(m) => {
+                m.format = FORMAT;
+                m.runs = self.runs.iter().map(|r| r.id()).collect();
+                m.next_run = self.next_run;
+                crate::failpoint::hit(crate::failpoint::INDEX_BEFORE_MANIFEST);
+                write_manifest(&self.dir, m)?;
+                if !spill {
+                    crate::failpoint::hit(crate::failpoint::INDEX_MERGE_INSTALLED);
+                }
+            }
+            // Nothing to keep (a temporary index, a rebuild in progress): no manifest may
+            // name these runs.
+            None => remove_manifest(&self.dir)?,
         }
         for id in obsolete {
             run::remove(&self.dir, id)?;
@@ -501,15 +526,54 @@ fn merge_runs(
     w.finish()
 }
 
+/// The manifest file: its JSON, then a line `crc32 <hex>` of the JSON's bytes.
 fn write_manifest(dir: &Path, m: &Manifest) -> io::Result<()> {
+    let mut bytes = serde_json::to_vec(m).map_err(io::Error::other)?;
+    let crc = crc32fast::hash(&bytes);
+    bytes.extend_from_slice(format!("\ncrc32 {crc:08x}\n").as_bytes());
     let tmp = dir.join("MANIFEST.tmp");
     {
         let mut f = std::fs::File::create(&tmp)?;
-        std::io::Write::write_all(&mut f, &serde_json::to_vec(m).map_err(io::Error::other)?)?;
+        std::io::Write::write_all(&mut f, &bytes)?;
         f.sync_all()?;
     }
     std::fs::rename(&tmp, dir.join(MANIFEST))?;
     std::fs::File::open(dir)?.sync_all()
+}
+
+/// Removes `MANIFEST` durably (a store that claims nothing).
+pub fn remove_manifest(dir: &Path) -> io::Result<()> {
+    match std::fs::remove_file(dir.join(MANIFEST)) {
+        Ok(()) => std::fs::File::open(dir)?.sync_all(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// A manifest's contents: `None` for another format, an error when damaged.
+fn read_manifest(bytes: &[u8]) -> io::Result<Option<Manifest>> {
+    let damaged = |what: &str| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("key-index MANIFEST: {what}"),
+        )
+    };
+    let text = std::str::from_utf8(bytes).map_err(|_| damaged("not text"))?;
+    let Some((json, trailer)) = text.trim_end().rsplit_once('\n') else {
+        // Format 1 had no checksum line.
+        return Ok(None);
+    };
+    let Some(crc) = trailer
+        .strip_prefix("crc32 ")
+        .and_then(|h| u32::from_str_radix(h, 16).ok())
+    else {
+        return Ok(None);
+    };
+    if crc32fast::hash(json.as_bytes()) != crc {
+        return Err(damaged("checksum mismatch"));
+    }
+    let manifest: Manifest = serde_json::from_str(json).map_err(|e| damaged(&e.to_string()))?;
+    Ok((manifest.format == FORMAT).then_some(manifest))
 }
 
 #[cfg(test)]
@@ -563,6 +627,119 @@ mod tests {
         assert!(store.approx_len() >= model.len() as u64);
     }
 
+    fn manifest_at(snapshot: i64) -> Option<Manifest> {
+        Some(Manifest {
+            table_uuid: "t".into(),
+            snapshot: Some(snapshot),
+            ..Default::default()
+        })
+    }
+
+    /// Item 1 of the crash-safety review: a merge installed between two spills must not
+    /// make the manifest name a snapshot whose newest keys are in memory only. The store
+    /// is dropped without `persist` (what a SIGKILL leaves) and opened again.
+    #[test]
+    fn a_merge_installed_after_a_spill_keeps_the_snapshot_of_that_spill() {
+        let dir = tempfile::tempdir().unwrap();
+        let memory = 2 * 40 * 1_000;
+        let mut store = KeyStore::new(dir.path(), memory);
+        let mut snapshot = 0;
+        // Spills until a merge is under way (two runs of about the same size).
+        let mut next_key = 0u64;
+        while store.merge.is_none() {
+            snapshot += 1;
+            while !store.needs_spill() {
+                store.put(digest(next_key), next_key);
+                next_key += 1;
+            }
+            store.maintain(manifest_at(snapshot), false).unwrap();
+        }
+        let spilled = next_key;
+        // A commit whose keys stay in memory (no spill), then the merge lands.
+        for k in spilled..spilled + 100 {
+            store.put(digest(k), k);
+        }
+        while !store.merge.as_ref().unwrap().handle.is_finished() {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(!store.needs_spill());
+        store.maintain(manifest_at(snapshot + 1), false).unwrap();
+        assert!(
+            store.merge.is_none() || store.runs() == 1,
+            "the merge was installed"
+        );
+        drop(store);
+
+        let (store, m) = KeyStore::open(dir.path(), memory).unwrap().unwrap();
+        assert_eq!(
+            m.snapshot,
+            Some(snapshot),
+            "the manifest names the last spilled snapshot, not the one whose keys were in memory"
+        );
+        for k in 0..spilled {
+            assert_eq!(store.get(digest(k)).unwrap(), Some(k), "key {k}");
+        }
+    }
+
+    /// Item 2: a store given no manifest (a rebuild in progress) leaves none on disk,
+    /// even where an earlier one was: a start after a crash rebuilds.
+    #[test]
+    fn spills_without_a_manifest_leave_none_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let memory = 2 * 40 * 1_000;
+        let mut store = KeyStore::new(dir.path(), memory);
+        store.put(digest(1), 1);
+        store.maintain(manifest_at(1), true).unwrap();
+        assert!(KeyStore::open(dir.path(), memory).unwrap().is_some());
+        for k in 0..5_000 {
+            store.put(digest(k), k);
+            if store.has_work() {
+                store.maintain(None, false).unwrap();
+            }
+        }
+        assert!(store.runs() > 1);
+        drop(store);
+        assert!(KeyStore::open(dir.path(), memory).unwrap().is_none());
+    }
+
+    /// Item 3: a flipped bit in the manifest or in a run is refused at open.
+    #[test]
+    fn a_damaged_manifest_or_run_is_refused_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let memory = 2 * 40 * 100;
+        let mut store = KeyStore::new(dir.path(), memory);
+        for k in 0..1_000 {
+            store.put(digest(k), k);
+        }
+        store.maintain(manifest_at(77), true).unwrap();
+        drop(store);
+        let path = dir.path().join(MANIFEST);
+        let good = std::fs::read(&path).unwrap();
+        let text = String::from_utf8(good.clone()).unwrap();
+        let at = text.find("77").unwrap();
+        let mut bad = good.clone();
+        bad[at] = b'6';
+        std::fs::write(&path, &bad).unwrap();
+        let e = KeyStore::open(dir.path(), memory).unwrap_err();
+        assert!(run::is_damage(&e), "{e}");
+        std::fs::write(&path, &good).unwrap();
+        // Memory for 1,000 entries does not hold the run: it is read block by block on
+        // lookup, and a block read is checked.
+        let keys = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.extension().is_some_and(|x| x == "keys"))
+            .unwrap();
+        let mut bytes = std::fs::read(&keys).unwrap();
+        bytes[20] ^= 1;
+        std::fs::write(&keys, bytes).unwrap();
+        let (store, _) = KeyStore::open(dir.path(), memory).unwrap().unwrap();
+        let damaged = (0..1_000)
+            .filter(|k| store.get(digest(*k)).is_err())
+            .count();
+        assert!(damaged > 0, "the damaged block is refused");
+    }
+
     #[test]
     fn a_persisted_store_opens_with_what_it_held() {
         let dir = tempfile::tempdir().unwrap();
@@ -574,7 +751,7 @@ mod tests {
         let manifest = Manifest {
             table_uuid: "t".into(),
             snapshot: Some(42),
-            files: vec!["a.parquet".into()],
+            files: [(0, "a.parquet".to_string())].into(),
             ..Default::default()
         };
         store.maintain(Some(manifest), true).unwrap();
@@ -583,7 +760,7 @@ mod tests {
         drop(store);
         let (store, m) = KeyStore::open(dir.path(), 2 * 40 * 1_000).unwrap().unwrap();
         assert_eq!(m.snapshot, Some(42));
-        assert_eq!(m.files, ["a.parquet"]);
+        assert_eq!(m.files, [(0, "a.parquet".to_string())].into());
         assert!(!dir.path().join("run-999.keys").exists());
         for i in 0..5_000 {
             let want = (i != 3).then_some(i);
