@@ -205,3 +205,144 @@ async fn a_log_restarted_below_the_stored_offset_is_recorded() -> Result<()> {
     agent.stop().await?;
     Ok(())
 }
+
+/// A partition revoked and assigned back while a failed commit of its records waits
+/// for its retry is read again from what the table stores, which has not moved yet.
+/// The records read again must not be written a second time next to the ones waiting:
+/// after the retry every record is in the table once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_assigned_back_while_its_commit_waits_for_a_retry_is_written_once() -> Result<()>
+{
+    use floe::source::SourceCommand;
+    use floe_tests::scripted::{ScriptedPipeline, messages as scripted};
+    use std::sync::Arc;
+
+    let ws = Workspace::new()?;
+    let config = ws.write(
+        &ws.config().pipeline(
+            ws.pipeline("p", "127.0.0.1:9", "t")
+                .group_id("g-p")
+                .sink("local", "ns", "t")
+                .commit_interval("1s"),
+        ),
+    )?;
+    let (catalog, faults) = floe_tests::inject::faulty_catalog(ws.dir.path(), "local").await?;
+    let values: Vec<String> = (0..20).map(|i| format!(r#"{{"id": {i}}}"#)).collect();
+    let log: Vec<Option<&str>> = values.iter().map(|v| Some(v.as_str())).collect();
+    let p = ScriptedPipeline::start_on(&config, Some(catalog)).await?;
+    p.assign("t", &[(0, None, vec![None])]);
+    p.push(scripted("t", 0, 0, &log[..10]));
+    ws.wait_for_rows("ns", "t", 10, Duration::from_secs(60))
+        .await?;
+
+    // Every file read fails, so every commit attempt fails at once (preparing its
+    // manifests) and the committer waits for its retry, longer each time, taking
+    // chunks meanwhile.
+    faults.fail_reads(u32::MAX);
+    p.push(scripted("t", 0, 10, &log[10..]));
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let mut served = p.seeks().len();
+    let tp = (Arc::from("t"), 0);
+    p.revoke(vec![tp]);
+    p.assign("t", &[(0, Some(10), vec![Some(10)])]);
+    p.push(scripted("t", 0, 10, &log[10..]));
+    p.drained(Duration::from_secs(30)).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    faults.fail_reads(0);
+    // A rewind seeks: serve it as the consumer would.
+    let started = std::time::Instant::now();
+    loop {
+        let seeks = p.seeks();
+        for seek in &seeks[served..] {
+            if let SourceCommand::Seek { positions, .. } = seek {
+                for (_, at) in positions {
+                    let from = at.unwrap_or(0) as usize;
+                    p.push(scripted("t", 0, from as i64, &log[from..]));
+                }
+            }
+        }
+        served = seeks.len();
+        if ws.committed_rows("ns", "t").await? >= 20 {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            break;
+        }
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(120),
+            "never committed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    p.stop().await??;
+    let dump = ws.read("duckdb", "ns", "t", "id")?;
+    let ids: Vec<i64> = dump
+        .rows()
+        .iter()
+        .map(|r| r["id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(ids, (0..20).collect::<Vec<_>>(), "every record once");
+    Ok(())
+}
+
+/// A partition assigned with neither a position nor stored offsets (`start = "latest"`
+/// when the end could not be read: the consumer reads from the end it sees) starts at
+/// its first record. A rewind before its first commit must read again from there, not
+/// from a later end that would skip the records between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_started_at_an_unknown_end_rewinds_to_its_first_record() -> Result<()> {
+    use floe::source::SourceCommand;
+    use floe_tests::scripted::{ScriptedPipeline, messages as scripted};
+
+    let ws = Workspace::new()?;
+    let config = ws.write(
+        &ws.config().pipeline(
+            ws.pipeline("p", "127.0.0.1:9", "t")
+                .group_id("g-p")
+                .start("latest")
+                .sink("local", "ns", "t")
+                .commit_interval("1s"),
+        ),
+    )?;
+    let (catalog, faults) = floe_tests::inject::faulty_catalog(ws.dir.path(), "local").await?;
+    let values: Vec<String> = (0..10).map(|i| format!(r#"{{"id": {i}}}"#)).collect();
+    let log: Vec<Option<&str>> = values.iter().map(|v| Some(v.as_str())).collect();
+    let p = ScriptedPipeline::start_on(&config, Some(catalog)).await?;
+    // Partition 0 makes the table (its offsets stored); partition 1 comes later with
+    // no position and nothing stored, and reads from offset 5.
+    p.assign("t", &[(0, Some(0), vec![None])]);
+    p.push(scripted("t", 0, 0, &log[..5]));
+    ws.wait_for_rows("ns", "t", 5, Duration::from_secs(60))
+        .await?;
+    // Its first data file write fails: the pipeline rewinds before its first commit.
+    faults.fail_writes(1);
+    p.assign("t", &[(1, None, vec![None])]);
+    p.push(scripted("t", 1, 5, &log[5..]));
+    let started = std::time::Instant::now();
+    let seek = loop {
+        if let Some(SourceCommand::Seek { positions, .. }) = p.seeks().last() {
+            break positions.clone();
+        }
+        anyhow::ensure!(started.elapsed() < Duration::from_secs(60), "no rewind");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let at = seek
+        .iter()
+        .find(|(tp, _)| tp.1 == 1)
+        .and_then(|(_, at)| *at);
+    assert_eq!(
+        at,
+        Some(5),
+        "the rewind reads again from the first record read"
+    );
+    p.push(scripted("t", 1, 5, &log[5..]));
+    ws.wait_for_rows("ns", "t", 10, Duration::from_secs(60))
+        .await?;
+    p.stop().await??;
+    let dump = ws.read("duckdb", "ns", "t", "id")?;
+    let ids: Vec<i64> = dump
+        .rows()
+        .iter()
+        .map(|r| r["id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(ids, (0..10).collect::<Vec<_>>());
+    Ok(())
+}

@@ -88,6 +88,8 @@ pub struct RowBuffer {
     tp_index: PartitionMap<u32>,
     /// Per entry of `tps`: the lowest offset of its rows (`i64::MAX`: none left).
     firsts: Vec<i64>,
+    /// Per entry of `tps`: the highest offset of its rows.
+    lasts: Vec<i64>,
     keys: Vec<(KeyHash, bool)>,
     bytes: u64,
 }
@@ -104,9 +106,10 @@ pub struct Buffered {
     pub rows: usize,
     /// Bytes counted against `flush_bytes`.
     pub bytes: u64,
-    /// Per partition with rows: the lowest offset among them (the commit checks that the
-    /// table does not hold these records already).
-    pub first_offsets: PartitionMap<i64>,
+    /// Per partition with rows: the lowest and the highest offset among them (the
+    /// committer checks that neither the table nor its uncommitted files hold these
+    /// records already).
+    pub offsets: PartitionMap<(i64, i64)>,
 }
 
 impl Default for RowBuffer {
@@ -133,6 +136,7 @@ impl RowBuffer {
             tps: Vec::new(),
             tp_index: PartitionMap::default(),
             firsts: Vec::new(),
+            lasts: Vec::new(),
             keys: Vec::new(),
             bytes: 0,
         }
@@ -187,6 +191,8 @@ impl RowBuffer {
             Some(&i) => {
                 let first = &mut self.firsts[i as usize];
                 *first = (*first).min(meta.offset);
+                let last = &mut self.lasts[i as usize];
+                *last = (*last).max(meta.offset);
                 i
             }
             None => {
@@ -194,6 +200,7 @@ impl RowBuffer {
                 self.tps.push(tp.clone());
                 self.tp_index.insert(tp.clone(), i);
                 self.firsts.push(meta.offset);
+                self.lasts.push(meta.offset);
                 i
             }
         };
@@ -270,11 +277,11 @@ impl RowBuffer {
     pub fn take(&mut self) -> Result<Buffered, BatchError> {
         self.seal()?;
         let rows = self.row_tps.len();
-        let first_offsets = self
+        let offsets = self
             .tps
             .drain(..)
-            .zip(self.firsts.drain(..))
-            .filter(|(_, first)| *first != i64::MAX)
+            .zip(self.firsts.drain(..).zip(self.lasts.drain(..)))
+            .filter(|(_, (first, _))| *first != i64::MAX)
             .collect();
         self.row_tps.clear();
         self.tp_index.clear();
@@ -283,7 +290,7 @@ impl RowBuffer {
             keys: std::mem::take(&mut self.keys),
             rows,
             bytes: std::mem::replace(&mut self.bytes, 0),
-            first_offsets,
+            offsets,
         })
     }
 

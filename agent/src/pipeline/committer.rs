@@ -73,9 +73,36 @@ struct CommitTable {
     cut: Volume,
     /// Marks since the last commit of this table.
     rounds_without_commit: u32,
+    /// Per partition, the highest offset handed to this table in this read epoch
+    /// (written to its files, committed or not): records at or below it that arrive again
+    /// were read twice.
+    written_through: PartitionMap<i64>,
 }
 
 impl CommitTable {
+    /// Why `chunk` holds records this table has already: committed ones (a partition
+    /// revoked and assigned back while a commit of it was in flight read the table's
+    /// offsets before that commit landed), or ones in its uncommitted files (assigned back
+    /// while a failed commit waited for its retry: the table's offsets had not moved).
+    /// Writing them would duplicate them; the caller rewinds instead.
+    fn read_again(&self, chunk: &Chunk) -> Option<String> {
+        for (tp, (first, _)) in &chunk.buffered.offsets {
+            if let Some(stored) = self.committed.0.get(tp).filter(|s| first < *s) {
+                return Some(format!(
+                    "{}/{}: records from offset {first} were read again, the table holds up to {stored}",
+                    tp.0, tp.1
+                ));
+            }
+            if let Some(through) = self.written_through.get(tp).filter(|w| first <= *w) {
+                return Some(format!(
+                    "{}/{}: records from offset {first} were read again, uncommitted files hold up to {through}",
+                    tp.0, tp.1
+                ));
+            }
+        }
+        None
+    }
+
     fn new(sink: TableSink) -> CommitTable {
         CommitTable {
             committed: sink.stored_offsets().unwrap_or_default(),
@@ -85,6 +112,7 @@ impl CommitTable {
             writing: Volume::default(),
             cut: Volume::default(),
             rounds_without_commit: 0,
+            written_through: PartitionMap::default(),
         }
     }
 }
@@ -270,23 +298,13 @@ impl Committer {
     /// Streams a chunk into its table's open files (creating the table first if needed).
     async fn write(&mut self, chunk: Chunk) -> Result<(), Halt> {
         let i = chunk.table;
-        // Records the table holds already were read again (a partition revoked and
-        // assigned back while a commit of it was in flight read the table's offsets
-        // before that commit landed): writing them would duplicate them.
-        let t = &self.tables[i];
-        if let Some((tp, first, stored)) =
-            chunk.buffered.first_offsets.iter().find_map(|(tp, first)| {
-                t.committed
-                    .0
-                    .get(tp)
-                    .filter(|stored| first < *stored)
-                    .map(|stored| (tp, *first, *stored))
-            })
-        {
-            return Err(Halt::Rewind(format!(
-                "{}/{}: records from offset {first} were read again, the table holds up to {stored}",
-                tp.0, tp.1
-            )));
+        if let Some(reason) = self.tables[i].read_again(&chunk) {
+            return Err(Halt::Rewind(reason));
+        }
+        let t = &mut self.tables[i];
+        for (tp, (_, last)) in &chunk.buffered.offsets {
+            let through = t.written_through.entry(tp.clone()).or_insert(*last);
+            *through = (*through).max(*last);
         }
         if chunk.buffered.rows == 0 {
             return Ok(());
@@ -627,6 +645,7 @@ impl Committer {
             t.extra.clear();
             t.writing = Volume::default();
             t.cut = Volume::default();
+            t.written_through.clear();
             let mut attempts = STEP_RETRY.start();
             loop {
                 let e = match self.reload(i).await {

@@ -102,6 +102,10 @@ struct State {
     /// Where a partition without stored offsets started (`start = "latest"`: the end at
     /// its first assignment), for rewinds before its first commit.
     first_position: PartitionMap<i64>,
+    /// Partitions assigned with neither a position nor stored offsets (the source reads
+    /// from where it likes, such as an end it could not tell): the first record read is
+    /// where reading started, kept in `first_position`.
+    unpositioned: HashSet<TopicPartition>,
     assigned: HashSet<TopicPartition>,
     gaps: PartitionMap<(i64, i64)>,
     resets: PartitionMap<(i64, i64)>,
@@ -488,6 +492,9 @@ impl Intake {
                                 Some(h) => self.state.next.insert(a.tp.clone(), h),
                                 None => self.state.next.remove(&a.tp),
                             };
+                            if a.stored.iter().all(Option::is_none) {
+                                self.state.unpositioned.insert(a.tp.clone());
+                            }
                             self.state.from.remove(&a.tp);
                         }
                     }
@@ -522,6 +529,7 @@ impl Intake {
                     self.state.gaps.remove(tp);
                     self.state.resets.remove(tp);
                     self.state.first_position.remove(tp);
+                    self.state.unpositioned.remove(tp);
                 }
                 telemetry::health::partitions_assigned(self.name(), self.state.assigned.len());
             }
@@ -560,6 +568,9 @@ impl Intake {
         let mut decoded: Vec<Pending<'_>> = Vec::new();
         for (i, m) in messages.iter().enumerate() {
             let tp = m.topic_partition();
+            if !self.state.unpositioned.is_empty() && self.state.unpositioned.remove(&tp) {
+                self.state.first_position.insert(tp.clone(), m.offset);
+            }
             let next = self.state.next.entry(tp.clone()).or_insert(m.offset);
             if m.offset < *next {
                 // Already buffered or stored (re-delivery after a rebalance or seek).

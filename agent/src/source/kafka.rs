@@ -161,7 +161,11 @@ impl Context {
                 a.position = Some(o);
                 continue;
             }
-            match consumer.fetch_watermarks(&topic, partition, Duration::from_secs(5)) {
+            // Asked twice: a broker that just restarted may not answer the first time.
+            let ends = consumer
+                .fetch_watermarks(&topic, partition, Duration::from_secs(5))
+                .or_else(|_| consumer.fetch_watermarks(&topic, partition, Duration::from_secs(5)));
+            match ends {
                 Ok((low, high)) => {
                     tracing::info!(pipeline = %self.pipeline, %topic, partition, low, high, "start = latest: positioned at the end");
                     a.position = Some(high);
@@ -171,7 +175,9 @@ impl Context {
                         .push((a.tp.clone(), high));
                 }
                 Err(e) => {
-                    tracing::warn!(pipeline = %self.pipeline, %topic, partition, error = %e, "cannot read the end of the partition: starting at the end as librdkafka sees it")
+                    // The pipeline keeps the offset of the first record it reads as where
+                    // this partition started, for a rewind before its first commit.
+                    tracing::warn!(pipeline = %self.pipeline, %topic, partition, error = %e, "cannot read the end of the partition: starting at the end as librdkafka sees it (the first record read marks where reading started)")
                 }
             }
         }
