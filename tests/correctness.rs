@@ -8,7 +8,8 @@
 //! - a column another writer typed differently is checked against that type;
 //! - a partition assigned back while its commit is in flight is not committed twice;
 //! - a lost commit answer with another writer's commit right after it leaves one row per
-//!   key.
+//!   key;
+//! - a commit the catalog never answers does not hold a stop past its grace.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -555,4 +556,38 @@ async fn a_retention_gap_is_recorded_in_the_snapshot() -> Result<()> {
         .collect();
     assert_eq!(gaps, [r#"{"t":{"0":[1,40]}}"#]);
     Ok(())
+}
+
+/// A commit the catalog never answers does not hold a stop past its grace: the pipeline
+/// ends in about 20 s, the records of that commit stay out of the table, and the next
+/// start commits them once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_the_catalog_never_answers_does_not_hold_a_stop() -> Result<()> {
+    let ws = Workspace::new()?;
+    let config = config(&ws, "p", "t", "t")?;
+    let rows: Vec<Value> = (0..10).map(|i| json!({"id": i, "v": i * 7})).collect();
+    let texts = values(&rows);
+    let (p, faults) = start(&ws, &config).await?;
+    p.assign("t", &[(0, None, vec![None])]);
+    p.push(messages("t", 0, 0, &refs(&texts[..5])));
+    covered(&ws, "t", "p", 5).await?;
+    faults.hold_commits(1);
+    p.push(messages("t", 0, 5, &refs(&texts[5..])));
+    faults.wait_holding(WAIT).await?;
+    let started = std::time::Instant::now();
+    let stopped = tokio::time::timeout(Duration::from_secs(90), p.stop()).await;
+    let took = started.elapsed();
+    faults.release();
+    ensure!(
+        stopped.is_ok(),
+        "the stop waited for a commit that never ends"
+    );
+    ensure!(took < Duration::from_secs(45), "the stop took {took:?}");
+
+    let (p, _) = start(&ws, &config).await?;
+    p.assign("t", &[(0, Some(5), vec![Some(5)])]);
+    p.push(messages("t", 0, 5, &refs(&texts[5..])));
+    covered(&ws, "t", "p", 10).await?;
+    p.stop().await??;
+    assert_table(&ws, "t", "id", &in_order(&rows))
 }

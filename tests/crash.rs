@@ -138,7 +138,9 @@ async fn sigkill_with_files_half_written_on_s3() -> Result<()> {
     agent.terminate()?;
 
     let table = lake.table("orders").await?;
-    let report = floe_iceberg::orphans::remove_orphans(&table, Duration::ZERO, false).await?;
+    let reload = || async { Ok(table.clone()) };
+    let report =
+        floe_iceberg::orphans::remove_orphans(&table, reload, Duration::ZERO, false).await?;
     println!("orphan cleanup on S3 after the kill: {report}");
     anyhow::ensure!(
         !report.starts_with("deleted 0 "),

@@ -34,7 +34,7 @@ fn maintenance(pipeline: Pipeline) -> Pipeline {
         .maintenance("min_input_files", 2)
         .maintenance("keep_snapshots", 3)
         .maintenance("max_snapshot_age", "0s")
-        .maintenance("orphan_age", "1h")
+        .maintenance("orphan_age", "2h")
         .maintenance("keep_metadata_files", 5)
 }
 
@@ -171,7 +171,7 @@ async fn concurrent(lake: Lake) -> Result<()> {
         std::fs::File::options()
             .write(true)
             .open(&old)?
-            .set_modified(SystemTime::now() - Duration::from_secs(7200))?;
+            .set_modified(SystemTime::now() - Duration::from_secs(3 * 3600))?;
         Some((old, fresh))
     } else {
         None
@@ -254,7 +254,9 @@ async fn concurrent(lake: Lake) -> Result<()> {
             .write(bytes::Bytes::from_static(b"not referenced"))
             .await?;
         ensure!(io.exists(&orphan).await?, "the orphan was not written");
-        let report = floe_iceberg::orphans::remove_orphans(&table, Duration::ZERO, false).await?;
+        let reload = || async { Ok(table.clone()) };
+        let report =
+            floe_iceberg::orphans::remove_orphans(&table, reload, Duration::ZERO, false).await?;
         println!("orphan cleanup on S3: {report}");
         ensure!(report.starts_with("deleted "), "{report}");
         ensure!(

@@ -205,7 +205,7 @@ interval = "5m"
 min_input_files = 5
 keep_snapshots = 10
 max_snapshot_age = "30m"
-orphan_age = "1h"
+orphan_age = "2h"
 keep_metadata_files = 10
 
 [pipelines.dead_letter]

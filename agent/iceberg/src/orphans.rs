@@ -5,8 +5,13 @@
 //! those manifests names (whatever the entry's status). A file that is none of these
 //! and was last modified more than `orphan_age` ago is deleted: a data file whose
 //! commit failed, a manifest of an attempt that lost a race, an upload cut short. The
-//! age keeps files of commits still in progress (a commit retries for up to about an
-//! hour) out of reach; the config refuses less than an hour.
+//! age keeps files of commits still in progress out of reach: the config refuses an
+//! `orphan_age` below what a pipeline's files may wait for their commit
+//! (`commit_interval` plus the time it keeps retrying a commit).
+//!
+//! The files are listed first and the table is loaded again after the listing: a
+//! commit that lands while the listing runs references files the listing saw, and the
+//! table loaded before it would not know them.
 //!
 //! Local (`file://`) warehouses are walked on the file system; S3 warehouses are listed
 //! through [`floe_iceberg::object_store`] with the table's own storage settings and
@@ -37,15 +42,31 @@ fn normalize(path: &str) -> String {
         .unwrap_or_else(|| path.to_string())
 }
 
-/// Deletes unreferenced files older than `age` under `table`'s location.
-pub async fn remove_orphans(table: &Table, age: Duration, dry_run: bool) -> Result<String, Error> {
+/// Deletes unreferenced files older than `age` under `table`'s location; `reload`
+/// loads the table again (after the listing).
+pub async fn remove_orphans<F, Fut>(
+    table: &Table,
+    reload: F,
+    age: Duration,
+    dry_run: bool,
+) -> Result<String, Error>
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Result<Table, iceberg::Error>>,
+{
     let location = table.metadata().location();
     let cutoff = SystemTime::now()
         .checked_sub(age)
         .unwrap_or(SystemTime::UNIX_EPOCH);
     let (found, deleted, bytes) = if let Some(root) = local_dir(location) {
-        let referenced = referenced(table).await?;
-        remove_local(root, referenced, cutoff, dry_run).await?
+        let (found, old) = list_local(root, cutoff).await?;
+        let referenced = referenced(&reload().await?).await?;
+        let orphans: Vec<(PathBuf, u64)> = old
+            .into_iter()
+            .filter(|(p, _)| !referenced.contains(p.to_string_lossy().as_ref()))
+            .collect();
+        let (deleted, bytes) = remove_local(orphans, dry_run).await?;
+        (found, deleted, bytes)
     } else {
         let props = table.file_io().config().props();
         let Some(store) = ObjectStore::open(location, props).map_err(other)? else {
@@ -55,7 +76,7 @@ pub async fn remove_orphans(table: &Table, age: Duration, dry_run: bool) -> Resu
         };
         // Listed first: a file written after the listing is never a candidate.
         let listed = store.list().await.map_err(other)?;
-        let referenced = referenced(table).await?;
+        let referenced = referenced(&reload().await?).await?;
         let mut deleted = 0;
         let mut bytes = 0;
         for f in &listed {
@@ -78,32 +99,42 @@ pub async fn remove_orphans(table: &Table, age: Duration, dry_run: bool) -> Resu
     ))
 }
 
-/// Walks the local directory `root`: (files found, deleted, bytes deleted).
-async fn remove_local(
+/// Walks the local directory `root`: (files found, those last modified before
+/// `cutoff` with their sizes).
+async fn list_local(
     root: PathBuf,
-    referenced: HashSet<String>,
     cutoff: SystemTime,
-    dry_run: bool,
-) -> Result<(usize, usize, u64), Error> {
+) -> Result<(usize, Vec<(PathBuf, u64)>), Error> {
     tokio::task::spawn_blocking(move || {
         let mut found = 0usize;
-        let mut orphans = Vec::new();
+        let mut old = Vec::new();
         walk(&root, &mut |path: &Path, meta: &std::fs::Metadata| {
             found += 1;
-            let key = path.to_string_lossy().to_string();
-            let old = meta.modified().map(|m| m < cutoff).unwrap_or(false);
-            if old && !referenced.contains(&key) {
-                orphans.push((path.to_path_buf(), meta.len()));
+            if meta.modified().map(|m| m < cutoff).unwrap_or(false) {
+                old.push((path.to_path_buf(), meta.len()));
             }
         })?;
+        Ok::<_, std::io::Error>((found, old))
+    })
+    .await
+    .map_err(|e| Error::Other(e.to_string()))?
+    .map_err(|e| Error::Other(format!("listing the table's files: {e}")))
+}
+
+/// Deletes `orphans` (unless `dry_run`): (deleted, bytes deleted).
+async fn remove_local(orphans: Vec<(PathBuf, u64)>, dry_run: bool) -> Result<(usize, u64), Error> {
+    tokio::task::spawn_blocking(move || {
         let mut bytes = 0;
         for (p, len) in &orphans {
             if !dry_run {
-                std::fs::remove_file(p)?;
+                match std::fs::remove_file(p) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                    _ => {}
+                }
             }
             bytes += len;
         }
-        Ok::<_, std::io::Error>((found, orphans.len(), bytes))
+        Ok::<_, std::io::Error>((orphans.len(), bytes))
     })
     .await
     .map_err(|e| Error::Other(e.to_string()))?

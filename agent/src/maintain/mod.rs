@@ -212,7 +212,7 @@ pub async fn run_table(catalog: &CatalogHandle, target: &Target, dry_run: bool) 
     if let Ok(t) = load().await {
         table = t;
     }
-    let r = orphans::remove_orphans(&table, target.config.orphan_age, dry_run).await;
+    let r = orphans::remove_orphans(&table, load, target.config.orphan_age, dry_run).await;
     report
         .jobs
         .push(job("orphans", r.map_err(MaintainError::from)));

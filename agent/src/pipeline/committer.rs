@@ -29,7 +29,7 @@ use super::tables::TableMap;
 use crate::config::PipelineConfig;
 use crate::error::{Classify, ErrorClass, retry};
 use crate::record::PartitionMap;
-use crate::sink::{CommitOutcome, SinkError, TableSink};
+use crate::sink::{COMMIT_ATTEMPT_TIMEOUT, COMMIT_GIVE_UP, CommitOutcome, SinkError, TableSink};
 use crate::source::KnownOffsets;
 use crate::{failpoint, telemetry};
 use floe_iceberg::OffsetMap;
@@ -146,6 +146,9 @@ pub(super) struct Committer {
     retry_at: Option<tokio::time::Instant>,
     /// Failed commit attempts in a row.
     attempts: retry::Attempts,
+    /// When the commits failing now first failed: past [`COMMIT_GIVE_UP`] the pipeline
+    /// stops (orphan cleanup relies on that bound, see `sink::min_orphan_age`).
+    failing_since: Option<Instant>,
     /// Rewinds after failed writes in a row.
     failed_writes: retry::Attempts,
     /// The closing mark has arrived: once its commit lands (or is given up), stop.
@@ -189,6 +192,7 @@ impl Committer {
             uncommitted,
             retry_at: None,
             attempts: STEP_RETRY.start(),
+            failing_since: None,
             failed_writes: WRITE_RETRY.start(),
             closing: false,
             last_seq: None,
@@ -452,11 +456,16 @@ impl Committer {
     async fn commit_all(&mut self) -> Result<(), Halt> {
         let started = Instant::now();
         let jobs = self.commit_jobs();
+        let give_up = self.give_up();
         let mut slots: Vec<Option<&mut CommitTable>> = self.tables.iter_mut().map(Some).collect();
         let commits = jobs.into_iter().map(|job| {
             let t = slots[job.table].take().expect("one commit per table");
+            let give_up = give_up.clone();
             async move {
-                let result = t.sink.commit(&job.expected, &job.target, job.extra).await;
+                let result = t
+                    .sink
+                    .commit(&job.expected, &job.target, job.extra, give_up.wait())
+                    .await;
                 if result.is_ok() {
                     // Landed, not recorded yet: other tables' commits may be in flight.
                     failpoint::hit(failpoint::AFTER_COMMIT);
@@ -498,9 +507,17 @@ impl Committer {
                 }
                 e if e.class() == ErrorClass::Transient => {
                     let wait = self.attempts.retry_after(e.class());
-                    let Some(wait) = wait.filter(|_| !self.past_shutdown_grace()) else {
+                    let failing_for = self
+                        .failing_since
+                        .get_or_insert_with(Instant::now)
+                        .elapsed();
+                    let Some(wait) = wait
+                        .filter(|_| !self.past_shutdown_grace() && failing_for < COMMIT_GIVE_UP)
+                    else {
                         if self.closing {
                             tracing::error!(pipeline = %self.name(), error = %e, "stopping: gave up committing the last records (they are read again at the next start)");
+                        } else {
+                            tracing::error!(pipeline = %self.name(), error = %e, failing_s = failing_for.as_secs(), "gave up committing: the pipeline stops (its records are read again at the next start)");
                         }
                         return Err(self.fatal(e));
                     };
@@ -525,6 +542,7 @@ impl Committer {
             }
         }
         self.attempts.reset();
+        self.failing_since = None;
         self.failed_writes.reset();
         self.remember();
         self.update_uncommitted();
@@ -617,6 +635,19 @@ impl Committer {
         }
     }
 
+    /// When the commit attempts starting now are abandoned: after
+    /// [`COMMIT_ATTEMPT_TIMEOUT`], or once a stop's grace has run out.
+    fn give_up(&mut self) -> GiveUp {
+        if self.closing_since.is_none() && *self.shutdown.borrow() {
+            self.closing_since = Some(Instant::now());
+        }
+        GiveUp {
+            at: tokio::time::Instant::now() + COMMIT_ATTEMPT_TIMEOUT,
+            stopping_since: self.closing_since,
+            shutdown: self.shutdown.clone(),
+        }
+    }
+
     /// Whether a stop was requested long enough ago that failing steps are given up.
     fn past_shutdown_grace(&mut self) -> bool {
         if self.closing_since.is_none() && *self.shutdown.borrow() {
@@ -699,6 +730,39 @@ impl Committer {
                     .or_insert_with(|| vec![None; self.tables.len()]);
                 entry[i] = Some(*o);
             }
+        }
+    }
+}
+
+/// When a commit attempt is abandoned (see [`Committer::give_up`]).
+#[derive(Clone)]
+struct GiveUp {
+    at: tokio::time::Instant,
+    stopping_since: Option<Instant>,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl GiveUp {
+    /// Completes at the time limit, or when a stop's grace runs out (a stop requested
+    /// while the attempt runs included).
+    async fn wait(mut self) {
+        let grace_over = async {
+            let since = match self.stopping_since {
+                Some(since) => since,
+                None => {
+                    let asked = self.shutdown.wait_for(|stop| *stop).await.is_ok();
+                    if !asked {
+                        // No one can ask for a stop any more.
+                        return std::future::pending().await;
+                    }
+                    Instant::now()
+                }
+            };
+            tokio::time::sleep_until((since + SHUTDOWN_GRACE).into()).await;
+        };
+        tokio::select! {
+            () = tokio::time::sleep_until(self.at) => {}
+            () = grace_over => {}
         }
     }
 }

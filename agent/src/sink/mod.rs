@@ -29,6 +29,23 @@ pub use table::{CommitOutcome, TableSink};
 /// The placeholder in `table` that names a table after each topic.
 pub const TOPIC_PLACEHOLDER: &str = "{topic}";
 
+/// How long one commit attempt may take (the catalog call with its own retries, such as
+/// waiting out 429s): past it the attempt counts as failed, and the next one finds out
+/// whether it landed (the offsets fence).
+pub const COMMIT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+
+/// How long a pipeline keeps retrying a commit that fails before it stops: its files
+/// are then never committed (they are read again at the next start).
+pub const COMMIT_GIVE_UP: Duration = Duration::from_secs(3600);
+
+/// The youngest an unreferenced file may be for orphan cleanup to delete it, for a
+/// pipeline committing every `commit_interval`: a file written at the start of an
+/// interval is committed (or given up) at most `commit_interval` +
+/// [`COMMIT_GIVE_UP`] + [`COMMIT_ATTEMPT_TIMEOUT`] later.
+pub fn min_orphan_age(commit_interval: Duration) -> Duration {
+    (commit_interval + COMMIT_GIVE_UP + COMMIT_ATTEMPT_TIMEOUT).max(MIN_ORPHAN_AGE)
+}
+
 /// `[pipelines.sink]`: target table and commit policy.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -288,6 +305,21 @@ impl SinkConfig {
             out.push(("format_version".into(), "must be 2 or 3".into()));
         }
         out.extend(partition::parse_all(&self.partition_by).1);
+        // (Below MIN_ORPHAN_AGE the maintenance section reports it itself.)
+        if let Some(m) = &self.maintenance
+            && m.orphan_age >= MIN_ORPHAN_AGE
+            && m.orphan_age < min_orphan_age(self.commit_interval)
+        {
+            out.push((
+                "maintenance.orphan_age".into(),
+                format!(
+                    "must be at least {} with commit_interval = {}: a file written during an interval may be committed up to commit_interval + {} later, and must not look orphaned before",
+                    humantime::format_duration(min_orphan_age(self.commit_interval)),
+                    humantime::format_duration(self.commit_interval),
+                    humantime::format_duration(COMMIT_GIVE_UP + COMMIT_ATTEMPT_TIMEOUT),
+                ),
+            ));
+        }
         if let Some(m) = &self.maintenance {
             out.extend(
                 m.problems()
@@ -345,6 +377,11 @@ pub enum SinkError {
     /// Other writers kept changing the table under a commit: try again later.
     #[error("{0}")]
     Contended(String),
+    /// A commit attempt did not finish in time (or before a stop's grace ran out).
+    #[error(
+        "the commit to {0} did not finish in time: the next attempt finds out whether it landed"
+    )]
+    TimedOut(String),
     /// Something that cannot happen did (a bug: please report).
     #[error("internal error: {0}; please report this")]
     Internal(String),
@@ -378,7 +415,7 @@ impl crate::error::Classify for SinkError {
             SinkError::Commit(failure) => failure.class().into(),
             SinkError::Upsert(upsert::UpsertError::Iceberg(e)) => crate::error::iceberg_class(e),
             SinkError::Upsert(upsert::UpsertError::Parquet(_)) => Transient,
-            SinkError::Fenced(_) | SinkError::Contended(_) => Transient,
+            SinkError::Fenced(_) | SinkError::Contended(_) | SinkError::TimedOut(_) => Transient,
             SinkError::MissingTable(_)
             | SinkError::Unwritable(_)
             | SinkError::Offsets(_)
@@ -415,6 +452,25 @@ mod tests {
     }
 
     /// A config written for the size-triggered commits still loads, with a warning.
+    /// Orphan cleanup must not reach files that wait for their interval's commit.
+    #[test]
+    fn orphan_age_covers_the_commit_interval_and_its_retries() {
+        let config = |interval: &str, age: &str| -> SinkConfig {
+            toml::from_str(&format!(
+                "catalog = \"l\"\nnamespace = \"a\"\ntable = \"t\"\ncommit_interval = \"{interval}\"\n[maintenance]\norphan_age = \"{age}\""
+            ))
+            .unwrap()
+        };
+        let fields = |c: &SinkConfig| c.problems().into_iter().map(|(f, _)| f).collect::<Vec<_>>();
+        assert!(fields(&config("2h", "3h")).contains(&"maintenance.orphan_age".to_string()));
+        assert!(fields(&config("2h", "3h10m")).is_empty());
+        assert!(fields(&config("1m", "2h")).is_empty());
+        assert_eq!(
+            min_orphan_age(Duration::from_secs(60)),
+            Duration::from_secs(60 + 3600 + 300)
+        );
+    }
+
     #[test]
     fn flush_settings_load_with_a_warning() {
         let c: SinkConfig = toml::from_str(

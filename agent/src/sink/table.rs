@@ -263,7 +263,8 @@ impl TableSink {
         self.create(tracker).await?;
         let expected = initial.0.keys().map(|tp| (tp.clone(), None)).collect();
         let mut nothing = Vec::new();
-        self.commit_generations(&mut nothing, &expected, initial, HashMap::new())
+        let give_up = std::pin::pin!(tokio::time::sleep(crate::sink::COMMIT_ATTEMPT_TIMEOUT));
+        self.commit_generations(&mut nothing, &expected, initial, HashMap::new(), give_up)
             .await?;
         Ok(true)
     }
@@ -653,15 +654,21 @@ impl TableSink {
     /// A stale table view (files of it removed by another writer's expiry or compaction)
     /// or, in upsert mode, a parent whose data changed, is reloaded and the commit
     /// prepared again, a bounded number of times.
+    ///
+    /// The catalog commit is abandoned when `give_up` completes (a time limit, a stop's
+    /// grace running out): that attempt fails as [`SinkError::TimedOut`], the
+    /// generations stay, and the next attempt's fence finds out whether it landed.
     pub async fn commit(
         &mut self,
         expected: &PartitionMap<Option<i64>>,
         offsets: &OffsetMap,
         extra: HashMap<String, String>,
+        give_up: impl std::future::Future<Output = ()>,
     ) -> Result<CommitOutcome, SinkError> {
+        let give_up = std::pin::pin!(give_up);
         let mut generations = std::mem::take(&mut self.cut);
         let result = self
-            .commit_generations(&mut generations, expected, offsets, extra)
+            .commit_generations(&mut generations, expected, offsets, extra, give_up)
             .await;
         if result.is_err() {
             // Kept for the next attempt (a rewind discards them).
@@ -671,12 +678,13 @@ impl TableSink {
         result
     }
 
-    async fn commit_generations(
+    async fn commit_generations<F: std::future::Future<Output = ()>>(
         &mut self,
         generations: &mut Vec<Generation>,
         expected: &PartitionMap<Option<i64>>,
         offsets: &OffsetMap,
         extra: HashMap<String, String>,
+        mut give_up: std::pin::Pin<&mut F>,
     ) -> Result<CommitOutcome, SinkError> {
         let mut props = HashMap::from([
             (PIPELINE_KEY.to_string(), self.pipeline.clone()),
@@ -695,7 +703,14 @@ impl TableSink {
                 .clone()
                 .ok_or_else(|| SinkError::MissingTable(self.ident.to_string()))?;
             let error = match self
-                .commit_on(table, generations, &fence, &props, offsets)
+                .commit_on(
+                    table,
+                    generations,
+                    &fence,
+                    &props,
+                    offsets,
+                    give_up.as_mut(),
+                )
                 .await
             {
                 Ok(outcome) => return Ok(outcome),
@@ -720,13 +735,14 @@ impl TableSink {
     }
 
     /// One attempt of [`TableSink::commit`] on `table`.
-    async fn commit_on(
+    async fn commit_on<F: std::future::Future<Output = ()>>(
         &mut self,
         table: Table,
         generations: &mut Vec<Generation>,
         fence: &Fence,
         props: &HashMap<String, String>,
         offsets: &OffsetMap,
+        give_up: std::pin::Pin<&mut F>,
     ) -> Result<CommitOutcome, Attempt> {
         self.catch_up_index(&table).await.map_err(Attempt::from)?;
         let data: Vec<(i32, DataFile)> = generations
@@ -763,14 +779,20 @@ impl TableSink {
             fence,
             exact_parent: self.upsert.is_some(),
         };
-        let committed = commit::commit(
-            self.catalog.catalog.as_ref(),
-            self.catalog.committer.as_ref(),
-            table,
-            &mut snapshot,
-            options,
-        )
-        .await;
+        // Only the catalog call is abandoned: nothing of the key index is touched before
+        // it returns, so the index stays consistent with the snapshot it names.
+        let committed = tokio::select! {
+            c = commit::commit(
+                self.catalog.catalog.as_ref(),
+                self.catalog.committer.as_ref(),
+                table,
+                &mut snapshot,
+                options,
+            ) => c,
+            () = give_up => {
+                return Err(Attempt::Failed(SinkError::TimedOut(self.ident.to_string())));
+            }
+        };
         match committed {
             Ok(Committed { table, snapshot_id }) => {
                 self.table = Some(table);
