@@ -10,9 +10,12 @@
 //! snapshots expire.
 //!
 //! The parent's manifests that hold none of the removed files are kept as they are;
-//! the ones that do are rewritten without them (dropped when nothing stays), and the new
-//! files get one manifest per content type and partition spec. Since compaction removes
-//! every small file and delete file, this also bounds the number of manifests.
+//! the ones that do are rewritten with the removed files as `DELETED` entries of this
+//! snapshot (as Java's rewrite writes them: another engine's conflict check for a
+//! concurrent row-level delete, `validateDataFilesExist`, and incremental readers look
+//! for exactly those entries), and the new files get one manifest per content type and
+//! partition spec. The next commit drops a manifest with no live entry left, so the
+//! number of manifests stays bounded.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -166,9 +169,8 @@ struct ManifestCache {
     written: usize,
     /// (content, spec id) -> the added files' keys and their manifest.
     added: HashMap<(ManifestContentType, i32), (Vec<FileKey>, ManifestFile)>,
-    /// Parent manifest path -> the keys it loses and its rewritten form (`None`: nothing
-    /// left in it).
-    rewritten: HashMap<String, (Vec<FileKey>, Option<ManifestFile>)>,
+    /// Parent manifest path -> the keys it loses and its rewritten form.
+    rewritten: HashMap<String, (Vec<FileKey>, ManifestFile)>,
 }
 
 impl ManifestCache {
@@ -242,7 +244,7 @@ impl ManifestCache {
                     m
                 }
             };
-            list.extend(manifest);
+            list.push(manifest);
         }
         // The new files, one manifest per content type and spec.
         let mut groups: Vec<((ManifestContentType, i32), Vec<DataFile>)> = Vec::new();
@@ -305,22 +307,16 @@ impl ManifestCache {
         })
     }
 
-    /// `file` without the entries `gone` (marked deleted), or `None` if nothing stays.
+    /// `file` with the entries `gone` marked deleted by this snapshot (a manifest of
+    /// deleted entries only, when nothing stays).
     async fn rewrite(
         &mut self,
         base: &Table,
         file: &ManifestFile,
         gone: &[FileKey],
-    ) -> iceberg::Result<Option<ManifestFile>> {
+    ) -> iceberg::Result<ManifestFile> {
         let manifest = manifests::load(base, file).await?;
         let live = manifest.entries().iter().filter(|e| e.is_alive());
-        if live
-            .clone()
-            .all(|e| gone.contains(&FileKey::of(e.data_file())))
-        {
-            // Only removals: a manifest of deleted entries helps no reader.
-            return Ok(None);
-        }
         let path = self.path(base);
         let mut writer = snapshot::manifest_writer(
             base,
@@ -337,7 +333,7 @@ impl ManifestCache {
                 snapshot::add_existing(&mut writer, entry)?;
             }
         }
-        Ok(Some(writer.write_manifest_file().await?))
+        writer.write_manifest_file().await
     }
 }
 
