@@ -5,7 +5,10 @@
 //! columns, incompatible values and tombstones; transient write and commit failures,
 //! lost commit answers; another pipeline committing to the same table, another writer
 //! adding a column; compaction and snapshot expiry; a partition revoked and assigned back
-//! while its commit is in flight; restarts. After every step the table is read back and
+//! while its commit is in flight; restarts; crashes (a commit refused for good stops the
+//! pipeline with no clean close, and a new one starts from the table and, in upsert
+//! mode, from the key index kept on disk, 64 KiB so that it spills and merges between
+//! commits). After every step the table is read back and
 //! compared, every column of every row, with a reference model of what the records must
 //! have become (and the dead letters with the records that must not).
 //!
@@ -19,7 +22,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use floe::source::SourceCommand;
 use floe_tests::inject::{Faults, faulty_catalog};
 use floe_tests::scripted::ScriptedPipeline;
@@ -29,6 +32,9 @@ use serde_json::{Map, Value, json};
 
 /// Seeds that once failed, run in CI with the default ones.
 const REGRESSIONS: &[(Mode, u64)] = &[];
+
+/// The roll of [`Run::random_step`] that crashes the pipeline.
+const CRASH_ROLL: u64 = 89;
 
 const PARTITIONS: i32 = 2;
 const WAIT: Duration = Duration::from_secs(90);
@@ -378,12 +384,20 @@ fn config(ws: &Workspace, name: &str, topic: &str, mode: Mode) -> Result<PathBuf
         .sink("local", "ns", "t")
         .commit_interval("1s")
         .dead_letter(ws.path(&format!("{name}.ndjson")));
+    // Upsert: a kept index small enough to spill and merge between commits, so that
+    // the crash steps start from what it kept on disk.
+    let upsert = |p: Pipeline| {
+        p.upsert(&["_kafka_key"])
+            .set("sink.index_memory", "64KiB")
+            .set(
+                "sink.index_dir",
+                ws.path(&format!("index-{name}")).display().to_string(),
+            )
+    };
     let pipeline = match mode {
         Mode::Append => pipeline,
-        Mode::Upsert => pipeline.upsert(&["_kafka_key"]),
-        Mode::UpsertV3 => pipeline
-            .upsert(&["_kafka_key"])
-            .set("sink.format_version", 3),
+        Mode::Upsert => upsert(pipeline),
+        Mode::UpsertV3 => upsert(pipeline).set("sink.format_version", 3),
     };
     Config::new()
         .catalog("local", ws.embedded_catalog())
@@ -454,8 +468,10 @@ async fn run(mode: Mode, seed: u64, steps: usize) -> Result<()> {
     run.check().await.context("after the first records")?;
     for step in 1..=steps {
         run.step = step;
+        // Every run crashes at least once, half way.
+        let roll = (step == steps.div_ceil(2)).then_some(CRASH_ROLL);
         let what = run
-            .random_step()
+            .random_step(roll)
             .await
             .with_context(|| format!("step {step}"))?;
         run.check()
@@ -498,10 +514,10 @@ impl Run {
         self.model.log.iter().map(Vec::as_slice).collect()
     }
 
-    /// One random step; returns what it did.
-    async fn random_step(&mut self) -> Result<String> {
+    /// One random step (`roll`: that step instead); returns what it did.
+    async fn random_step(&mut self, roll: Option<u64>) -> Result<String> {
         let n = 2 + self.rng.below(8);
-        let roll = self.rng.below(100);
+        let roll = roll.unwrap_or_else(|| self.rng.below(100));
         let what = match roll {
             0..=29 => {
                 self.produce(n).await?;
@@ -542,9 +558,15 @@ impl Run {
                 self.maintain(false).await?;
                 format!("{n} records, expiry")
             }
-            84..=91 => {
+            84..=88 => {
                 self.reassign_in_flight(n).await?;
                 format!("partition assigned back with {n} records in flight")
+            }
+            CRASH_ROLL..=92 => {
+                self.crash(n).await?;
+                format!(
+                    "{n} records, a commit refused for good: the pipeline stops without a clean close and starts again"
+                )
             }
             _ => {
                 self.restart().await?;
@@ -683,6 +705,30 @@ impl Run {
         Ok(())
     }
 
+    /// A commit is refused with an error no retry helps: the pipeline stops at once,
+    /// keeping nothing at a clean close (the upsert index stays as its last spill left
+    /// it, as after a SIGKILL). It starts again from the index directory and the table.
+    async fn crash(&mut self, n: u64) -> Result<()> {
+        self.p.faults.refuse_commits(1);
+        self.produce(n).await?;
+        let deadline = Instant::now() + WAIT;
+        while !self.p.pipeline.is_finished() {
+            ensure!(
+                Instant::now() < deadline,
+                "the refused commit did not stop the pipeline"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.p.faults.refuse_commits(0);
+        let new = Driven::start(&self.ws, &self.p_config, "t").await?;
+        let old = std::mem::replace(&mut self.p, new);
+        ensure!(
+            old.pipeline.stop().await?.is_err(),
+            "the pipeline stopped without an error"
+        );
+        self.resume_from_table().await
+    }
+
     /// Stops the pipeline (committing what it buffered) and starts it again from the
     /// table's offsets.
     async fn restart(&mut self) -> Result<()> {
@@ -691,6 +737,12 @@ impl Run {
             Driven::start(&self.ws, &self.p_config, "t").await?,
         );
         old.pipeline.stop().await??;
+        self.resume_from_table().await
+    }
+
+    /// Assigns every partition to the (new) pipeline at the table's offsets and delivers
+    /// the log from there, as a consumer joining the group would.
+    async fn resume_from_table(&mut self) -> Result<()> {
         let at = stored(self.catalog.catalog.as_ref(), "p").await?;
         let assign: Vec<_> = (0..PARTITIONS)
             .map(|p| {

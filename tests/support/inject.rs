@@ -47,6 +47,8 @@ struct State {
     lose_answers: u32,
     /// Commits to refuse without applying them, as unknown (a 503).
     fail_commits: u32,
+    /// Commits to refuse for good (a 400): the pipeline stops without a clean close.
+    refuse_commits: u32,
     /// Commits to hold until [`Faults::release`].
     hold_commits: u32,
     /// Whether a commit whose answer is lost is held (after it was applied, before the
@@ -82,6 +84,12 @@ impl Faults {
     /// The next `n` commits are refused as unknown without being applied.
     pub fn fail_commits(&self, n: u32) {
         self.state.lock().unwrap().fail_commits = n;
+    }
+
+    /// The next `n` commits are refused with an error no retry can help: the pipeline
+    /// stops as after a crash, without keeping anything at a clean close.
+    pub fn refuse_commits(&self, n: u32) {
+        self.state.lock().unwrap().refuse_commits = n;
     }
 
     /// The next `n` commits wait (before being applied) until [`Faults::release`].
@@ -260,6 +268,9 @@ impl CommitBackend for FaultyBackend {
         };
         if hold {
             self.wait_released().await;
+        }
+        if self.faults.take(|s| &mut s.refuse_commits) {
+            return Err(CommitError::Failed("injected fault: HTTP 400".into()));
         }
         if self.faults.take(|s| &mut s.fail_commits) {
             return Err(CommitError::Unknown("injected fault: HTTP 503".into()));
