@@ -241,6 +241,27 @@ async fn top_health_and_metrics_of_a_running_agent() -> Result<()> {
     Ok(())
 }
 
+/// A pipeline with nothing new to read stays ready: it is up to date.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_pipeline_stays_ready() -> Result<()> {
+    let broker = Broker::start()?;
+    broker.create_topic("quiet", 1).await?;
+    broker.produce("quiet", &events(20)).await?;
+    let ws = Workspace::new()?;
+    let (config, addr) = config_with_metrics(&ws, &broker, "quiet", 2)?;
+    let agent = AgentProcess::start(&config, &[])?;
+    wait_for_http(&addr, READYZ_PATH, Duration::from_secs(60), |s, _| s == 200)?;
+    // Idle for three times the readiness limit (2 intervals of 1 s).
+    let until = Instant::now() + Duration::from_secs(6);
+    while Instant::now() < until {
+        let (status, body) = http_get(&addr, READYZ_PATH)?;
+        assert_eq!(status, 200, "an idle pipeline went not ready: {body}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    agent.terminate()?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_fails_when_commits_stall() -> Result<()> {
     let broker = Broker::start()?;

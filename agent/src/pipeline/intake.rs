@@ -1077,6 +1077,11 @@ impl Intake {
         let any_rows = self.tables.iter().any(|t| !t.buffer.is_empty()) || self.state.handed_rows;
         let anomalies = !self.state.gaps.is_empty() || !self.state.resets.is_empty();
         if !closing && !any_rows && !anomalies && self.state.next == self.state.last_marked {
+            // Nothing new: an idle pipeline whose marks are all committed is up to date
+            // (a commit still failing keeps its mark pending, and readiness with it).
+            if self.state.letters_at_mark.is_empty() && !self.state.rewinding() {
+                telemetry::health::flush_completed(self.name());
+            }
             return Ok(());
         }
         for t in 0..self.tables.len() {
