@@ -6,6 +6,30 @@ use std::time::Duration;
 use anyhow::Result;
 use floe_tests::{Broker, PipelineSpec, Workspace, spawn_agent, wait_for_messages};
 
+/// A pipeline `p` reading topic `t` from `start` into `ns.t`, for a scripted source (the
+/// broker address is never dialled).
+fn scripted_config(ws: &Workspace, start: &str) -> Result<std::path::PathBuf> {
+    ws.write(
+        &ws.config().pipeline(
+            ws.pipeline("p", "127.0.0.1:9", "t")
+                .group_id("g-p")
+                .start(start)
+                .sink("local", "ns", "t")
+                .commit_interval("1s"),
+        ),
+    )
+}
+
+/// The ids DuckDB reads from `ns.table`, in order.
+fn ids(ws: &Workspace, table: &str) -> Result<Vec<i64>> {
+    let dump = ws.read("duckdb", "ns", table, "id")?;
+    Ok(dump
+        .rows()
+        .iter()
+        .filter_map(|r| r["id"].as_i64())
+        .collect())
+}
+
 fn messages(from: i64, to: i64) -> Vec<floe_tests::Message> {
     (from..to)
         .map(|i| (None, Some(format!(r#"{{"id": {i}}}"#).into_bytes())))
@@ -218,14 +242,7 @@ async fn a_partition_assigned_back_while_its_commit_waits_for_a_retry_is_written
     use std::sync::Arc;
 
     let ws = Workspace::new()?;
-    let config = ws.write(
-        &ws.config().pipeline(
-            ws.pipeline("p", "127.0.0.1:9", "t")
-                .group_id("g-p")
-                .sink("local", "ns", "t")
-                .commit_interval("1s"),
-        ),
-    )?;
+    let config = scripted_config(&ws, "earliest")?;
     let (catalog, faults) = floe_tests::inject::faulty_catalog(ws.dir.path(), "local").await?;
     let values: Vec<String> = (0..20).map(|i| format!(r#"{{"id": {i}}}"#)).collect();
     let log: Vec<Option<&str>> = values.iter().map(|v| Some(v.as_str())).collect();
@@ -273,13 +290,11 @@ async fn a_partition_assigned_back_while_its_commit_waits_for_a_retry_is_written
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     p.stop().await??;
-    let dump = ws.read("duckdb", "ns", "t", "id")?;
-    let ids: Vec<i64> = dump
-        .rows()
-        .iter()
-        .map(|r| r["id"].as_i64().unwrap())
-        .collect();
-    assert_eq!(ids, (0..20).collect::<Vec<_>>(), "every record once");
+    assert_eq!(
+        ids(&ws, "t")?,
+        (0..20).collect::<Vec<_>>(),
+        "every record once"
+    );
     Ok(())
 }
 
@@ -293,15 +308,7 @@ async fn a_partition_started_at_an_unknown_end_rewinds_to_its_first_record() -> 
     use floe_tests::scripted::{ScriptedPipeline, messages as scripted};
 
     let ws = Workspace::new()?;
-    let config = ws.write(
-        &ws.config().pipeline(
-            ws.pipeline("p", "127.0.0.1:9", "t")
-                .group_id("g-p")
-                .start("latest")
-                .sink("local", "ns", "t")
-                .commit_interval("1s"),
-        ),
-    )?;
+    let config = scripted_config(&ws, "latest")?;
     let (catalog, faults) = floe_tests::inject::faulty_catalog(ws.dir.path(), "local").await?;
     let values: Vec<String> = (0..10).map(|i| format!(r#"{{"id": {i}}}"#)).collect();
     let log: Vec<Option<&str>> = values.iter().map(|v| Some(v.as_str())).collect();
@@ -337,12 +344,6 @@ async fn a_partition_started_at_an_unknown_end_rewinds_to_its_first_record() -> 
     ws.wait_for_rows("ns", "t", 10, Duration::from_secs(60))
         .await?;
     p.stop().await??;
-    let dump = ws.read("duckdb", "ns", "t", "id")?;
-    let ids: Vec<i64> = dump
-        .rows()
-        .iter()
-        .map(|r| r["id"].as_i64().unwrap())
-        .collect();
-    assert_eq!(ids, (0..10).collect::<Vec<_>>());
+    assert_eq!(ids(&ws, "t")?, (0..10).collect::<Vec<_>>());
     Ok(())
 }

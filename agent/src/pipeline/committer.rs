@@ -638,9 +638,7 @@ impl Committer {
     /// When the commit attempts starting now are abandoned: after
     /// [`COMMIT_ATTEMPT_TIMEOUT`], or once a stop's grace has run out.
     fn give_up(&mut self) -> GiveUp {
-        if self.closing_since.is_none() && *self.shutdown.borrow() {
-            self.closing_since = Some(Instant::now());
-        }
+        self.note_stop_request();
         GiveUp {
             at: tokio::time::Instant::now() + COMMIT_ATTEMPT_TIMEOUT,
             stopping_since: self.closing_since,
@@ -648,11 +646,16 @@ impl Committer {
         }
     }
 
-    /// Whether a stop was requested long enough ago that failing steps are given up.
-    fn past_shutdown_grace(&mut self) -> bool {
+    /// Records when a stop was first seen requested.
+    fn note_stop_request(&mut self) {
         if self.closing_since.is_none() && *self.shutdown.borrow() {
             self.closing_since = Some(Instant::now());
         }
+    }
+
+    /// Whether a stop was requested long enough ago that failing steps are given up.
+    fn past_shutdown_grace(&mut self) -> bool {
+        self.note_stop_request();
         self.closing_since
             .is_some_and(|t| t.elapsed() >= SHUTDOWN_GRACE)
     }

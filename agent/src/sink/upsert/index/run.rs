@@ -449,15 +449,22 @@ mod tests {
         twox_hash::XxHash3_128::oneshot(&i.to_le_bytes())
     }
 
-    #[test]
-    fn every_entry_is_found_after_a_reopen() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut entries: Vec<(u128, u64)> = (0..10_000).map(|i| (digest(i), i)).collect();
+    /// The sorted entries (digest of i, i) for i below `n`, and a writer of run `id`
+    /// holding them, not finished yet.
+    fn digests_written(dir: &Path, id: u64, n: u64) -> (Vec<(u128, u64)>, RunWriter) {
+        let mut entries: Vec<(u128, u64)> = (0..n).map(|i| (digest(i), i)).collect();
         entries.sort_unstable();
-        let mut w = RunWriter::create(dir.path(), 7, entries.len() as u64, 10).unwrap();
+        let mut w = RunWriter::create(dir, id, n, 10).unwrap();
         for (k, v) in &entries {
             w.push(*k, *v).unwrap();
         }
+        (entries, w)
+    }
+
+    #[test]
+    fn every_entry_is_found_after_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let (entries, mut w) = digests_written(dir.path(), 7, 10_000);
         assert!(w.push(0, 0).is_err(), "out of order");
         let run = w.finish().unwrap();
         let run2 = Run::open(dir.path(), 7).unwrap();
@@ -497,12 +504,7 @@ mod tests {
     #[test]
     fn a_damaged_block_is_refused_on_lookup_and_on_streaming() {
         let dir = tempfile::tempdir().unwrap();
-        let mut entries: Vec<(u128, u64)> = (0..1_000).map(|i| (digest(i), i)).collect();
-        entries.sort_unstable();
-        let mut w = RunWriter::create(dir.path(), 3, entries.len() as u64, 10).unwrap();
-        for (k, v) in &entries {
-            w.push(*k, *v).unwrap();
-        }
+        let (entries, w) = digests_written(dir.path(), 3, 1_000);
         w.finish().unwrap();
         let keys = keys_path(dir.path(), 3);
         let mut bytes = std::fs::read(&keys).unwrap();
