@@ -660,8 +660,9 @@ async fn live_data_files(lake: &Lake, table: &str) -> Result<std::collections::B
 /// Crash safety of the kept key index (`docs/reliability.md`, "Invariants"): the agent
 /// is SIGKILLed at each step that writes the index (a run's entries durable before its
 /// sidecar, the manifest about to be written, a merge about to be installed or just
-/// installed between two spills, a rebuild half done) and after commits, with an index small enough that spills and merges
-/// happen between commits. After each kill it restarts and reads on; at the end every
+/// installed between two spills, a rebuild half done), after commits, and in a
+/// compaction between its writes and its commit, with an index small enough that
+/// spills and merges happen between commits. After each kill it restarts and reads on; at the end every
 /// value of every row must match the reference through both readers: a key the index
 /// lost would keep two live rows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -682,7 +683,10 @@ async fn a_kept_key_index_survives_a_sigkill_at_every_index_write() -> Result<()
                 // About 3,300 entries in memory: spills and merges every few commits.
                 .set("sink.index_memory", "256KiB")
                 .set("sink.index_dir", index_dir.display().to_string())
-                .commit_interval("1s"),
+                .commit_interval("1s")
+                // Compaction only when the test runs `floe maintain`.
+                .maintenance("interval", "1h")
+                .maintenance("min_input_files", 2),
         ),
     )?;
     let mut rng = Rng(0x2545_F491_4F6C_DD1D);
@@ -768,6 +772,23 @@ async fn a_kept_key_index_survives_a_sigkill_at_every_index_write() -> Result<()
         // Killed again once all is committed: no clean close keeps the index.
         agent.kill9()?;
     }
+    // A compaction killed after writing its files, before its commit (they stay
+    // unreferenced), then one that lands: the index learns the rewrite at its next start.
+    let config_arg = config.to_str().expect("utf-8 path");
+    let mut compaction = AgentProcess::command(
+        &["maintain", "--config", config_arg],
+        &[("FLOE_FAILPOINT", floe::failpoint::COMPACT_BEFORE_COMMIT)],
+    )?;
+    compaction.wait_for_line("FLOE_FAILPOINT compact_before_commit reached", WAIT)?;
+    compaction.kill9()?;
+    let out = std::process::Command::new(floe_tests::floe_bin())
+        .args(["maintain", "--config", config_arg])
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "floe maintain failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // Everything written once more, so every key's delete is computed from the index.
     let batch = round(KEYS as usize, &mut reference);
     broker.produce("kept", &batch).await?;
@@ -778,16 +799,26 @@ async fn a_kept_key_index_survives_a_sigkill_at_every_index_write() -> Result<()
     for line in log.lines().filter(|l| l.contains("upsert index")) {
         println!("{line}");
     }
+    matches_reference(&lake, "kept", &reference)
+}
+
+/// Both readers return one row per key of `reference`, with its `id`, `n` and `s`
+/// (a key with two live rows fails in [`rows_by_id`]).
+fn matches_reference(lake: &Lake, table: &str, reference: &BTreeMap<i64, Value>) -> Result<()> {
     let fields = ["id", "n", "s"];
     let expected: BTreeMap<i64, Value> = reference
         .iter()
         .map(|(k, v)| (*k, project(v, &fields)))
         .collect();
     for reader in READERS {
-        let (rows, _) = rows_by_id(&lake, reader, "kept", &fields)?;
+        let (rows, _) = rows_by_id(lake, reader, table, &fields)?;
+        let wrong = expected
+            .iter()
+            .filter(|(k, v)| rows.get(k) != Some(v))
+            .count();
         ensure!(
             rows == expected,
-            "{reader}: {} rows differ from the reference ({} rows)",
+            "{reader}: {} rows, {} expected, {wrong} keys wrong or missing",
             rows.len(),
             expected.len()
         );
@@ -869,23 +900,5 @@ async fn a_spilled_index_stays_exact_through_random_kills() -> Result<()> {
     for line in log.lines().filter(|l| l.contains("upsert index")) {
         println!("{line}");
     }
-    let fields = ["id", "n", "s"];
-    let expected: BTreeMap<i64, Value> = reference
-        .iter()
-        .map(|(k, v)| (*k, project(v, &fields)))
-        .collect();
-    for reader in READERS {
-        let (rows, _) = rows_by_id(&lake, reader, "churn", &fields)?;
-        let wrong = expected
-            .iter()
-            .filter(|(k, v)| rows.get(k) != Some(v))
-            .count();
-        ensure!(
-            rows == expected,
-            "{reader}: {} rows, {} expected, {wrong} keys wrong or missing",
-            rows.len(),
-            expected.len()
-        );
-    }
-    Ok(())
+    matches_reference(&lake, "churn", &reference)
 }
