@@ -110,7 +110,12 @@ impl fmt::Debug for Hidden {
     }
 }
 
-/// `url` with any `user:password@` replaced by `***@`, for messages and logs.
+/// `url` with any `user:password@` replaced by `***@` and the values of credential query
+/// parameters (`password`, `secret`, `token`, `key`, ...) by `***`, for messages and logs.
+///
+/// A password written without percent-encoding may hold `/`, `?` or `#`, which end the
+/// authority of a well-formed URL; so when the authority has no `@` but a later `@`
+/// follows a `user:` prefix, everything up to that `@` is hidden too.
 pub fn redact_url(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else {
         return url.to_string();
@@ -118,13 +123,62 @@ pub fn redact_url(url: &str) -> String {
     let authority_start = scheme_end + 3;
     let rest = &url[authority_start..];
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => format!(
-            "{}***{}",
-            &url[..authority_start],
-            &url[authority_start + at..]
+    let userinfo_end = match rest[..authority_end].rfind('@') {
+        Some(at) => Some(at),
+        None if rest[..authority_end].contains(':') => rest.rfind('@'),
+        None => None,
+    };
+    let (head, tail) = match userinfo_end {
+        Some(at) => (
+            format!("{}***", &url[..authority_start]),
+            &url[authority_start + at..],
         ),
-        None => url.to_string(),
+        None => (url[..authority_start].to_string(), rest),
+    };
+    head + &redact_query(tail)
+}
+
+/// `tail` (from the host on) with the values of credential-like query parameters hidden.
+fn redact_query(tail: &str) -> String {
+    let Some(query_start) = tail.find('?') else {
+        return tail.to_string();
+    };
+    let (path, query) = tail.split_at(query_start + 1);
+    let (query, fragment) = match query.find('#') {
+        Some(i) => query.split_at(i),
+        None => (query, ""),
+    };
+    let params: Vec<String> = query
+        .split('&')
+        .map(|param| match param.split_once('=') {
+            Some((name, _)) if is_credential_name(name) => format!("{name}=***"),
+            _ => param.to_string(),
+        })
+        .collect();
+    format!("{path}{}{fragment}", params.join("&"))
+}
+
+/// Whether a query parameter (or setting) of this name holds a credential.
+fn is_credential_name(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    [
+        "password",
+        "passwd",
+        "pwd",
+        "secret",
+        "token",
+        "key",
+        "credential",
+        "signature",
+    ]
+    .iter()
+    .any(|word| name.contains(word))
+}
+
+/// A URL whose `Debug` hides its credentials ([`redact_url`]).
+impl Redact for String {
+    fn fmt_redacted(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&redact_url(self), f)
     }
 }
 
@@ -145,6 +199,25 @@ mod tests {
             "an @ in the path is not userinfo"
         );
         assert_eq!(redact_url("not a url"), "not a url");
+        assert_eq!(
+            redact_url("postgresql://floe:Secret/123@127.0.0.1:5432/iceberg"),
+            "postgresql://***@127.0.0.1:5432/iceberg",
+            "a password with an unescaped / is hidden whole"
+        );
+        assert_eq!(
+            redact_url("postgresql://floe:a#b?c@db/iceberg?sslmode=require"),
+            "postgresql://***@db/iceberg?sslmode=require"
+        );
+        assert_eq!(
+            redact_url("postgresql://db:5432/iceberg?user=floe&password=hunter2&sslmode=require"),
+            "postgresql://db:5432/iceberg?user=floe&password=***&sslmode=require"
+        );
+        assert_eq!(
+            redact_url("https://s3/bucket/k?X-Amz-Signature=abc&X-Amz-Credential=AKIA#frag"),
+            "https://s3/bucket/k?X-Amz-Signature=***&X-Amz-Credential=***#frag"
+        );
+        let uri: Redacted<String> = Redacted("postgresql://u:pw@db/x".to_string());
+        assert_eq!(format!("{uri:?}"), r#""postgresql://***@db/x""#);
     }
 
     #[test]

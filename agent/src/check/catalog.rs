@@ -38,10 +38,10 @@ async fn check_rest(p: &Target<'_>, rest: &RestCatalogConfig, report: &mut Steps
         Err(e) => return report.report("catalog", Outcome::Fail, e.to_string()),
     };
     match session.signer().await {
-        Some(Ok((service, region, key))) => report.report(
+        Some(Ok((service, region))) => report.report(
             "signing",
             Outcome::Pass,
-            format!("SigV4 for {service} in {region}, signed as access key {key}"),
+            format!("SigV4 for {service} in {region}, AWS credentials found"),
         ),
         Some(Err(e)) => {
             report.report("signing", Outcome::Fail, e.to_string());

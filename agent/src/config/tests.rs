@@ -143,6 +143,11 @@ credential = "etl:CLIENT-SECRET-1"
 header.Authorization = "Bearer HEADER-SECRET-2"
 s3.secret-access-key = "S3-SECRET-3"
 
+[catalogs.pg]
+type = "sql"
+uri = "postgresql://floe:PG/SECRET-11@db:5432/iceberg?password=PG-SECRET-12"
+warehouse = "/w"
+
 [[pipelines]]
 name = "events"
 [pipelines.source]
@@ -168,9 +173,24 @@ catalog = "polaris"
 namespace = "demo"
 table = "events"
 "#;
-    let c = Config::parse(text, &env).unwrap();
-    let debug = format!("{c:?} {c:#?}");
-    for n in 1..=10 {
+    let problems = match Config::parse(text, &env) {
+        Err(e) => e.to_string(),
+        Ok(_) => String::new(),
+    };
+    assert!(problems.contains("percent-encode"), "{problems}");
+    let c = Config::parse(&text.replace("PG/SECRET", "PG-SECRET"), &env).unwrap();
+    let oidc = text
+        .replace("mechanism = \"PLAIN\"", "mechanism = \"OAUTHBEARER\"")
+        .replace(
+            "username = \"u\"\npassword = \"SASL-SECRET-4\"",
+            "token_endpoint = \"https://idp/t\"\nclient_id = \"c\"\nclient_secret = \"OIDC-SECRET-13\"",
+        )
+        .replace("PG/SECRET", "PG-SECRET");
+    let o = Config::parse(&oidc, &env).unwrap();
+    let tokens = format!("{:?}", o.pipelines[0].source.token_source());
+    let debug = format!("{c:?} {c:#?} {o:?} {tokens} {problems}");
+    assert!(tokens.contains("Oidc"), "{tokens}");
+    for n in 1..=13 {
         assert!(
             !debug.contains(&format!("SECRET-{n}")),
             "secret {n} printed:\n{debug}"

@@ -307,7 +307,7 @@ impl SourceConfig {
             SaslMechanism::OauthBearer => Some(Arc::new(oauth::TokenSource::Oidc {
                 endpoint: sasl.token_endpoint.clone()?,
                 client_id: sasl.client_id.clone()?,
-                client_secret: sasl.client_secret.clone()?,
+                client_secret: floe_iceberg::redact::Secret::new(sasl.client_secret.clone()?),
                 scope: sasl.scope.clone(),
             })),
             SaslMechanism::AwsMskIam => Some(Arc::new(oauth::TokenSource::msk_iam(

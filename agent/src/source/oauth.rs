@@ -101,8 +101,8 @@ pub enum TokenSource {
         endpoint: String,
         /// Client id (also the principal name librdkafka shows).
         client_id: String,
-        /// Client secret.
-        client_secret: String,
+        /// Client secret (hidden from `Debug`).
+        client_secret: floe_iceberg::redact::Secret,
         /// Requested scope, if any.
         scope: Option<String>,
     },
@@ -146,7 +146,10 @@ impl TokenSource {
                 client_id,
                 client_secret,
                 scope,
-            } => oidc_token(endpoint, client_id, client_secret, scope.as_deref()).await,
+            } => {
+                let secret = client_secret.expose();
+                oidc_token(endpoint, client_id, secret, scope.as_deref()).await
+            }
             TokenSource::MskIam { region, aws } => {
                 let credentials = aws.credentials().await?;
                 let token = msk_iam_token(region, credentials.into(), SystemTime::now())?;

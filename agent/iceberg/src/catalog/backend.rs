@@ -102,7 +102,7 @@ impl SqlBackend {
     /// Connects to the Postgres database at `uri` (`postgresql://user@host:port/db`; the
     /// password from the URI or `PGPASSWORD`) holding a SQL catalog named `catalog_name`.
     pub async fn connect_postgres(uri: &str, catalog_name: &str) -> Result<Arc<Self>, String> {
-        let options = PgConnectOptions::from_str(uri).map_err(|e| format!("bad uri: {e}"))?;
+        let options = PgConnectOptions::from_str(uri).map_err(|e| bad_postgres_uri(uri, &e))?;
         let pool = PgPoolOptions::new()
             .max_connections(2)
             .acquire_timeout(super::CALL_TIMEOUT)
@@ -340,4 +340,31 @@ mod tests {
             );
         }
     }
+}
+
+/// Whether `uri` parses as a Postgres connection URI; if not, why, without its password.
+pub(crate) fn check_postgres_uri(uri: &str) -> Result<(), String> {
+    PgConnectOptions::from_str(uri)
+        .map(|_| ())
+        .map_err(|e| bad_postgres_uri(uri, &e))
+}
+
+/// Why a Postgres URI does not parse, with the likely fix: a password holding `/`, `?`,
+/// `#` or `@` must be percent-encoded (or given in `PGPASSWORD`), or the URI parser reads
+/// part of it as the host or port.
+fn bad_postgres_uri(uri: &str, error: &sqlx::Error) -> String {
+    let authority = uri.split_once("://").map_or(uri, |(_, rest)| rest);
+    let unescaped = authority
+        .split(['/', '?', '#'])
+        .next()
+        .is_some_and(|host| !host.contains('@'))
+        && authority.contains('@');
+    let hint = match unescaped {
+        true => {
+            "; the password seems to hold `/`, `?`, `#` or `@`: percent-encode them (%2F, %3F, \
+             %23, %40) or leave the password out of the URI and set PGPASSWORD"
+        }
+        false => "",
+    };
+    format!("bad uri {}: {error}{hint}", crate::redact::redact_url(uri))
 }

@@ -26,7 +26,7 @@ mod timed;
 
 pub use timed::{CALL_TIMEOUT, Timed};
 
-use crate::redact::redact_url;
+use crate::redact::{Redacted, redact_url};
 use backend::{CommitBackend, RestBackend, SqlBackend};
 use rest::{RestCatalog, RestCatalogConfig, RestSession, S3Settings};
 
@@ -123,8 +123,9 @@ pub enum CatalogConfig {
     /// `SqlCatalog` and Trino's JDBC catalog open too.
     Sql {
         /// `postgresql://user@host:port/database`; the password from the URI or the
-        /// `PGPASSWORD` environment variable; `?sslmode=require` for TLS.
-        uri: String,
+        /// `PGPASSWORD` environment variable; `?sslmode=require` for TLS. Shown with its
+        /// credentials hidden.
+        uri: Redacted<String>,
         /// Where table data and metadata go: `s3://bucket/prefix` (S3 or an
         /// S3-compatible store), or a directory mounted at the same path by every agent
         /// and reader (created if missing).
@@ -159,7 +160,10 @@ impl CatalogConfig {
             CatalogConfig::Embedded { .. } => Vec::new(),
             CatalogConfig::Sql { uri, .. } => {
                 if uri.starts_with("postgres://") || uri.starts_with("postgresql://") {
-                    Vec::new()
+                    match backend::check_postgres_uri(uri) {
+                        Ok(()) => Vec::new(),
+                        Err(why) => vec![("uri".into(), why)],
+                    }
                 } else {
                     vec![(
                         "uri".into(),
@@ -212,7 +216,7 @@ pub async fn open_catalog(
         } => {
             let wh = Warehouse::open(name, warehouse, s3, aws)?;
             let sql = SqlDatabase {
-                uri: uri.clone(),
+                uri: uri.to_string(),
                 detail: format!("postgres at {}", redact_url(uri)),
                 bind_style: "DollarNumeric",
                 connections: 4,
@@ -436,8 +440,17 @@ mod tests {
 
     #[test]
     fn a_sql_catalog_runs_on_postgres() {
+        let secret_in_path = CatalogConfig::Sql {
+            uri: Redacted("postgresql://floe:Secret/123@127.0.0.1:5432/iceberg".into()),
+            warehouse: "w".into(),
+            s3: S3Settings::default(),
+            aws: aws::AwsSettings::default(),
+        };
+        let problems = format!("{:?} {secret_in_path:?}", secret_in_path.problems());
+        assert!(!problems.contains("Secret"), "{problems}");
+        assert!(problems.contains("percent-encode"), "{problems}");
         let sql = |uri: &str| CatalogConfig::Sql {
-            uri: uri.into(),
+            uri: Redacted(uri.into()),
             warehouse: "w".into(),
             s3: S3Settings::default(),
             aws: aws::AwsSettings::default(),

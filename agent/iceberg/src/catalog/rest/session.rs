@@ -325,18 +325,16 @@ impl RestSession {
         &self.inner.aws
     }
 
-    /// With `sigv4 = true`: `(service, region, access key id)` of the signatures.
-    pub async fn signer(
-        &self,
-    ) -> Option<Result<(String, String, String), crate::catalog::aws::AwsError>> {
+    /// With `sigv4 = true`: `(service, region)` of the signatures, once credentials load.
+    pub async fn signer(&self) -> Option<Result<(String, String), crate::catalog::aws::AwsError>> {
         let sigv4 = self.inner.sigv4.as_ref()?;
-        Some(sigv4.credentials.credentials().await.map(|c| {
-            (
-                sigv4.service.clone(),
-                sigv4.region.clone(),
-                c.access_key_id().to_string(),
-            )
-        }))
+        Some(
+            sigv4
+                .credentials
+                .credentials()
+                .await
+                .map(|_| (sigv4.service.clone(), sigv4.region.clone())),
+        )
     }
 }
 
