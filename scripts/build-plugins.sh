@@ -7,7 +7,8 @@
 #
 # Environment:
 #   FLOE_CACHE       cache root (default /var/cache/floe); cargo builds into $FLOE_CACHE/target-wasm
-#   FLOE_PLUGIN_DIR  where the .wasm files go (default $FLOE_CACHE/plugins)
+#   FLOE_PLUGIN_DIR  where the .wasm files go (default plugins/dist, the agent's default
+#                    [plugins] path; the tests set it to $FLOE_CACHE/plugins)
 set -euo pipefail
 
 root="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -16,7 +17,7 @@ cd "$root"
 
 cache="${FLOE_CACHE:-/var/cache/floe}"
 export CARGO_TARGET_DIR="$cache/target-wasm"
-out_dir="${FLOE_PLUGIN_DIR:-$cache/plugins}"
+out_dir="${FLOE_PLUGIN_DIR:-$root/plugins/dist}"
 target=wasm32-wasip2
 profile=plugin
 

@@ -92,6 +92,115 @@ flush_bytes = "lots"
 }
 
 #[test]
+fn validate_refuses_what_run_would_refuse_and_warns_as_run_does() -> Result<()> {
+    let ws = Workspace::new()?;
+    let path = ws.path("config.toml");
+    let good = r#"
+[catalogs.local]
+type = "embedded"
+path = "c.db"
+warehouse = "w"
+[[pipelines]]
+name = "p"
+[pipelines.source]
+bootstrap_servers = "b:9092"
+group_id = "g"
+topics = ["t"]
+[[pipelines.transforms]]
+uses = "no-such-plugin"
+[pipelines.sink]
+catalog = "local"
+namespace = "n"
+table = "t"
+commit_interval = "5s"
+flush_bytes = "64MiB"
+"#;
+    let validate = |text: &str| -> Result<(i32, String, String)> {
+        std::fs::write(&path, text)?;
+        floe_cmd(&["validate", "--config", path.to_str().unwrap()])
+    };
+    // "line N" of the first line of `text` that holds `needle`.
+    let line = |text: &str, needle: &str| {
+        let n = text.lines().position(|l| l.contains(needle)).expect(needle);
+        format!("line {}, column 1", n + 1)
+    };
+    let (code, _, stderr) = validate(good)?;
+    assert_eq!(code, 2, "{stderr}");
+    let uses = line(good, "uses =");
+    assert!(
+        stderr.contains(&format!(
+            "{uses}: pipelines[0].transforms[0].uses: no plugin file"
+        )) && stderr.contains("no-such-plugin.wasm"),
+        "{stderr}"
+    );
+    let flush = line(good, "flush_bytes");
+    assert!(
+        stderr.contains(&format!(
+            "warning: {flush}: pipelines[0].sink.flush_bytes: no longer used"
+        )),
+        "{stderr}"
+    );
+
+    let (code, _, stderr) = validate(
+        &good
+            .replace("\"5s\"", "\"500000000000y\"")
+            .replace("table = \"t\"", "table = \"a/b\"")
+            .replace("topics = [\"t\"]", "topic = [\"t\"]"),
+    )?;
+    assert_eq!(code, 2, "{stderr}");
+    for expected in [
+        format!(
+            "{}: pipelines[0].source.topic: unknown key `topic`; did you mean `topics`?",
+            line(good, "topics")
+        ),
+        format!(
+            "{}: pipelines[0].sink.table: \"a/b\" holds a path separator",
+            line(good, "table =")
+        ),
+        format!(
+            "{}: pipelines[0].sink.commit_interval: duration \"500000000000y\" is too long",
+            line(good, "commit_interval")
+        ),
+    ] {
+        assert!(
+            stderr.contains(&expected),
+            "missing {expected:?} in:\n{stderr}"
+        );
+    }
+
+    let (code, _, stderr) = validate("[[pipelines]\nname = \"p\"\n")?;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("line 1, column") && stderr.contains("not valid TOML"),
+        "{stderr}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_new_plugin_finds_the_sdk_of_its_checkout_or_says_what_to_pass() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let new = |cwd: &std::path::Path, name: &str| -> Result<std::process::Output> {
+        Ok(std::process::Command::new(floe_tests::floe_bin())
+            .args(["plugin", "new", name, "--dir"])
+            .arg(dir.path())
+            .current_dir(cwd)
+            .env_remove("FLOE_SDK_PATH")
+            .output()?)
+    };
+    let outside = new(dir.path(), "outside")?;
+    let stderr = String::from_utf8_lossy(&outside.stderr);
+    assert!(outside.status.success(), "{stderr}");
+    assert!(stderr.contains("--sdk-path"), "{stderr}");
+    let inside = new(&repo_root(), "inside")?;
+    let stdout = String::from_utf8_lossy(&inside.stdout);
+    assert!(stdout.contains("floe-sdk from"), "{stdout}");
+    let manifest = std::fs::read_to_string(dir.path().join("inside/Cargo.toml"))?;
+    assert!(manifest.contains("path = "), "{manifest}");
+    Ok(())
+}
+
+#[test]
 fn run_names_an_unreachable_broker() -> Result<()> {
     let ws = Workspace::new()?;
     let dead = format!("127.0.0.1:{}", free_port());

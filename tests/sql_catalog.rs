@@ -69,7 +69,7 @@ async fn agents_on_two_machines_share_a_postgres_catalog_through_kills() -> Resu
     let a = AgentProcess::start(&a_config, &[])?;
     let b = AgentProcess::start(&b_config, &[])?;
     let config = floe_iceberg::CatalogConfig::Sql {
-        uri: pg.uri.clone(),
+        uri: floe::config::Redacted(pg.uri.clone()),
         warehouse: warehouse.display().to_string(),
         s3: Default::default(),
         aws: Default::default(),
@@ -181,7 +181,7 @@ async fn a_postgres_catalog_keeps_its_tables_on_s3() -> Result<()> {
     ];
     let agent = AgentProcess::start(&path, &env)?;
     let config = floe_iceberg::CatalogConfig::Sql {
-        uri: pg.uri.clone(),
+        uri: floe::config::Redacted(pg.uri.clone()),
         warehouse: warehouse.clone(),
         s3: toml::from_str(&format!(
             "endpoint = \"{}\"\npath-style-access = true\nregion = \"us-east-1\"\naccess-key-id = \"testing\"\nsecret-access-key = \"testing\"\n",

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use floe::config::Config;
+use floe::config::{Config, ConfigErrors};
 use floe::telemetry::LogFormat;
 
 /// Floe: Kafka topics into Apache Iceberg tables, exactly once.
@@ -113,8 +113,8 @@ enum PluginCommand {
         /// Directory to create it in.
         #[arg(long, default_value = ".")]
         dir: PathBuf,
-        /// Use the floe-sdk crate at this path instead of the published one (for
-        /// working on Floe itself).
+        /// The floe-sdk crate to build against (the `sdk/` folder of a Floe checkout;
+        /// found by itself when run inside one). floe-sdk is not on a registry yet.
         #[arg(long, env = "FLOE_SDK_PATH")]
         sdk_path: Option<PathBuf>,
     },
@@ -144,6 +144,15 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Validate { config } => match Config::load(&config) {
             Ok(c) => {
+                let text = std::fs::read_to_string(&config).unwrap_or_default();
+                for w in Config::placed(&text, c.warnings()) {
+                    eprintln!("{}: warning: {w}", config.display());
+                }
+                let missing = Config::placed(&text, c.missing_files());
+                if !missing.is_empty() {
+                    eprintln!("{}: {}", config.display(), ConfigErrors(missing));
+                    return ExitCode::from(2);
+                }
                 println!(
                     "{}: ok ({} pipeline(s), {} catalog(s))",
                     config.display(),
@@ -161,16 +170,28 @@ fn main() -> ExitCode {
             name,
             dir,
             sdk_path,
-        }) => match floe::transform::tools::scaffold(&dir, &name, sdk_path.as_deref()) {
-            Ok(root) => {
-                println!(
-                    "created {}: `cargo test` runs its tests, `cargo build --release --target wasm32-wasip2` builds it",
-                    root.display()
-                );
-                ExitCode::SUCCESS
+        }) => {
+            // No registry has floe-sdk yet: without --sdk-path, a Floe checkout around the
+            // current directory lends its `sdk/`; otherwise the user is told what to pass.
+            let sdk = sdk_path.or_else(floe::transform::tools::find_sdk);
+            match floe::transform::tools::scaffold(&dir, &name, sdk.as_deref()) {
+                Ok(root) => {
+                    println!(
+                        "created {}: `cargo test` runs its tests, `cargo build --release --target wasm32-wasip2` builds it",
+                        root.display()
+                    );
+                    match sdk {
+                        Some(sdk) => println!("floe-sdk from {}", sdk.display()),
+                        None => eprintln!(
+                            "note: floe-sdk {} is not on a package registry yet, so this crate builds only with the SDK from a Floe checkout: run `floe plugin new` again with --sdk-path <checkout>/sdk (or FLOE_SDK_PATH)",
+                            floe::transform::tools::SDK_VERSION
+                        ),
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => failed(e),
             }
-            Err(e) => failed(e),
-        },
+        }
         Command::Plugin(PluginCommand::Test {
             plugin,
             input,

@@ -12,6 +12,9 @@ use std::path::Path;
 use serde::de::DeserializeOwned;
 
 pub use crate::settings::{Redact, Redacted, Secret, redact_url};
+pub use locate::Position;
+
+mod locate;
 
 use crate::dead_letter::DeadLetterConfig;
 use crate::decode::DecodeConfig;
@@ -90,6 +93,8 @@ pub struct ConfigError {
     pub path: String,
     /// What is wrong.
     pub message: String,
+    /// Where in the file, when the path (or the syntax error) could be placed.
+    pub at: Option<Position>,
 }
 
 /// Every problem found in a configuration file.
@@ -100,11 +105,7 @@ impl fmt::Display for ConfigErrors {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "{} configuration error(s):", self.0.len())?;
         for e in &self.0 {
-            if e.path.is_empty() {
-                writeln!(f, "  - {}", e.message)?;
-            } else {
-                writeln!(f, "  - {}: {}", e.path, e.message)?;
-            }
+            writeln!(f, "  - {e}")?;
         }
         Ok(())
     }
@@ -112,26 +113,44 @@ impl fmt::Display for ConfigErrors {
 
 impl std::error::Error for ConfigErrors {}
 
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(at) = self.at {
+            write!(f, "line {}, column {}: ", at.line, at.column)?;
+        }
+        match self.path.is_empty() {
+            true => f.write_str(&self.message),
+            false => write!(f, "{}: {}", self.path, self.message),
+        }
+    }
+}
+
 impl Config {
     /// Reads and validates a configuration file, substituting `${VAR}` from the process environment.
     pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
         let text = std::fs::read_to_string(path).map_err(|e| {
-            ConfigErrors(vec![ConfigError {
-                path: String::new(),
-                message: format!("cannot read {}: {e}", path.display()),
-            }])
+            ConfigErrors(vec![err(
+                "",
+                &format!("cannot read {}: {e}", path.display()),
+            )])
         })?;
         Config::parse(&text, &|name| std::env::var(name).ok())
     }
 
     /// Parses and validates configuration text; `env` resolves `${VAR}` references.
     pub fn parse(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
+        let syntax = locate::syntax_errors(text);
+        if !syntax.is_empty() {
+            let errors = syntax.into_iter().map(|(at, message)| ConfigError {
+                path: String::new(),
+                message: format!("not valid TOML: {message}"),
+                at,
+            });
+            return Err(ConfigErrors(errors.collect()));
+        }
         let mut errors = Vec::new();
         let mut root: toml::Table = toml::from_str(text).map_err(|e| {
-            ConfigErrors(vec![ConfigError {
-                path: String::new(),
-                message: format!("not valid TOML: {}", e.message()),
-            }])
+            ConfigErrors(vec![err("", &format!("not valid TOML: {}", e.message()))])
         })?;
         for (key, value) in root.iter_mut() {
             substitute_env(value, key.clone(), env, &mut errors);
@@ -182,10 +201,7 @@ impl Config {
             )),
         }
         for key in root.keys() {
-            errors.push(err(
-                key,
-                "unknown key (expected agent, metrics, plugins, catalogs, pipelines)",
-            ));
+            errors.push(err(key, &unknown_key(key, &TOP_KEYS)));
         }
 
         let config = Config {
@@ -196,11 +212,55 @@ impl Config {
             pipelines,
         };
         config.check(&mut errors);
+        let mut seen = std::collections::HashSet::new();
+        errors.retain(|e| e.path.is_empty() || seen.insert(e.path.clone()));
+        let locator = locate::Locator::new(text);
+        for e in &mut errors {
+            e.at = e.at.or_else(|| locator.find(&e.path));
+        }
+        errors.sort_by_key(|e| e.at.map_or((usize::MAX, 0), |p| (p.line, p.column)));
         if errors.is_empty() {
             Ok(config)
         } else {
             Err(ConfigErrors(errors))
         }
+    }
+
+    /// Settings that still load but do nothing any more, with what to do instead (the
+    /// same lines `floe run` logs at start).
+    pub fn warnings(&self) -> Vec<ConfigError> {
+        let mut out = Vec::new();
+        for (i, p) in self.pipelines.iter().enumerate() {
+            for (field, message) in p.sink.warnings() {
+                out.push(err(&format!("pipelines[{i}].sink.{field}"), &message));
+            }
+        }
+        out
+    }
+
+    /// What the file system must hold for `floe run` to start: every plugin a
+    /// transform names (looked up as the agent looks it up).
+    pub fn missing_files(&self) -> Vec<ConfigError> {
+        let mut out = Vec::new();
+        for (i, p) in self.pipelines.iter().enumerate() {
+            for (j, t) in p.transforms.iter().enumerate() {
+                if self.plugins.resolve(&t.uses).is_none() {
+                    let path = format!("pipelines[{i}].transforms[{j}].uses");
+                    out.push(err(&path, &self.plugins.not_found(&t.uses)));
+                }
+            }
+        }
+        out
+    }
+
+    /// [`Config::missing_files`] and [`Config::warnings`] placed in `text`, the file this
+    /// config was read from.
+    pub fn placed(text: &str, mut errors: Vec<ConfigError>) -> Vec<ConfigError> {
+        let locator = locate::Locator::new(text);
+        for e in &mut errors {
+            e.at = e.at.or_else(|| locator.find(&e.path));
+        }
+        errors
     }
 
     /// Cross-section checks: references resolve and names are unique.
@@ -228,30 +288,126 @@ fn err(path: &str, message: &str) -> ConfigError {
     ConfigError {
         path: path.to_string(),
         message: message.to_string(),
+        at: None,
     }
 }
 
-/// Deserializes one section, recording an error with its full path on failure.
+/// Deserializes one section, recording an error with its full path for each problem.
+///
+/// serde stops at the first problem, so the offending value is taken out and the section
+/// read again, up to a bound: a file with three mistakes shows three errors. A section
+/// that reads once its bad values are taken out is still returned (with defaults in their
+/// place), so the checks that span sections still run; the errors already fail the load.
 fn section<T: DeserializeOwned>(
     value: toml::Value,
     path: &str,
     errors: &mut Vec<ConfigError>,
 ) -> Option<T> {
-    match serde_path_to_error::deserialize::<_, T>(value) {
-        Ok(v) => Some(v),
-        Err(e) => {
-            let inner = e.path().to_string();
-            let full = if inner == "." {
-                path.to_string()
-            } else {
-                format!("{path}.{inner}")
-            };
-            errors.push(ConfigError {
-                path: full,
-                message: e.into_inner().to_string(),
-            });
-            None
+    let full = |inner: &str| match inner {
+        "" | "." => path.to_string(),
+        inner => format!("{path}.{inner}"),
+    };
+    let mut value = value;
+    let mut removed: Vec<String> = Vec::new();
+    for _ in 0..32 {
+        let e = match serde_path_to_error::deserialize::<_, T>(value.clone()) {
+            Ok(v) => return Some(v),
+            Err(e) => e,
+        };
+        let mut at: Vec<Segment> = e.path().iter().map(Segment::from).collect();
+        let inner = e.path().to_string();
+        let message = e.into_inner().to_string();
+        if let Some(field) = quoted_after(&message, "missing field `")
+            && removed.contains(&join(&inner, field))
+        {
+            // The value was there and wrong; that error is already reported.
+            return None;
         }
+        errors.push(err(&full(&inner), &locate::plain_words(&message)));
+        if let Some(field) = quoted_after(&message, "unknown field `")
+            && !matches!(at.last(), Some(Segment::Key(k)) if k == field)
+        {
+            at.push(Segment::Key(field.to_string()));
+        }
+        let target = at
+            .iter()
+            .map(Segment::to_string)
+            .collect::<Vec<_>>()
+            .join(".");
+        if at.is_empty() || !remove_value(&mut value, &at) {
+            return None;
+        }
+        removed.push(target);
+    }
+    None
+}
+
+/// One step of a path into a TOML value.
+enum Segment {
+    Key(String),
+    Index(usize),
+    Other,
+}
+
+impl From<&serde_path_to_error::Segment> for Segment {
+    fn from(s: &serde_path_to_error::Segment) -> Segment {
+        match s {
+            serde_path_to_error::Segment::Map { key } => Segment::Key(key.clone()),
+            serde_path_to_error::Segment::Seq { index } => Segment::Index(*index),
+            _ => Segment::Other,
+        }
+    }
+}
+
+impl fmt::Display for Segment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Segment::Key(k) => f.write_str(k),
+            Segment::Index(i) => write!(f, "[{i}]"),
+            Segment::Other => f.write_str("?"),
+        }
+    }
+}
+
+/// Takes the value at `at` out of `value`; false if there is none.
+fn remove_value(value: &mut toml::Value, at: &[Segment]) -> bool {
+    match (value, at) {
+        (toml::Value::Table(t), [Segment::Key(k)]) => t.remove(k).is_some(),
+        (toml::Value::Array(items), [Segment::Index(i)]) if *i < items.len() => {
+            items.remove(*i);
+            true
+        }
+        (toml::Value::Table(t), [Segment::Key(k), rest @ ..]) => {
+            t.get_mut(k).is_some_and(|v| remove_value(v, rest))
+        }
+        (toml::Value::Array(items), [Segment::Index(i), rest @ ..]) => {
+            items.get_mut(*i).is_some_and(|v| remove_value(v, rest))
+        }
+        _ => false,
+    }
+}
+
+/// The text between `prefix` and the next backtick in `message`.
+fn quoted_after<'m>(message: &'m str, prefix: &str) -> Option<&'m str> {
+    let rest = &message[message.find(prefix)? + prefix.len()..];
+    rest.split('`').next()
+}
+
+fn join(inner: &str, field: &str) -> String {
+    match inner {
+        "" | "." => field.to_string(),
+        inner => format!("{inner}.{field}"),
+    }
+}
+
+/// The top-level keys of a config file.
+const TOP_KEYS: [&str; 5] = ["agent", "metrics", "plugins", "catalogs", "pipelines"];
+
+/// "unknown key", with the closest known key or else the list of them.
+fn unknown_key(key: &str, known: &[&str]) -> String {
+    match locate::did_you_mean(key, known) {
+        Some(k) => format!("unknown key `{key}`; did you mean `{k}`?"),
+        None => format!("unknown key `{key}` (expected {})", known.join(", ")),
     }
 }
 
@@ -281,7 +437,7 @@ fn pipeline(
     for key in t.keys().filter(|k| !PIPELINE_KEYS.contains(&k.as_str())) {
         errors.push(err(
             &format!("{path}.{key}"),
-            &format!("unknown key (expected {})", PIPELINE_KEYS.join(", ")),
+            &unknown_key(key, &PIPELINE_KEYS),
         ));
     }
     let mut take = |key: &str, required: bool| -> Option<toml::Value> {
@@ -454,10 +610,7 @@ fn substitute_env(
     match value {
         toml::Value::String(s) if s.contains('$') => match expand(s, env) {
             Ok(expanded) => *s = expanded,
-            Err(e) => errors.push(ConfigError {
-                path,
-                message: e.to_string(),
-            }),
+            Err(e) => errors.push(err(&path, &e.to_string())),
         },
         toml::Value::Array(items) => {
             for (i, item) in items.iter_mut().enumerate() {

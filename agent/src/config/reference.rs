@@ -99,7 +99,7 @@ fn every_key_the_reference_shows_parses() {
         .iter()
         .filter(|e| {
             [
-                "unknown field",
+                "unknown key",
                 "invalid type",
                 "unknown variant",
                 "not valid TOML",

@@ -244,3 +244,57 @@ fn listed_topics_of_a_table_per_topic_map_to_distinct_tables() {
     let c = Config::parse(&pattern, &env).unwrap();
     assert!(c.pipelines[0].sink.table_per_topic());
 }
+
+#[test]
+fn errors_say_where_and_in_plain_words_all_at_once() {
+    let bad = GOOD
+        .replace(
+            "commit_interval = \"5s\"",
+            "comit_interval = \"5s\"\nmax_uncommitted_bytes = [1]\ncatalog_x = 1",
+        )
+        .replace("topics = [\"events\"]", "topics = \"events\"")
+        .replace("catalog = \"local\"", "catalog = \"nowhere\"")
+        .replace("[[pipelines]]", "[[pipeline]]\n[[pipelines]]");
+    let errors = Config::parse(&bad, &env).unwrap_err();
+    let text = errors.to_string();
+    println!("{text}");
+    let line_of = |needle: &str| bad.lines().position(|l| l.contains(needle)).unwrap() + 1;
+    let find = |path: &str| {
+        errors
+            .0
+            .iter()
+            .find(|e| e.path == path)
+            .unwrap_or_else(|| panic!("no error at {path}:\n{text}"))
+    };
+    let e = find("pipelines[0].sink.comit_interval");
+    assert_eq!(
+        e.at.map(|p| p.line),
+        Some(line_of("comit_interval")),
+        "{text}"
+    );
+    assert!(
+        e.message.contains("did you mean `commit_interval`?"),
+        "{text}"
+    );
+    let e = find("pipelines[0].source.topics");
+    assert_eq!(e.at.map(|p| p.line), Some(line_of("topics = ")), "{text}");
+    assert!(e.message.contains("a list"), "{text}");
+    assert!(
+        !text.contains("sequence") && !text.contains("\n\n"),
+        "{text}"
+    );
+    find("pipelines[0].sink.max_uncommitted_bytes");
+    find("pipelines[0].sink.catalog_x");
+    find("pipelines[0].sink.catalog");
+    assert!(
+        find("pipeline")
+            .message
+            .contains("did you mean `pipelines`?"),
+        "{text}"
+    );
+
+    let syntax = Config::parse("[agent]\nlog = \"x\"\n[[pipelines]\nname = 1\n", &env)
+        .unwrap_err()
+        .to_string();
+    assert!(syntax.contains("line 3, column"), "{syntax}");
+}

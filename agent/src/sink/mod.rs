@@ -38,6 +38,26 @@ pub const COMMIT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 /// are then never committed (they are read again at the next start).
 pub const COMMIT_GIVE_UP: Duration = Duration::from_secs(3600);
 
+/// The longest `commit_interval`.
+pub const MAX_COMMIT_INTERVAL: Duration = Duration::from_secs(24 * 3600);
+
+/// Why `name` cannot name a table, if it cannot: a table name is one path segment of the
+/// warehouse, so it holds no separator, no control character and is not `.` or `..`.
+fn table_name_problem(name: &str) -> Option<String> {
+    if name.contains(['/', '\\']) {
+        return Some(format!(
+            "{name:?} holds a path separator: a table name is one name (use `namespace` for levels)"
+        ));
+    }
+    if name.chars().any(char::is_control) {
+        return Some(format!("{name:?} holds a control character"));
+    }
+    if name.trim() != name || name == "." || name == ".." {
+        return Some(format!("{name:?} is not a usable table name"));
+    }
+    None
+}
+
 /// The youngest an unreferenced file may be for orphan cleanup to delete it, for a
 /// pipeline committing every `commit_interval`: a file written at the start of an
 /// interval is committed (or given up) at most `commit_interval` +
@@ -248,6 +268,15 @@ impl SinkConfig {
         if self.commit_interval < Duration::from_secs(1) {
             out.push(("commit_interval".into(), "must be at least 1s".into()));
         }
+        if self.commit_interval > MAX_COMMIT_INTERVAL {
+            out.push((
+                "commit_interval".into(),
+                format!(
+                    "must be at most {}: until a commit, Kafka keeps what is not in the table",
+                    humantime::format_duration(MAX_COMMIT_INTERVAL)
+                ),
+            ));
+        }
         if self.max_uncommitted_bytes == 0 {
             out.push(("max_uncommitted_bytes".into(), "must be positive".into()));
         }
@@ -281,6 +310,8 @@ impl SinkConfig {
         }
         if self.table.trim().is_empty() {
             out.push(("table".into(), "must not be empty".into()));
+        } else if let Some(why) = table_name_problem(&self.table) {
+            out.push(("table".into(), why));
         }
         if self.table_per_topic() && !self.streams.is_empty() {
             out.push((
@@ -299,6 +330,8 @@ impl SinkConfig {
                     format!("streams.{stream}"),
                     "must differ from the pipeline's default table".into(),
                 ));
+            } else if let Some(why) = table_name_problem(table) {
+                out.push((format!("streams.{stream}"), why));
             }
         }
         if !matches!(self.format_version, 2 | 3) {

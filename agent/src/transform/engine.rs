@@ -174,18 +174,42 @@ pub enum ContractError {
 impl PluginsConfig {
     /// Finds the `.wasm` file a `uses` value names.
     pub fn resolve(&self, uses: &str) -> Option<PathBuf> {
-        let direct = Path::new(uses);
-        if uses.ends_with(".wasm") || uses.contains('/') {
-            return direct.exists().then(|| direct.to_path_buf());
+        self.candidates(uses).into_iter().find(|p| p.exists())
+    }
+
+    /// Where a `uses` value is looked for, in order: a path (`/` in it) as written; a
+    /// name in each directory of `FLOE_PLUGIN_PATH` and then of `path`, as `<name>.wasm`
+    /// (or as written when it already ends in `.wasm`).
+    pub fn candidates(&self, uses: &str) -> Vec<PathBuf> {
+        if uses.contains('/') {
+            return vec![PathBuf::from(uses)];
         }
+        let file = match uses.ends_with(".wasm") {
+            true => uses.to_string(),
+            false => format!("{uses}.wasm"),
+        };
         let env_dirs: Vec<PathBuf> = std::env::var_os("FLOE_PLUGIN_PATH")
             .map(|v| std::env::split_paths(&v).collect())
             .unwrap_or_default();
-        env_dirs
+        let mut out = vec![];
+        if uses.ends_with(".wasm") {
+            out.push(PathBuf::from(uses));
+        }
+        out.extend(env_dirs.iter().chain(&self.path).map(|d| d.join(&file)));
+        out
+    }
+
+    /// Why `uses` names no plugin file, with every place it was looked for.
+    pub fn not_found(&self, uses: &str) -> String {
+        let searched: Vec<String> = self
+            .candidates(uses)
             .iter()
-            .chain(&self.path)
-            .map(|d| d.join(format!("{uses}.wasm")))
-            .find(|p| p.exists())
+            .map(|p| p.display().to_string())
+            .collect();
+        format!(
+            "no plugin file (looked for {}; build plugins with scripts/build-plugins.sh, or set [plugins] path or FLOE_PLUGIN_PATH)",
+            searched.join(", ")
+        )
     }
 }
 
@@ -317,12 +341,10 @@ impl TransformEngine {
             uses: transform.uses.clone(),
             reason,
         };
-        let path = self.plugins.resolve(&transform.uses).ok_or_else(|| {
-            load_err(format!(
-                "no such file (searched FLOE_PLUGIN_PATH and {:?} for {}.wasm)",
-                self.plugins.path, transform.uses
-            ))
-        })?;
+        let path = self
+            .plugins
+            .resolve(&transform.uses)
+            .ok_or_else(|| load_err(self.plugins.not_found(&transform.uses)))?;
         let started = std::time::Instant::now();
         let bytes =
             std::fs::read(&path).map_err(|e| load_err(format!("{}: {e}", path.display())))?;

@@ -11,6 +11,15 @@ use crate::record::json::JsonObject;
 /// The floe-sdk version a new plugin depends on.
 pub const SDK_VERSION: &str = "0.2";
 
+/// The `sdk/` folder of the Floe checkout that holds the current directory, if any.
+pub fn find_sdk() -> Option<PathBuf> {
+    let cwd = std::env::current_dir().ok()?;
+    cwd.ancestors().map(|d| d.join("sdk")).find(|sdk| {
+        std::fs::read_to_string(sdk.join("Cargo.toml"))
+            .is_ok_and(|text| text.contains("name = \"floe-sdk\""))
+    })
+}
+
 /// Creates a plugin crate at `dir/name` that builds and passes its tests as it is.
 /// It depends on `floe-sdk` by version; `sdk` (a path to the SDK folder) is added as a
 /// path override, for working on Floe itself.

@@ -309,6 +309,33 @@ impl CommitBackend for RestBackend {
     }
 }
 
+/// Whether `uri` parses as a Postgres connection URI; if not, why, without its password.
+pub(crate) fn check_postgres_uri(uri: &str) -> Result<(), String> {
+    PgConnectOptions::from_str(uri)
+        .map(|_| ())
+        .map_err(|e| bad_postgres_uri(uri, &e))
+}
+
+/// Why a Postgres URI does not parse, with the likely fix: a password holding `/`, `?`,
+/// `#` or `@` must be percent-encoded (or given in `PGPASSWORD`), or the URI parser reads
+/// part of it as the host or port.
+fn bad_postgres_uri(uri: &str, error: &sqlx::Error) -> String {
+    let authority = uri.split_once("://").map_or(uri, |(_, rest)| rest);
+    let unescaped = authority
+        .split(['/', '?', '#'])
+        .next()
+        .is_some_and(|host| !host.contains('@'))
+        && authority.contains('@');
+    let hint = match unescaped {
+        true => {
+            "; the password seems to hold `/`, `?`, `#` or `@`: percent-encode them (%2F, %3F, \
+             %23, %40) or leave the password out of the URI and set PGPASSWORD"
+        }
+        false => "",
+    };
+    format!("bad uri {}: {error}{hint}", crate::redact::redact_url(uri))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -340,31 +367,4 @@ mod tests {
             );
         }
     }
-}
-
-/// Whether `uri` parses as a Postgres connection URI; if not, why, without its password.
-pub(crate) fn check_postgres_uri(uri: &str) -> Result<(), String> {
-    PgConnectOptions::from_str(uri)
-        .map(|_| ())
-        .map_err(|e| bad_postgres_uri(uri, &e))
-}
-
-/// Why a Postgres URI does not parse, with the likely fix: a password holding `/`, `?`,
-/// `#` or `@` must be percent-encoded (or given in `PGPASSWORD`), or the URI parser reads
-/// part of it as the host or port.
-fn bad_postgres_uri(uri: &str, error: &sqlx::Error) -> String {
-    let authority = uri.split_once("://").map_or(uri, |(_, rest)| rest);
-    let unescaped = authority
-        .split(['/', '?', '#'])
-        .next()
-        .is_some_and(|host| !host.contains('@'))
-        && authority.contains('@');
-    let hint = match unescaped {
-        true => {
-            "; the password seems to hold `/`, `?`, `#` or `@`: percent-encode them (%2F, %3F, \
-             %23, %40) or leave the password out of the URI and set PGPASSWORD"
-        }
-        false => "",
-    };
-    format!("bad uri {}: {error}{hint}", crate::redact::redact_url(uri))
 }
