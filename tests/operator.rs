@@ -14,6 +14,7 @@ use anyhow::{Context, Result, bail};
 use floe::telemetry::metric::{METRICS, MetricKind};
 use floe::telemetry::scrape::Exposition;
 use floe::telemetry::server::{HEALTHZ_PATH, METRICS_PATH, READYZ_PATH};
+use floe_tests::faults::FaultProxy;
 use floe_tests::{
     AgentProcess, Broker, PipelineSpec, Workspace, floe_bin, floe_cmd, free_port, repo_root,
 };
@@ -260,6 +261,56 @@ async fn an_idle_pipeline_stays_ready() -> Result<()> {
     }
     agent.terminate()?;
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_down_at_boot_is_waited_for_quietly() -> Result<()> {
+    let broker = Broker::start()?;
+    broker.create_topic("late", 2).await?;
+    broker.produce("late", &events(40)).await?;
+    // The agent bootstraps through a proxy that refuses connections, as a broker that
+    // is not up yet would.
+    let proxy = FaultProxy::tcp(&broker.bootstrap)?;
+    proxy.refuse();
+    let ws = Workspace::new()?;
+    let (config, addr) = config_with_metrics(&ws, &broker, "late", 2)?;
+    let text = std::fs::read_to_string(&config)?;
+    std::fs::write(&config, text.replace(&broker.bootstrap, &proxy.address()))?;
+    let mut agent = AgentProcess::start(&config, &[])?;
+    agent.wait_for_line("waiting for the Kafka brokers", Duration::from_secs(60))?;
+    let (status, body) = wait_for_http(&addr, READYZ_PATH, Duration::from_secs(10), |s, b| {
+        s == 503 && b.contains("waiting")
+    })?;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains(&format!(
+            "cannot reach Kafka brokers at {}",
+            proxy.address()
+        )),
+        "{body}"
+    );
+    // Down for a while: still running, and a few lines, not hundreds.
+    std::thread::sleep(Duration::from_secs(20));
+    let out = agent.output();
+    let client_errors = out.matches("Kafka client error").count();
+    let waits = out.matches("waiting for the Kafka brokers").count();
+    assert!(
+        client_errors <= 3 && waits <= 8,
+        "{client_errors} client errors, {waits} waits:\n{out}"
+    );
+
+    proxy.restore()?;
+    ws.wait_for_rows("ops", "late", 40, Duration::from_secs(120))
+        .await?;
+    wait_for_http(&addr, READYZ_PATH, Duration::from_secs(60), |s, _| s == 200)?;
+    agent.terminate()?;
+    floe_tests::reference::assert_append_table(
+        &broker.bootstrap,
+        "late",
+        40,
+        "after the wait",
+        |r| ws.read(r, "ops", "late", "_kafka_partition, _kafka_offset"),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -176,7 +176,7 @@ pub async fn run(
                     result.as_ref().err().map(|e| e.to_string()).as_deref(),
                 );
                 if let Err(e) = result {
-                    tracing::error!(pipeline = %name, error = %e, remaining = tasks.len(), "pipeline stopped: its partitions go to the other members of the consumer group");
+                    tracing::error!(pipeline = %name, error = %e, remaining = tasks.len(), "pipeline stopped; any other agent in its consumer group takes over its partitions");
                     first_error.get_or_insert(e);
                     if on_failure == config::OnPipelineFailure::Stop && !stopping {
                         stopping = true;

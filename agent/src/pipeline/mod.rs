@@ -34,6 +34,7 @@ mod lookup;
 mod tables;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 
@@ -59,6 +60,8 @@ pub async fn run_pipeline(
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), PipelineError> {
     let name = config.name.clone();
+    // Registered before anything is awaited, so `/readyz` names it from the start.
+    telemetry::health::pipeline_started(&name, config.sink.commit_interval);
     let map = Arc::new(tables::TableMap::new(&config));
     let tables = open_tables(&config, &map, &catalog, &writer_id).await?;
     let known: Arc<KnownOffsets> = Arc::default();
@@ -69,15 +72,72 @@ pub async fn run_pipeline(
         catalog.clone(),
         known.clone(),
     ));
-    let source = KafkaSource::start(&name, &config.source, positions).map_err(|source| {
-        PipelineError::Source {
-            pipeline: name.clone(),
-            source: Box::new(source),
-        }
-    })?;
+    let mut waiting = shutdown.clone();
+    let Some(source) = start_source(&name, &config, positions, &mut waiting).await? else {
+        return Ok(());
+    };
     let opener = TableOpener { catalog, writer_id };
     let run = Run { map, opener, known };
     run_with_source(config, tables, run, engine, Box::new(source), shutdown).await
+}
+
+/// How long a pipeline waits between attempts to reach brokers that are down at start.
+const BROKER_WAIT: floe_iceberg::retry::Policy =
+    floe_iceberg::retry::Policy::backoff(Duration::from_secs(2), Duration::from_secs(30));
+
+/// Starts the Kafka source. Brokers that do not answer yet are waited for (an edge
+/// agent often boots before its broker): one WARN per attempt, `/readyz` saying what is
+/// awaited, until they answer or `shutdown` (then `None`). Everything else, such as
+/// refused credentials or a missing topic, fails at once.
+async fn start_source(
+    name: &str,
+    config: &PipelineConfig,
+    positions: Arc<lookup::TablePositions>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<Option<KafkaSource>, PipelineError> {
+    let mut attempts = BROKER_WAIT.start();
+    let waiting_since = std::time::Instant::now();
+    loop {
+        let (source_config, pipeline, lookup) =
+            (config.source.clone(), name.to_string(), positions.clone());
+        // The metadata request blocks for up to its timeout: off the async workers.
+        let started = tokio::task::spawn_blocking(move || {
+            KafkaSource::start(&pipeline, &source_config, lookup)
+        })
+        .await
+        .map_err(|e| PipelineError::internal(name, format!("starting the source: {e}")))?;
+        if *shutdown.borrow() {
+            return Ok(None);
+        }
+        let error = match started {
+            Ok(source) => {
+                telemetry::health::recovered(name);
+                return Ok(Some(source));
+            }
+            Err(e @ crate::source::SourceError::Unreachable { .. }) => e,
+            Err(e) => {
+                return Err(PipelineError::Source {
+                    pipeline: name.to_string(),
+                    source: Box::new(e),
+                });
+            }
+        };
+        let wait = attempts
+            .retry_after(floe_iceberg::ErrorClass::Transient)
+            .unwrap_or(Duration::from_secs(30));
+        let reason = error.to_string();
+        tracing::warn!(
+            pipeline = %name,
+            waited_s = waiting_since.elapsed().as_secs(),
+            retry_in_s = wait.as_secs(),
+            "waiting for the Kafka brokers: {reason}"
+        );
+        telemetry::health::transient_failure(name, "source", &format!("waiting: {reason}"));
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.wait_for(|stop| *stop) => return Ok(None),
+        }
+    }
 }
 
 /// Runs one pipeline with any [`Source`] (in-process tests use a scripted one), on

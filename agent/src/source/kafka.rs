@@ -90,10 +90,58 @@ struct Context {
     paused: Arc<AtomicBool>,
     /// OAUTHBEARER tokens (OIDC, MSK IAM), when the source uses them.
     tokens: super::oauth::ContextTokens,
+    /// librdkafka's transient errors, logged at most once per interval.
+    client_errors: ClientErrors,
+}
+
+/// librdkafka reports a broker outage once per connection attempt and broker, many
+/// times a second: the log gets the first one, then one line per [`Self::INTERVAL`]
+/// with how many were left out.
+#[derive(Default)]
+struct ClientErrors {
+    state: Mutex<Option<(std::time::Instant, u64)>>,
+}
+
+impl ClientErrors {
+    const INTERVAL: Duration = Duration::from_secs(30);
+
+    fn log(&self, pipeline: &str, reason: &str) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let now = std::time::Instant::now();
+        match state.as_mut() {
+            Some((last, left_out)) if now.duration_since(*last) < Self::INTERVAL => {
+                *left_out += 1;
+            }
+            _ => {
+                let left_out = state.map_or(0, |(_, n)| n);
+                tracing::warn!(pipeline = %pipeline, error = %reason, similar_left_out = left_out, "Kafka client error");
+                *state = Some((now, 0));
+            }
+        }
+    }
 }
 
 impl ClientContext for Context {
     super::oauth::oauth_context!(tokens);
+
+    /// librdkafka's own log lines. A `FAIL` line repeats what [`Self::error`] reports
+    /// (rate-limited) once per connection attempt, so it goes to debug.
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        use rdkafka::config::RDKafkaLogLevel as Level;
+        match level {
+            _ if fac == "FAIL" => {
+                tracing::debug!(target: "librdkafka", "librdkafka: {fac} {message}")
+            }
+            Level::Emerg | Level::Alert | Level::Critical | Level::Error => {
+                tracing::error!(target: "librdkafka", "librdkafka: {fac} {message}")
+            }
+            Level::Warning => tracing::warn!(target: "librdkafka", "librdkafka: {fac} {message}"),
+            Level::Notice | Level::Info => {
+                tracing::info!(target: "librdkafka", "librdkafka: {fac} {message}")
+            }
+            Level::Debug => tracing::debug!(target: "librdkafka", "librdkafka: {fac} {message}"),
+        }
+    }
 
     /// librdkafka retries a refused login or a failed TLS handshake forever; those need a
     /// fix in the settings, so the pipeline stops with what to check.
@@ -103,9 +151,7 @@ impl ClientContext for Context {
                 tracing::error!(pipeline = %self.pipeline, error = %reason, "{what}");
                 self.push(SourceEvent::Failed(format!("{what} ({reason})")));
             }
-            None => {
-                tracing::warn!(pipeline = %self.pipeline, error = %reason, "Kafka client error")
-            }
+            None => self.client_errors.log(&self.pipeline, reason),
         }
     }
 
@@ -386,6 +432,7 @@ impl KafkaSource {
             pin: pin.clone(),
             paused: paused.clone(),
             tokens: super::oauth::ContextTokens::new(config.token_source()),
+            client_errors: ClientErrors::default(),
         };
         let consumer: BaseConsumer<Context> =
             config.client_config().create_with_context(context)?;
