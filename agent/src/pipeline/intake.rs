@@ -1016,13 +1016,14 @@ impl Intake {
         reason: &str,
     ) -> Result<(), PipelineError> {
         tracing::debug!(pipeline = %self.name(), topic = %m.topic, partition = m.partition, offset = m.offset, stage, reason, "dead-lettered");
-        telemetry::records_failed(self.name(), stage);
-        telemetry::dead_letter(self.name(), stage);
         let new = self
             .dead_letters
             .write(m, stage, reason)
             .map_err(|e| self.err_dl(e))?;
+        // A record read again after a rewind was counted the first time.
         if new {
+            telemetry::records_failed(self.name(), stage);
+            telemetry::dead_letter(self.name(), stage);
             self.state.dead_lettered.add(stage, reason, m);
         }
         Ok(())

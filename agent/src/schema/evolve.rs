@@ -72,7 +72,7 @@ fn declare_node(node: &mut Node, declared: &Type) {
             let Some(current) = node_type(node) else {
                 return;
             };
-            if current == *t {
+            if same_type(&current, t) {
                 // Same type: from now on it is declared and no longer widens by inference.
                 node.declared = true;
                 return;
@@ -175,7 +175,7 @@ fn conflict_in_type(table: &Type, node: &Node, path: &str) -> Option<String> {
         (Some(_), _) if node.widen.is_some() => {
             // A declared widening this commit applies to the table's column.
             let wider = node.widen.clone()?;
-            if *table == wider || widening(table, &wider).is_some() {
+            if same_type(table, &wider) || widening(table, &wider).is_some() {
                 return None;
             }
             wider
@@ -192,10 +192,34 @@ fn conflict_in_type(table: &Type, node: &Node, path: &str) -> Option<String> {
     ))
 }
 
+/// Whether two types are the same Iceberg type. Field ids are not part of a type: a map,
+/// list or struct that a decoder declares carries the decoder's ids, and the table's
+/// copy of it the ids the table assigned.
+fn same_type(a: &Type, b: &Type) -> bool {
+    match (a, b) {
+        (Type::Primitive(a), Type::Primitive(b)) => a == b,
+        (Type::List(a), Type::List(b)) => {
+            same_type(&a.element_field.field_type, &b.element_field.field_type)
+        }
+        (Type::Map(a), Type::Map(b)) => {
+            same_type(&a.key_field.field_type, &b.key_field.field_type)
+                && same_type(&a.value_field.field_type, &b.value_field.field_type)
+        }
+        (Type::Struct(a), Type::Struct(b)) => {
+            a.fields().len() == b.fields().len()
+                && a.fields()
+                    .iter()
+                    .zip(b.fields())
+                    .all(|(x, y)| x.name == y.name && same_type(&x.field_type, &y.field_type))
+        }
+        _ => false,
+    }
+}
+
 /// Whether values buffered as `ours` convert to `table` without loss.
 fn fits(ours: &Type, table: &Type, committed: bool) -> bool {
     use PrimitiveType as P;
-    if ours == table || widening(ours, table).is_some() {
+    if same_type(ours, table) || widening(ours, table).is_some() {
         return true;
     }
     if committed {

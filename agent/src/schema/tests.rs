@@ -552,3 +552,68 @@ fn buffered_columns_are_checked_against_the_tables_types() {
     t.declare(&Arc::new(StructType::new(vec![field(3, "n", long())])));
     assert_eq!(t.conflict_with(&ours), None);
 }
+
+#[test]
+fn a_declared_map_column_fits_the_table_created_from_it() {
+    use std::sync::Arc;
+
+    use iceberg::spec::{ListType, MapType, NestedField, PrimitiveType, StructType};
+
+    // A map as a Protobuf or Avro schema declares it, with the decoder's field ids; the
+    // table created from it numbers its fields itself.
+    let map = |key_id: i32, value_id: i32| {
+        Type::Map(MapType::new(
+            Arc::new(NestedField::map_key_element(
+                key_id,
+                Type::Primitive(PrimitiveType::String),
+            )),
+            Arc::new(NestedField::map_value_element(
+                value_id,
+                Type::Primitive(PrimitiveType::Long),
+                false,
+            )),
+        ))
+    };
+    let list_of_maps = |id: i32, key_id: i32, value_id: i32| {
+        Type::List(ListType::new(Arc::new(NestedField::list_element(
+            id,
+            map(key_id, value_id),
+            false,
+        ))))
+    };
+    let mut t = SchemaTracker::new();
+    t.declare(&Arc::new(StructType::new(vec![
+        Arc::new(NestedField::optional(1, "counters", map(100, 101))),
+        Arc::new(NestedField::optional(
+            2,
+            "history",
+            list_of_maps(102, 103, 104),
+        )),
+    ])));
+    let table = t.new_table_schema().unwrap();
+    assert_eq!(t.conflict_with(&table), None, "{table:?}");
+    assert_eq!(
+        t.evolved_schema(&table, table.highest_field_id()).unwrap(),
+        None
+    );
+    // Another value type is still a conflict.
+    let other = Schema::builder()
+        .with_fields(vec![Arc::new(NestedField::optional(
+            1,
+            "counters",
+            Type::Map(MapType::new(
+                Arc::new(NestedField::map_key_element(
+                    7,
+                    Type::Primitive(PrimitiveType::String),
+                )),
+                Arc::new(NestedField::map_value_element(
+                    8,
+                    Type::Primitive(PrimitiveType::String),
+                    false,
+                )),
+            )),
+        ))])
+        .build()
+        .unwrap();
+    assert!(t.conflict_with(&other).is_some());
+}
