@@ -75,19 +75,26 @@ impl TableSchema {
         if let Some(d) = declare {
             self.tracker.declare(d);
         }
-        // A record without its key is refused before the tracker learns from it.
-        if let Some(KeySpec::Fields(fields)) = &self.key
-            && let Some(f) = fields
-                .iter()
-                .find(|f| obj.get(f).is_none_or(|v| v.is_null()))
-        {
-            return Admission::Reject {
-                stage: "key",
-                reason: format!("key field `{f}` is missing or null"),
-            };
-        }
+        // The key is checked before the tracker learns from the record: a key that
+        // cannot be one (missing, null, `1.5`, `true`) must not teach a new table the
+        // type of its key column, or the table could never be created.
+        let key = match &self.key {
+            None => None,
+            Some(spec) => match spec.of_record(Some(obj), message_key) {
+                Ok(k) => Some(k),
+                Err(e) => {
+                    return Admission::Reject {
+                        stage: "key",
+                        reason: e.to_string(),
+                    };
+                }
+            },
+        };
         match self.tracker.observe_json(obj, hints) {
-            Ok(()) => self.with_key(Some(obj), message_key, None),
+            Ok(()) => Admission::Admit(Admitted {
+                rewritten: None,
+                key,
+            }),
             Err(rejection) => self.refused(obj, message_key, hints, rejection),
         }
     }

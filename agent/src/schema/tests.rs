@@ -617,3 +617,39 @@ fn a_declared_map_column_fits_the_table_created_from_it() {
         .unwrap();
     assert!(t.conflict_with(&other).is_some());
 }
+
+#[test]
+fn a_record_whose_key_cannot_be_one_teaches_the_new_table_nothing() {
+    use crate::record::json::JsonObject;
+    use crate::record::key::KeySpec;
+
+    let mut stage = TableSchema::new(
+        SchemaTracker::new(),
+        OnIncompatible::DeadLetter,
+        Some(KeySpec::from_config(&["id".to_string()])),
+    );
+    for bad in [
+        json!({"id": 1.5, "n": 1}),
+        json!({"id": true}),
+        json!({"id": {"a": 1}}),
+    ] {
+        let record = JsonObject::from_map(&obj(bad.clone()));
+        match stage.admit(Some(record.view().root()), None, None, None) {
+            Admission::Reject { stage, .. } => assert_eq!(stage, "key", "{bad}"),
+            other => panic!("{bad} was not refused: {other:?}"),
+        }
+    }
+    let good = JsonObject::from_map(&obj(json!({"id": 7, "n": 2})));
+    assert!(matches!(
+        stage.admit(Some(good.view().root()), None, None, None),
+        Admission::Admit(_)
+    ));
+    // The key column is a long, as the good record says, so the table can be created.
+    assert_eq!(
+        types(&stage.tracker),
+        [
+            ("id".to_string(), "long".to_string()),
+            ("n".to_string(), "long".to_string())
+        ]
+    );
+}
