@@ -540,16 +540,32 @@ fn pipeline(
     for (field, message) in sink.as_ref().map(SinkConfig::problems).unwrap_or_default() {
         errors.push(err(&format!("{path}.sink.{field}"), &message));
     }
-    let dead_letter = match dead_letter {
+    let mut dead_letter = match dead_letter {
         Some(v) => section::<DeadLetterConfig>(v, &format!("{path}.dead_letter"), errors),
         None => name.as_deref().map(DeadLetterConfig::default_for),
     };
+    if let (Some(d), Some(name)) = (&mut dead_letter, &name)
+        && d.path.as_os_str().is_empty()
+    {
+        d.path = DeadLetterConfig::default_for(name).path;
+    }
     for (field, message) in dead_letter
         .as_ref()
         .map(DeadLetterConfig::problems)
         .unwrap_or_default()
     {
         errors.push(err(&format!("{path}.dead_letter.{field}"), &message));
+    }
+    if let (Some(dead_letter), Some(source)) = (&dead_letter, &source)
+        && let Some(topic) = &dead_letter.topic
+        && source.consumes(topic)
+    {
+        errors.push(err(
+            &format!("{path}.dead_letter.topic"),
+            &format!(
+                "the pipeline consumes its own dead-letter topic {topic:?} (it matches `topics` or `topic_pattern`): its dead letters would come back as records; exclude it from the pattern or name another topic"
+            ),
+        ));
     }
     if let (Some(sink), Some(source)) = (&sink, &source)
         && sink.table_per_topic()

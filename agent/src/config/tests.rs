@@ -298,3 +298,43 @@ fn errors_say_where_and_in_plain_words_all_at_once() {
         .to_string();
     assert!(syntax.contains("line 3, column"), "{syntax}");
 }
+
+#[test]
+fn a_pipeline_may_not_consume_its_own_dead_letters() {
+    let with = |source: &str, dead_letter: &str| {
+        GOOD.replace("topics = [\"events\"]", source).replace(
+            "[pipelines.sink]",
+            &format!("[pipelines.dead_letter]\n{dead_letter}\n[pipelines.sink]"),
+        )
+    };
+    let refused = |text: &str| match Config::parse(text, &env) {
+        Err(e) => {
+            e.0.iter()
+                .any(|e| e.path == "pipelines[0].dead_letter.topic")
+        }
+        Ok(_) => false,
+    };
+    assert!(refused(&with(
+        "topic_pattern = \"events\\\\..*\"",
+        "topic = \"events.dlq\""
+    )));
+    assert!(refused(&with(
+        "topics = [\"events\", \"dlq\"]",
+        "topic = \"dlq\""
+    )));
+    // Anchored at the start, as librdkafka anchors a subscription.
+    assert!(!refused(&with(
+        "topic_pattern = \"events\\\\..*\"",
+        "topic = \"dlq.events.x\""
+    )));
+    // The file path defaults also when the section only names a topic.
+    let c = Config::parse(
+        &with("topics = [\"events\"]", "topic = \"dlq\"\nfile = false"),
+        &env,
+    )
+    .unwrap();
+    assert_eq!(
+        c.pipelines[0].dead_letter.path,
+        std::path::PathBuf::from(".floe/dead-letter/events.ndjson")
+    );
+}

@@ -61,7 +61,9 @@ const FILE_MODE: u32 = 0o600;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeadLetterConfig {
-    /// NDJSON file the records are appended to (directories are created).
+    /// NDJSON file the records are appended to (directories are created); default
+    /// `.floe/dead-letter/<pipeline>.ndjson`.
+    #[serde(default)]
     pub path: PathBuf,
     /// Size past which the file is rotated to `<path>.1` (default 128MiB).
     #[serde(

@@ -223,6 +223,16 @@ pub enum SaslMechanism {
 }
 
 impl SourceConfig {
+    /// Whether the pipeline consumes `topic`: one of `topics`, or a match of
+    /// `topic_pattern` anchored at the start, as librdkafka's subscription anchors it.
+    pub fn consumes(&self, topic: &str) -> bool {
+        match &self.topic_pattern {
+            Some(p) => regex::Regex::new(&format!("^(?:{})", p.trim_start_matches('^')))
+                .is_ok_and(|re| re.is_match(topic)),
+            None => self.topics.iter().any(|t| t == topic),
+        }
+    }
+
     /// Problems serde cannot see, as `(field, message)` pairs.
     pub fn problems(&self) -> Vec<(String, String)> {
         let mut out = Vec::new();
