@@ -172,6 +172,43 @@ async fn dead_letters_can_go_to_the_topic_only() -> Result<()> {
     Ok(())
 }
 
+/// A dead-letter topic that does not take a letter (here: larger than the producer's
+/// `message.max.bytes`) costs a warning, not the pipeline: the letter is in the file,
+/// the good rows are committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_topic_that_refuses_falls_back_to_the_file() -> Result<()> {
+    let broker = Broker::start()?;
+    broker.create_topic("lost", 1).await?;
+    broker.create_topic("lost.dlq", 1).await?;
+    let big = format!("not json {}", "x".repeat(8000));
+    let values: Vec<&[u8]> = vec![br#"{"id": 0}"#, big.as_bytes(), br#"{"id": 2}"#];
+    let batch: Vec<_> = values.iter().map(|v| (None, Some(v.to_vec()))).collect();
+    broker.produce("lost", &batch).await?;
+    let ws = Workspace::new()?;
+    let config = ws.write(
+        &ws.config().pipeline(
+            ws.pipeline("lost", &broker.bootstrap, "lost")
+                .table("ns", "lost")
+                .dead_letter_topic("lost.dlq")
+                .set(
+                    "source.properties",
+                    toml::Value::Table(toml::map::Map::from_iter([(
+                        "message.max.bytes".to_string(),
+                        toml::Value::String("4000".into()),
+                    )])),
+                ),
+        ),
+    )?;
+    let agent = spawn_agent(&config)?;
+    ws.wait_for_rows("ns", "lost", 2, Duration::from_secs(90))
+        .await?;
+    agent.stop().await?;
+    let file = std::fs::read_to_string(ws.path("dead-letter.ndjson"))?;
+    assert_eq!(file.lines().count(), 1, "{file}");
+    assert!(file.contains(&B64.encode(values[1])), "{file}");
+    Ok(())
+}
+
 /// A record read from the dead-letter topic.
 #[derive(Debug)]
 struct TopicLetter {

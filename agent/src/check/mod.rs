@@ -36,7 +36,8 @@ pub async fn check(config: &Config) -> Vec<CheckLine> {
             create_table: p.sink.create_table,
         };
         catalog::probe(&config.catalogs[&p.sink.catalog], &target, &mut steps).await;
-        crate::source::probe::probe(&p.source, &mut steps).await;
+        let dead_letter_topic = p.dead_letter.topic.as_deref();
+        crate::source::probe::probe(&p.source, dead_letter_topic, &mut steps).await;
         crate::transform::probe::probe(&config.plugins, &p.name, &p.transforms, &mut steps);
         lines.extend(steps.0.into_iter().map(|s| CheckLine {
             pipeline: p.name.clone(),

@@ -26,7 +26,9 @@
 //!   ([`topic`]): original key, value and headers, the reason in headers. A record the
 //!   file had from an earlier run is produced again when it is read again (that run may
 //!   have died before the topic acknowledged it): on the topic a dead letter may repeat
-//!   after a crash, never go missing.
+//!   after a crash, never go missing while the topic takes it. A topic that refuses
+//!   (missing, denied, a record too large) gets a warning and the letter stays in the
+//!   file; with `file = false` the pipeline stops instead, before offsets move past it.
 //! - The log gets one warning per distinct reason and commit interval, with a count
 //!   ([`summary`]).
 
@@ -430,12 +432,10 @@ impl DeadLetterWriter {
             // A dead letter may repeat on the topic, never go missing from it.
             if let Some(topic) = &self.topic
                 && self.earlier.remove(&key)
+                && let Err(e) = topic.send(&self.pipeline, record, stage, reason)
             {
-                topic
-                    .send(&self.pipeline, record, stage, reason)
-                    .map_err(|e| {
-                        DeadLetterError::Topic(format!("dead-letter topic {}: {e}", topic.topic()))
-                    })?;
+                let e = format!("dead-letter topic {}: {e}", topic.topic());
+                self.topic_failed(&e)?;
             }
             return Ok(false);
         }
@@ -466,20 +466,37 @@ impl DeadLetterWriter {
                 self.written.insert(key, Place::Carried);
             }
         }
-        if let Some(topic) = &self.topic {
-            topic
-                .send(&self.pipeline, record, stage, reason)
-                .map_err(|e| {
-                    DeadLetterError::Topic(format!("dead-letter topic {}: {e}", topic.topic()))
-                })?;
+        if let Some(topic) = &self.topic
+            && let Err(e) = topic.send(&self.pipeline, record, stage, reason)
+        {
+            let e = format!("dead-letter topic {}: {e}", topic.topic());
+            self.topic_failed(&e)?;
         }
         Ok(true)
     }
 
+    /// The topic did not take a dead letter. With the file, the letter is safe there:
+    /// a warning says so and the pipeline goes on (a full topic, a missing one or a
+    /// denied ACL must not stop ingestion). Without it, nothing else holds the letter:
+    /// the pipeline stops before any offset moves past its record.
+    fn topic_failed(&self, error: &str) -> Result<(), DeadLetterError> {
+        match &self.out {
+            Some(_) => {
+                tracing::warn!(pipeline = %self.pipeline, file = %self.config.path.display(), "{error}; the dead letters are in the file");
+                Ok(())
+            }
+            None => Err(DeadLetterError::Topic(format!(
+                "{error} (file = false: no other place holds the dead letters)"
+            ))),
+        }
+    }
+
     /// Makes every written line durable. Called before each Iceberg commit.
     pub fn sync(&mut self) -> Result<(), DeadLetterError> {
-        if let Some(topic) = &self.topic {
-            topic.flush()?;
+        if let Some(topic) = &self.topic
+            && let Err(e) = topic.flush()
+        {
+            self.topic_failed(&e.to_string())?;
         }
         let Some(out) = &mut self.out else {
             return Ok(());

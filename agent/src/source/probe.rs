@@ -30,12 +30,27 @@ impl rdkafka::ClientContext for ProbeContext {
 
 impl rdkafka::consumer::ConsumerContext for ProbeContext {}
 
-/// Asks the brokers for metadata and checks the configured topics.
-pub async fn probe(source: &SourceConfig, report: &mut Steps) {
-    check_broker(source, report).await
+/// Asks the brokers for metadata and checks the configured topics and the dead-letter
+/// topic, if there is one.
+pub async fn probe(source: &SourceConfig, dead_letter_topic: Option<&str>, report: &mut Steps) {
+    if let Some(present) = check_broker(source, report).await
+        && let Some(topic) = dead_letter_topic
+    {
+        let (outcome, detail) = match present.iter().any(|t| t == topic) {
+            true => (Outcome::Pass, format!("{topic} present")),
+            false => (
+                Outcome::Fail,
+                format!(
+                    "{topic} does not exist: create it (dead letters then go to the file only, with a warning)"
+                ),
+            ),
+        };
+        report.report("dead-letter topic", outcome, detail);
+    }
 }
 
-async fn check_broker(source: &SourceConfig, report: &mut Steps) {
+/// The broker and topic steps; the topics the brokers have, when they answered.
+async fn check_broker(source: &SourceConfig, report: &mut Steps) -> Option<Vec<String>> {
     let config = source.client_config();
     let topics = source.topics.clone();
     let pattern = source.topic_pattern.clone();
@@ -75,7 +90,8 @@ async fn check_broker(source: &SourceConfig, report: &mut Steps) {
                 Outcome::Fail,
                 format!("{}: {e}", source.bootstrap_servers),
             );
-            return report.report("topics", Outcome::Skip, "broker unreachable".into());
+            report.report("topics", Outcome::Skip, "broker unreachable".into());
+            return None;
         }
     };
     report.report(
@@ -90,11 +106,12 @@ async fn check_broker(source: &SourceConfig, report: &mut Steps) {
         } else {
             Outcome::Fail
         };
-        return report.report(
+        report.report(
             "topics",
             outcome,
             format!("{matched} topic(s) match /{pattern}/"),
         );
+        return Some(present);
     }
     let missing: Vec<&String> = topics.iter().filter(|t| !present.contains(t)).collect();
     if missing.is_empty() {
@@ -111,4 +128,5 @@ async fn check_broker(source: &SourceConfig, report: &mut Steps) {
             format!("missing: {}", names.join(", ")),
         );
     }
+    Some(present)
 }
