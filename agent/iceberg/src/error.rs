@@ -62,6 +62,9 @@ pub struct NotRetryable(pub &'static str);
 /// the crate says otherwise.
 pub fn iceberg_class(e: &iceberg::Error) -> ErrorClass {
     use iceberg::ErrorKind as K;
+    if is_unwritable_storage(e) {
+        return ErrorClass::Fatal;
+    }
     if e.retryable() {
         return ErrorClass::Transient;
     }
@@ -80,6 +83,34 @@ pub fn iceberg_class(e: &iceberg::Error) -> ErrorClass {
         | K::PreconditionFailed => ErrorClass::Fatal,
         _ => ErrorClass::Transient,
     }
+}
+
+/// Whether an iceberg-rust error says local storage refuses writes for good: a read-only
+/// file system, a directory the agent may not write, a file name the file system cannot
+/// hold. Retrying cannot fix those; the operator must.
+pub fn is_unwritable_storage(e: &iceberg::Error) -> bool {
+    use std::io::ErrorKind as K;
+    const FINAL: [&str; 3] = ["(os error 30)", "(os error 13)", "(os error 36)"];
+    let says = |text: &str| FINAL.iter().any(|code| text.contains(code));
+    if says(e.message()) {
+        return true;
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                K::ReadOnlyFilesystem | K::PermissionDenied | K::InvalidFilename
+            )
+        {
+            return true;
+        }
+        if says(&s.to_string()) {
+            return true;
+        }
+        source = s.source();
+    }
+    false
 }
 
 /// Whether an iceberg-rust error says a file does not exist: the local file system
@@ -127,6 +158,19 @@ pub fn with_causes(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn storage_that_refuses_writes_for_good_is_fatal() {
+        for code in [30, 13, 36] {
+            let io = std::io::Error::from_raw_os_error(code);
+            let e = iceberg::Error::new(iceberg::ErrorKind::Unexpected, "writing a data file")
+                .with_source(io);
+            assert_eq!(iceberg_class(&e), ErrorClass::Fatal, "os error {code}");
+        }
+        let busy = iceberg::Error::new(iceberg::ErrorKind::Unexpected, "writing")
+            .with_source(std::io::Error::from_raw_os_error(11));
+        assert_eq!(iceberg_class(&busy), ErrorClass::Transient);
+    }
 
     #[test]
     fn an_error_marked_not_retryable_is_fatal_whatever_its_kind() {

@@ -72,7 +72,7 @@ async fn check_rest(p: &Target<'_>, rest: &RestCatalogConfig, report: &mut Steps
         }
     };
     let catalog: Arc<dyn Catalog> = Arc::new(RestCatalog::new(session, rest.s3.clone()));
-    check_catalog(p, catalog, report).await;
+    check_catalog(p, None, catalog, report).await;
 }
 
 fn skip_rest(report: &mut Steps, why: &str) {
@@ -93,7 +93,7 @@ async fn check_sql(p: &Target<'_>, config: &CatalogConfig, report: &mut Steps) {
         Ok(handle) => {
             report.report("catalog", Outcome::Pass, format!("{what} opened"));
             report.report("token", Outcome::Skip, format!("{what}: no token"));
-            check_catalog(p, handle.catalog, report).await;
+            check_catalog(p, Some(config), handle.catalog, report).await;
         }
         Err(e) => {
             report.report("catalog", Outcome::Fail, e.to_string());
@@ -102,7 +102,12 @@ async fn check_sql(p: &Target<'_>, config: &CatalogConfig, report: &mut Steps) {
     }
 }
 
-async fn check_catalog(p: &Target<'_>, catalog: Arc<dyn Catalog>, report: &mut Steps) {
+async fn check_catalog(
+    p: &Target<'_>,
+    warehouse: Option<&CatalogConfig>,
+    catalog: Arc<dyn Catalog>,
+    report: &mut Steps,
+) {
     match catalog.list_namespaces(None).await {
         Ok(ns) => report.report("namespaces", Outcome::Pass, format!("{} listed", ns.len())),
         Err(e) => report.report("namespaces", Outcome::Fail, e.message().to_string()),
@@ -133,12 +138,24 @@ async fn check_catalog(p: &Target<'_>, catalog: Arc<dyn Catalog>, report: &mut S
                         "{ident} does not exist yet; created on the first commit (create_table = true)"
                     ),
                 );
-                report.report(
-                    "storage",
-                    Outcome::Skip,
-                    "checked once the table exists (its location and credentials come with it)"
-                        .into(),
-                );
+                let probed = match warehouse {
+                    Some(config) => floe_iceberg::probe_warehouse(p.catalog, config).await,
+                    None => None,
+                };
+                match probed {
+                    Some(Ok(path)) => report.report(
+                        "storage",
+                        Outcome::Pass,
+                        format!("wrote and deleted {path}"),
+                    ),
+                    Some(Err(e)) => report.report("storage", Outcome::Fail, e),
+                    None => report.report(
+                        "storage",
+                        Outcome::Skip,
+                        "checked once the table exists (its location and credentials come with it)"
+                            .into(),
+                    ),
+                }
             } else {
                 report.report(
                     "table",

@@ -52,6 +52,12 @@ fn table_name_problem(name: &str) -> Option<String> {
     if name.chars().any(char::is_control) {
         return Some(format!("{name:?} holds a control character"));
     }
+    if name.len() > 255 {
+        return Some(format!(
+            "is {} bytes long: a table's directory name holds at most 255",
+            name.len()
+        ));
+    }
     if name.trim() != name || name == "." || name == ".." {
         return Some(format!("{name:?} is not a usable table name"));
     }

@@ -398,6 +398,44 @@ impl Warehouse {
     }
 }
 
+/// Writes and deletes a small file at the top of the warehouse of an embedded or SQL
+/// catalog, with the credentials tables would be written with: `floe check` runs it
+/// before a table exists (a read-only or foreign warehouse fails here, not at the first
+/// commit). Returns the path written; `None` for a REST catalog, whose storage comes
+/// with each table.
+pub async fn probe_warehouse(name: &str, config: &CatalogConfig) -> Option<Result<String, String>> {
+    let (warehouse, s3, aws) = match config {
+        CatalogConfig::Embedded {
+            warehouse, s3, aws, ..
+        }
+        | CatalogConfig::Sql {
+            warehouse, s3, aws, ..
+        } => (warehouse, s3, aws),
+        CatalogConfig::Rest(_) => return None,
+    };
+    let result = async {
+        let wh = Warehouse::open(name, warehouse, s3, aws).map_err(|e| e.to_string())?;
+        let io = iceberg::io::FileIOBuilder::new(wh.factory.clone())
+            .with_props(wh.props.clone())
+            .build();
+        let path = format!("{}/.floe-check-{}", wh.uri, uuid::Uuid::now_v7());
+        let write = async {
+            io.new_output(&path)?
+                .write(bytes::Bytes::from_static(b"floe check\n"))
+                .await?;
+            io.delete(&path).await
+        };
+        match write.await {
+            Ok(()) => Ok(path),
+            Err(e) => Err(format!(
+                "cannot write {path}: {}",
+                crate::error::with_causes(&e)
+            )),
+        }
+    };
+    Some(result.await)
+}
+
 // upstream: SQL catalog error kinds (iceberg-catalog-sql 0.10 reports a missing table
 // and a lost creation race as Unexpected errors; delete when it uses TableNotFound
 // and TableAlreadyExists)
@@ -437,6 +475,36 @@ fn absolute(catalog: &str, p: &Path) -> Result<PathBuf, CatalogError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_warehouse_is_probed_before_any_table_exists() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = CatalogConfig::embedded(dir.path().join("c.db"), dir.path().join("w"));
+        let path = probe_warehouse("local", &config).await.unwrap().unwrap();
+        assert!(path.contains("/w/.floe-check-"), "{path}");
+        let left: Vec<_> = std::fs::read_dir(dir.path().join("w")).unwrap().collect();
+        assert!(left.is_empty(), "the probe file was left behind");
+        // An object store that does not answer fails the probe, with the path.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let s3 = CatalogConfig::Embedded {
+            path: dir.path().join("c.db"),
+            warehouse: "s3://bucket/wh".into(),
+            s3: toml::from_str(&format!(
+                "endpoint = \"http://127.0.0.1:{port}\"\naccess-key-id = \"k\"\nsecret-access-key = \"s\"\nregion = \"us-east-1\"\npath-style-access = true"
+            ))
+            .unwrap(),
+            aws: aws::AwsSettings::default(),
+        };
+        let error = probe_warehouse("s3", &s3).await.unwrap().unwrap_err();
+        assert!(
+            error.starts_with("cannot write s3://bucket/wh/.floe-check-"),
+            "{error}"
+        );
+    }
 
     #[test]
     fn a_sql_catalog_runs_on_postgres() {
