@@ -162,6 +162,37 @@ async fn agents_on_two_machines_share_a_postgres_catalog_through_kills() -> Resu
 /// machines run it without a shared file system: no S3 keys in the config, the agent's
 /// identity comes from the AWS chain (environment keys here). PyIceberg and DuckDB read
 /// every value of every row through the catalog and S3.
+/// A catalog database Spark's `JdbcCatalog` created with its default (V0) layout: Floe
+/// says which statement upgrades it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catalog_in_the_jdbc_v0_layout_is_refused_with_the_upgrade() -> Result<()> {
+    let pg = Postgres::start()?;
+    pg.execute(
+        "CREATE TABLE iceberg_tables (catalog_name VARCHAR(255) NOT NULL, \
+         table_namespace VARCHAR(255) NOT NULL, table_name VARCHAR(255) NOT NULL, \
+         metadata_location VARCHAR(1000), previous_metadata_location VARCHAR(1000), \
+         PRIMARY KEY (catalog_name, table_namespace, table_name))",
+    )?;
+    let lake = tempfile::tempdir()?;
+    let config = floe_iceberg::CatalogConfig::Sql {
+        uri: floe::config::Redacted(pg.uri.clone()),
+        warehouse: lake.path().display().to_string(),
+        s3: Default::default(),
+        aws: Default::default(),
+    };
+    let error = match floe_iceberg::open_catalog("lake", &config).await {
+        Ok(_) => bail!("a V0 catalog opened"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        error.contains("ALTER TABLE iceberg_tables ADD COLUMN iceberg_type VARCHAR(5)"),
+        "{error}"
+    );
+    pg.execute("ALTER TABLE iceberg_tables ADD COLUMN iceberg_type VARCHAR(5)")?;
+    floe_iceberg::open_catalog("lake", &config).await?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_postgres_catalog_keeps_its_tables_on_s3() -> Result<()> {
     let pg = Postgres::start()?;

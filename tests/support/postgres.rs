@@ -82,6 +82,18 @@ impl Postgres {
         Ok(TableDump(v))
     }
 
+    /// Runs SQL statements in the database with `psql` (as another engine would).
+    pub fn execute(&self, sql: &str) -> Result<()> {
+        let out = Command::new("psql")
+            .args([&self.uri, "-v", "ON_ERROR_STOP=1", "-c", sql])
+            .output()
+            .context("run psql")?;
+        if !out.status.success() {
+            bail!("psql: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(())
+    }
+
     /// Data directory of the server.
     pub fn dir(&self) -> PathBuf {
         self.dir.path().to_path_buf()

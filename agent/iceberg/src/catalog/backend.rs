@@ -109,6 +109,15 @@ impl SqlBackend {
             .connect_with(options)
             .await
             .map_err(|e| format!("cannot connect: {e}"))?;
+        // A catalog another engine created with the JDBC catalog's first (V0) layout
+        // has no `iceberg_type` column, which iceberg-rust's SQL catalog reads.
+        if let Err(e) = sqlx::query("SELECT iceberg_type FROM iceberg_tables LIMIT 0")
+            .execute(&pool)
+            .await
+            && let Some(hint) = v0_layout_hint(&e.to_string())
+        {
+            return Err(format!("{e}: {hint}"));
+        }
         Ok(Arc::new(SqlBackend {
             pool: SqlPool::Postgres(pool),
             catalog_name: catalog_name.to_string(),
@@ -307,6 +316,15 @@ impl CommitBackend for RestBackend {
             .build()
             .map_err(|e| CommitError::Failed(e.to_string()))
     }
+}
+
+/// What to do when a SQL catalog's tables lack `iceberg_type`: they have the JDBC
+/// catalog's first (V0) layout, the default of Spark's and Trino's JDBC catalogs, and
+/// iceberg-rust's SQL catalog reads that column.
+pub(crate) fn v0_layout_hint(error: &str) -> Option<&'static str> {
+    (error.contains("iceberg_type") && error.contains("does not exist")).then_some(
+        "the catalog's tables have the JDBC catalog's V0 layout (the default of Spark's and Trino's JDBC catalogs); upgrade them once with `ALTER TABLE iceberg_tables ADD COLUMN iceberg_type VARCHAR(5)`, which is what Iceberg's JdbcCatalog runs with `jdbc.schema-version=V1`",
+    )
 }
 
 /// Whether `uri` parses as a Postgres connection URI; if not, why, without its password.

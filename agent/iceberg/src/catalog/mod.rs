@@ -293,9 +293,12 @@ async fn open_sql(
     warehouse: &Warehouse,
     committer: impl std::future::Future<Output = Result<Arc<SqlBackend>, String>>,
 ) -> Result<CatalogHandle, CatalogError> {
-    let unreachable = |source| CatalogError::Unreachable {
+    let unreachable = |source: iceberg::Error| CatalogError::Unreachable {
         catalog: name.to_string(),
-        detail: sql.detail.clone(),
+        detail: match backend::v0_layout_hint(&crate::error::with_causes(&source)) {
+            Some(hint) => format!("{} ({hint})", sql.detail),
+            None => sql.detail.clone(),
+        },
         source: Box::new(source),
     };
     let mut props = HashMap::from([

@@ -53,9 +53,17 @@ pub enum RestError {
 /// unknown access key or an invalid security token.
 fn is_signature_refusal(message: &str) -> bool {
     let m = message.to_ascii_lowercase();
-    ["signature", "security token", "access key id"]
-        .iter()
-        .any(|s| m.contains(s))
+    [
+        "signature",
+        "security token",
+        "access key id",
+        "credential should be scoped",
+        "unrecognizedclient",
+        "invalidclienttokenid",
+        "expiredtoken",
+    ]
+    .iter()
+    .any(|s| m.contains(s))
 }
 
 fn status_text(status: u16, message: &str) -> String {
@@ -167,6 +175,20 @@ mod tests {
                 .contains("refused the request's SigV4 signature"),
             "{signature}"
         );
+        // A wrong `signing_name` or `signing_region`, as AWS words it.
+        for message in [
+            "Credential should be scoped to correct service: 'glue'. ",
+            "Credential should be scoped to a valid region. ",
+            "InvalidSignatureException: something else",
+        ] {
+            let scoped = RestError::Status {
+                status: 403,
+                operation: "read catalog config".into(),
+                message: message.into(),
+            }
+            .to_string();
+            assert!(scoped.contains("SigV4 signature"), "{scoped}");
+        }
         assert_eq!(
             e(404).into_iceberg(ErrorKind::TableNotFound).kind(),
             ErrorKind::TableNotFound

@@ -246,12 +246,22 @@ impl RestSession {
                 tokio::time::sleep(wait).await;
                 continue;
             }
+            // AWS services name the error's type in a header (`InvalidSignatureException`).
+            let aws_type = response
+                .headers()
+                .get("x-amzn-errortype")
+                .and_then(|v| v.to_str().ok())
+                .map(|t| t.split(':').next().unwrap_or(t).to_string());
             let text = response.text().await.unwrap_or_default();
             if !status.is_success() {
+                let message = error_message(&text);
                 return Err(RestError::Status {
                     status: status.as_u16(),
                     operation: operation.to_string(),
-                    message: error_message(&text),
+                    message: match aws_type {
+                        Some(t) if !message.contains(&t) => format!("{t}: {message}"),
+                        _ => message,
+                    },
                 });
             }
             if text.trim().is_empty() {
@@ -367,6 +377,18 @@ fn error_message(body: &str) -> String {
         .and_then(Value::as_str)
     {
         return m.to_string();
+    }
+    // AWS's own JSON error shape: `{"__type": "...", "message": "..."}`.
+    if let Some(v) = &parsed
+        && let Some(m) = v
+            .get("message")
+            .or(v.get("Message"))
+            .and_then(Value::as_str)
+    {
+        return match v.get("__type").and_then(Value::as_str) {
+            Some(t) => format!("{}: {m}", t.rsplit('#').next().unwrap_or(t)),
+            None => m.to_string(),
+        };
     }
     body.trim().chars().take(300).collect()
 }
