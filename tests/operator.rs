@@ -234,7 +234,7 @@ async fn top_health_and_metrics_of_a_running_agent() -> Result<()> {
     // stderr is a pipe here: plain log lines, no colours, no progress lines.
     let log = agent.terminate()?;
     assert!(!log.contains('\u{1b}'), "ANSI codes in a piped log:\n{log}");
-    assert!(log.contains(" rows="), "{log}");
+    assert!(log.contains(" rows_written="), "{log}");
     assert!(
         !log.contains("rec/s"),
         "progress lines in a piped log:\n{log}"

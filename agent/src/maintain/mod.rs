@@ -345,12 +345,17 @@ pub async fn schedule(
         for target in &targets {
             let started = std::time::Instant::now();
             let report = run_table(&catalog, target, false).await;
+            // One line per table and run; a failed job also gets its own warning.
+            let mut done = Vec::new();
             for j in &report.jobs {
                 if j.failed {
                     tracing::warn!(pipeline = %pipeline.name, table = %report.table, job = j.job, detail = %j.detail, "maintenance job failed; retried at the next interval");
                 } else {
-                    tracing::info!(pipeline = %pipeline.name, table = %report.table, job = j.job, detail = %j.detail, "maintenance");
+                    done.push(format!("{}: {}", j.job, j.detail));
                 }
+            }
+            if !done.is_empty() {
+                tracing::info!(pipeline = %pipeline.name, table = %report.table, ms = started.elapsed().as_millis() as u64, "maintenance: {}", done.join("; "));
             }
             crate::telemetry::maintenance(
                 &pipeline.name,

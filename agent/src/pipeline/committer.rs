@@ -602,7 +602,7 @@ impl Committer {
     fn committed(&mut self, i: usize, target: OffsetMap, outcome: CommitOutcome, started: Instant) {
         let name = self.config.name.clone();
         let t = &mut self.tables[i];
-        tracing::info!(pipeline = %name, table = %t.sink.ident(), snapshot_id = outcome.snapshot_id, files = outcome.files, delete_files = outcome.delete_files, rows = t.cut.rows, ms = started.elapsed().as_millis() as u64, "committed");
+        tracing::info!(pipeline = %name, table = %t.sink.ident(), snapshot_id = outcome.snapshot_id, files = outcome.files, delete_files = outcome.delete_files, rows_written = t.cut.rows, ms = started.elapsed().as_millis() as u64, "committed");
         telemetry::records_out(&name, t.cut.rows);
         telemetry::committed(&name, outcome.files);
         telemetry::bytes_committed(&name, outcome.bytes);

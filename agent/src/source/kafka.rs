@@ -480,6 +480,9 @@ impl KafkaSource {
                 consumer.subscribe(&config.topics.iter().map(String::as_str).collect::<Vec<_>>())?
             }
         }
+        // The group's first assignment can take a session timeout or more (another
+        // member must leave or join first): say what is awaited.
+        tracing::info!(pipeline = %pipeline, group = %config.group_id, brokers = metadata.brokers().len(), "joining the consumer group; partitions are assigned once the group settles");
         let (cmd_tx, cmd_rx) = crossbeam_channel::unbounded();
         let stop = Arc::new(AtomicBool::new(false));
         let mut poller = Poller {

@@ -226,7 +226,15 @@ pub async fn commit(
                 source: error,
             });
         };
-        tracing::warn!(table = %ident, attempt = attempts.failures(), %error, "commit did not land; reloading the table");
+        match &error {
+            // Another writer (a compaction, another agent) committed first: routine.
+            CommitError::Conflict(_) if attempts.failures() <= 3 => {
+                tracing::info!(table = %ident, attempt = attempts.failures(), %error, "another writer committed first; reloading the table and committing again")
+            }
+            _ => {
+                tracing::warn!(table = %ident, attempt = attempts.failures(), %error, "commit did not land; reloading the table")
+            }
+        }
         if let Some(p) = options.properties.get(crate::commit::PIPELINE_KEY) {
             metrics::counter!(crate::COMMIT_RETRIES, "pipeline" => p.to_string()).increment(1);
         }
