@@ -143,7 +143,15 @@ async fn top_health_and_metrics_of_a_running_agent() -> Result<()> {
         assert_eq!(kind, Some(def.kind.as_str()), "type of {name}");
         seen.insert(name);
     }
-    for m in METRICS.iter().filter(|m| m.labels == ["pipeline"]) {
+    // Every per-pipeline series is there from the start (maintenance only runs when
+    // configured).
+    let scheduled =
+        |m: &&floe::telemetry::metric::MetricDef| !m.name.starts_with("floe_maintenance");
+    for m in METRICS
+        .iter()
+        .filter(|m| m.labels == ["pipeline"])
+        .filter(scheduled)
+    {
         assert!(
             seen.contains(m.name),
             "{} missing from a real scrape:\n{text}",
@@ -151,6 +159,16 @@ async fn top_health_and_metrics_of_a_running_agent() -> Result<()> {
         );
     }
     let p = [("pipeline", "events")];
+    // Series that have seen no event yet are exported at zero.
+    assert_eq!(
+        scrape.sum(
+            "floe_dead_letters_total",
+            &[("pipeline", "events"), ("stage", "key")]
+        ),
+        Some(0.0),
+        "{text}"
+    );
+    assert_eq!(scrape.sum("floe_build_info", &[]), Some(1.0), "{text}");
     assert_eq!(
         scrape.sum("floe_records_in_total", &p),
         Some(302.0),

@@ -87,6 +87,12 @@ pub const PLUGIN_RECORDS_OUT: &str = "floe_plugin_records_out_total";
 pub const PLUGIN_RECORDS_FAILED: &str = "floe_plugin_records_failed_total";
 /// `floe_plugin_faults_total{pipeline,plugin}`.
 pub const PLUGIN_FAULTS: &str = "floe_plugin_faults_total";
+/// `floe_maintenance_runs_total{pipeline,result}`.
+pub const MAINTENANCE_RUNS: &str = "floe_maintenance_runs_total";
+/// `floe_maintenance_seconds{pipeline}`.
+pub const MAINTENANCE_SECONDS: &str = "floe_maintenance_seconds";
+/// `floe_build_info{version}`: always 1.
+pub const BUILD_INFO: &str = "floe_build_info";
 /// `floe_plugin_batch_seconds{pipeline,plugin}`.
 pub const PLUGIN_BATCH_SECONDS: &str = "floe_plugin_batch_seconds";
 
@@ -232,7 +238,32 @@ pub const METRICS: &[MetricDef] = &[
         labels: &["pipeline", "plugin"],
         help: "Time one plugin spent on one batch.",
     },
+    MetricDef {
+        name: MAINTENANCE_RUNS,
+        kind: MetricKind::Counter,
+        labels: &["pipeline", "result"],
+        help: "Scheduled maintenance runs of a table (ok, failed).",
+    },
+    MetricDef {
+        name: MAINTENANCE_SECONDS,
+        kind: MetricKind::Histogram,
+        labels: &["pipeline"],
+        help: "Duration of one scheduled maintenance run of a table.",
+    },
+    MetricDef {
+        name: BUILD_INFO,
+        kind: MetricKind::Gauge,
+        labels: &["version"],
+        help: "Always 1; the version label says which Floe runs.",
+    },
 ];
+
+/// The stages of `floe_records_failed_total` and `floe_dead_letters_total`, exported at
+/// zero from a pipeline's start.
+const FAILURE_STAGES: [&str; 4] = ["decode", "key", "schema", "transform"];
+/// Histogram buckets (seconds) of [`MAINTENANCE_SECONDS`].
+pub const MAINTENANCE_SECONDS_BUCKETS: &[f64] =
+    &[0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0];
 
 /// Histogram buckets (seconds) of [`COMMIT_SECONDS`].
 pub const COMMIT_SECONDS_BUCKETS: &[f64] = &[0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
@@ -257,6 +288,25 @@ pub fn register_pipeline(pipeline: &str) {
             MetricKind::Gauge | MetricKind::Histogram => {}
         }
     }
+    for stage in FAILURE_STAGES {
+        for name in [RECORDS_FAILED, DEAD_LETTERS] {
+            metrics::counter!(name, "pipeline" => pipeline.to_string(), "stage" => stage)
+                .increment(0);
+        }
+    }
+}
+
+/// Sets `floe_build_info{version} 1`.
+pub fn build_info() {
+    metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+}
+
+/// One scheduled maintenance run of a table.
+pub fn maintenance(pipeline: &str, seconds: f64, failed: bool) {
+    let result = if failed { "failed" } else { "ok" };
+    metrics::counter!(MAINTENANCE_RUNS, "pipeline" => pipeline.to_string(), "result" => result)
+        .increment(1);
+    metrics::histogram!(MAINTENANCE_SECONDS, &pipeline_label(pipeline)).record(seconds);
 }
 
 fn pipeline_label(pipeline: &str) -> [(&'static str, String); 1] {
@@ -414,6 +464,8 @@ mod tests {
             plugin_batch("p", "f", 10, 8, Duration::from_micros(300));
             plugin_record_error("p", "f", "drop");
             plugin_fault("p", "f");
+            maintenance("p", 0.3, false);
+            build_info();
         });
         handle.render()
     }
@@ -477,7 +529,9 @@ mod tests {
                 "{}",
                 m.name
             );
-            assert_eq!(m.labels.first(), Some(&"pipeline"), "{}", m.name);
+            if m.name != BUILD_INFO {
+                assert_eq!(m.labels.first(), Some(&"pipeline"), "{}", m.name);
+            }
             assert!(m.help.ends_with('.'), "{}", m.name);
         }
     }

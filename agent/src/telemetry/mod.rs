@@ -66,6 +66,12 @@ pub(crate) fn builder() -> PrometheusBuilder {
                 PLUGIN_BATCH_SECONDS_BUCKETS,
             )
         })
+        .and_then(|b| {
+            b.set_buckets_for_metric(
+                Matcher::Full(metric::MAINTENANCE_SECONDS.to_string()),
+                metric::MAINTENANCE_SECONDS_BUCKETS,
+            )
+        })
         .expect("bucket lists are not empty")
 }
 
@@ -92,6 +98,7 @@ pub fn recorder() -> &'static PrometheusHandle {
             Err(_) => builder().build_recorder().handle(),
         };
         describe();
+        metric::build_info();
         let upkeep = handle.clone();
         let _ = std::thread::Builder::new()
             .name("floe-metrics-upkeep".into())
@@ -182,9 +189,5 @@ where
 /// One scheduled maintenance run of a table: `floe_maintenance_runs_total{result}`
 /// and `floe_maintenance_seconds`.
 pub fn maintenance(pipeline: &str, seconds: f64, failed: bool) {
-    let result = if failed { "failed" } else { "ok" };
-    metrics::counter!("floe_maintenance_runs_total", "pipeline" => pipeline.to_string(), "result" => result)
-        .increment(1);
-    metrics::histogram!("floe_maintenance_seconds", "pipeline" => pipeline.to_string())
-        .record(seconds);
+    metric::maintenance(pipeline, seconds, failed);
 }
