@@ -993,6 +993,7 @@ impl Intake {
         };
         let cost = value.map_or(0, |v| v.raw().len() as u64)
             + c.key.map_or(0, |k| k.len() as u64)
+            + m.header_bytes() as u64
             + ROW_OVERHEAD;
         let meta = RowMeta {
             partition: m.partition,

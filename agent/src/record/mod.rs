@@ -42,6 +42,15 @@ impl Message {
     pub fn topic_partition(&self) -> TopicPartition {
         (self.topic.clone(), self.partition)
     }
+
+    /// Bytes of its headers' names and values: memory bounds count them with the key
+    /// and value (a producer may send megabytes of headers).
+    pub fn header_bytes(&self) -> usize {
+        self.headers
+            .iter()
+            .map(|(name, value)| name.len() + value.as_ref().map_or(0, Vec::len))
+            .sum()
+    }
 }
 
 /// A short name of a JSON value's kind, for error messages.
@@ -55,5 +64,27 @@ pub fn json_kind(v: &serde_json::Value) -> &'static str {
         Value::String(_) => "string",
         Value::Array(_) => "array",
         Value::Object(_) => "object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_count_towards_a_message_size() {
+        let m = Message {
+            topic: Arc::from("t"),
+            partition: 0,
+            offset: 0,
+            timestamp_ms: None,
+            key: None,
+            value: Some(b"{}".to_vec()),
+            headers: vec![
+                ("trace".into(), Some(vec![0; 1000])),
+                ("empty".into(), None),
+            ],
+        };
+        assert_eq!(m.header_bytes(), 5 + 1000 + 5);
     }
 }

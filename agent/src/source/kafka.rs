@@ -720,7 +720,8 @@ impl Poller {
                 Some(Ok(m)) => {
                     let message = self.message(&m);
                     bytes += message.key.as_ref().map_or(0, Vec::len)
-                        + message.value.as_ref().map_or(0, Vec::len);
+                        + message.value.as_ref().map_or(0, Vec::len)
+                        + message.header_bytes();
                     batch.push(message);
                 }
                 Some(Err(e)) => {
