@@ -266,9 +266,11 @@ async fn run_with_source(
         dead_letters = dead_letters.with_topic(producer);
     }
     let mut options = config.schema.options();
+    // On wherever two topics can reach one table: a shared table, and a table per topic
+    // under a pattern (topics whose names differ only in `.`, `-` or `_` share one).
     options.topic_column = config.sink.topic_column.unwrap_or(
-        !config.sink.table_per_topic()
-            && (config.source.topic_pattern.is_some() || config.source.topics.len() > 1),
+        config.source.topic_pattern.is_some()
+            || (!config.sink.table_per_topic() && config.source.topics.len() > 1),
     );
     options.headers_column = config.sink.headers_column;
     let options = Arc::new(options);
