@@ -8,7 +8,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
+use floe_tests::faults::FaultProxy;
 use floe_tests::postgres::Postgres;
 use floe_tests::reference::{append_rows, assert_append_table, assert_rows, read_topic};
 use floe_tests::{
@@ -162,6 +163,63 @@ async fn agents_on_two_machines_share_a_postgres_catalog_through_kills() -> Resu
 /// machines run it without a shared file system: no S3 keys in the config, the agent's
 /// identity comes from the AWS chain (environment keys here). PyIceberg and DuckDB read
 /// every value of every row through the catalog and S3.
+/// A catalog database that is down when the agent boots (behind a proxy that refuses
+/// connections) is waited for; once it answers, the agent ingests every record exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catalog_down_at_boot_is_waited_for() -> Result<()> {
+    let pg = Postgres::start()?;
+    let broker = Broker::start()?;
+    broker.create_topic(TOPIC, 2).await?;
+    broker.produce(TOPIC, &records(0, 200)).await?;
+    let address = pg
+        .uri
+        .split_once('@')
+        .and_then(|(_, rest)| rest.split_once('/'))
+        .map(|(host, _)| host.to_string())
+        .context("host:port in the uri")?;
+    let proxy = FaultProxy::tcp(&address)?;
+    proxy.refuse();
+    let uri = pg.uri.replace(&address, &proxy.address());
+    let lake = tempfile::tempdir()?;
+    let warehouse = lake.path().join("warehouse");
+    let machine = tempfile::tempdir()?;
+    let config = config(
+        machine.path(),
+        CatalogSection::sql(&uri, &warehouse),
+        &broker.bootstrap,
+    )?;
+    let mut agent = AgentProcess::start(&config, &[])?;
+    agent.wait_for_line("waiting for the catalog", Duration::from_secs(60))?;
+    std::thread::sleep(Duration::from_secs(5));
+    proxy.restore()?;
+    let catalog = floe_iceberg::CatalogConfig::Sql {
+        uri: floe::config::Redacted(pg.uri.clone()),
+        warehouse: warehouse.display().to_string(),
+        s3: Default::default(),
+        aws: Default::default(),
+    };
+    let opened = floe_iceberg::open_catalog("lake", &catalog).await?.catalog;
+    floe_tests::wait_for_rows(
+        opened.as_ref(),
+        "shop",
+        "orders",
+        200,
+        Duration::from_secs(120),
+    )
+    .await
+    .with_context(|| agent.output())?;
+    agent.terminate()?;
+    assert_append_table(&broker.bootstrap, TOPIC, 200, "after the wait", |reader| {
+        pg.read(
+            reader,
+            "lake",
+            &warehouse,
+            "shop.orders",
+            "_kafka_partition,_kafka_offset",
+        )
+    })
+}
+
 /// A catalog database Spark's `JdbcCatalog` created with its default (V0) layout: Floe
 /// says which statement upgrades it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -80,6 +80,61 @@ pub enum FloeError {
     Pipeline(#[from] pipeline::PipelineError),
 }
 
+/// Opens catalog `name`, waiting out a catalog that does not answer yet (a database or
+/// a REST server that boots with the agent): one WARN per attempt, and `/readyz` names
+/// the wait for every pipeline in `users`. A catalog that answers with a refusal
+/// (credentials, privileges, a bad setting) fails at once. `None`: `shutdown` came
+/// first.
+async fn open_catalog_waiting(
+    name: &str,
+    config: &floe_iceberg::CatalogConfig,
+    users: &[&str],
+    mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
+) -> Result<Option<floe_iceberg::CatalogHandle>, FloeError> {
+    let mut attempts = CATALOG_WAIT.start();
+    let since = std::time::Instant::now();
+    loop {
+        let error = match floe_iceberg::open_catalog(name, config).await {
+            Ok(c) => {
+                for pipeline in users {
+                    telemetry::health::recovered(pipeline);
+                }
+                return Ok(Some(c));
+            }
+            // An embedded catalog is a local file: nothing to wait for.
+            Err(e)
+                if e.class() == floe_iceberg::ErrorClass::Transient
+                    && !matches!(config, floe_iceberg::CatalogConfig::Embedded { .. }) =>
+            {
+                e
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let wait = attempts
+            .retry_after(floe_iceberg::ErrorClass::Transient)
+            .unwrap_or(std::time::Duration::from_secs(30));
+        let reason = floe_iceberg::error::with_causes(&error);
+        tracing::warn!(catalog = %name, waited_s = since.elapsed().as_secs(), retry_in_s = wait.as_secs(), "waiting for the catalog: {reason}");
+        for pipeline in users {
+            telemetry::health::transient_failure(
+                pipeline,
+                "catalog",
+                &format!("waiting: {reason}"),
+            );
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.as_mut() => return Ok(None),
+        }
+    }
+}
+
+/// How long the agent waits between attempts to open a catalog that does not answer.
+const CATALOG_WAIT: floe_iceberg::retry::Policy = floe_iceberg::retry::Policy::backoff(
+    std::time::Duration::from_secs(2),
+    std::time::Duration::from_secs(30),
+);
+
 /// Runs every pipeline of `config` until `shutdown` completes (then each commits what is
 /// buffered and returns). A pipeline that fails stops alone: the others keep running
 /// (unless `[agent] on_pipeline_failure = "stop"`), and the call returns the first
@@ -93,11 +148,26 @@ pub async fn run(
         telemetry::install(m)?;
     }
     let writer_id = uuid::Uuid::now_v7().to_string();
+    tokio::pin!(shutdown);
     let mut catalogs: HashMap<String, floe_iceberg::CatalogHandle> = HashMap::new();
     for p in &config.pipelines {
         if !catalogs.contains_key(&p.sink.catalog) {
-            let c = floe_iceberg::open_catalog(&p.sink.catalog, &config.catalogs[&p.sink.catalog])
-                .await?;
+            let users: Vec<&str> = config
+                .pipelines
+                .iter()
+                .filter(|q| q.sink.catalog == p.sink.catalog)
+                .map(|q| q.name.as_str())
+                .collect();
+            let opened = open_catalog_waiting(
+                &p.sink.catalog,
+                &config.catalogs[&p.sink.catalog],
+                &users,
+                shutdown.as_mut(),
+            )
+            .await?;
+            let Some(c) = opened else {
+                return Ok(());
+            };
             catalogs.insert(p.sink.catalog.clone(), c);
         }
     }
@@ -146,7 +216,6 @@ pub async fn run(
             .id();
         names.insert(id, name);
     }
-    tokio::pin!(shutdown);
     let mut first_error = None;
     let mut stopping = false;
     while !tasks.is_empty() {
