@@ -512,6 +512,43 @@ mod tests {
         commit_on(handle, backend, base, "p", &[(0, None)], &[(0, 10)]).await
     }
 
+    /// Orphan cleanup lists the files before it reads which ones the table references:
+    /// a commit that lands between the two must keep its files (here it lands inside
+    /// the reload, which still returns the view from before it).
+    #[tokio::test]
+    async fn orphan_cleanup_keeps_the_files_of_a_commit_after_its_listing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (handle, _) = table(dir.path()).await;
+        let backend = handle.committer.clone();
+        let current = commit_once(&handle, backend.as_ref()).await.unwrap();
+        let reload = || async {
+            let before = load(&handle).await;
+            commit_on(
+                &handle,
+                backend.as_ref(),
+                before.clone(),
+                "p",
+                &[(0, Some(10))],
+                &[(0, 20)],
+            )
+            .await
+            .unwrap();
+            Ok(before)
+        };
+        crate::orphans::remove_orphans(&current, reload, std::time::Duration::ZERO, false)
+            .await
+            .unwrap();
+        let after = load(&handle).await;
+        let local = |path: &str| std::path::PathBuf::from(path.trim_start_matches("file://"));
+        let metadata = after.metadata_location().unwrap();
+        assert!(
+            local(metadata).exists(),
+            "the new metadata file was deleted"
+        );
+        let list = after.metadata().current_snapshot().unwrap().manifest_list();
+        assert!(local(list).exists(), "the new manifest list was deleted");
+    }
+
     #[tokio::test]
     async fn an_unknown_outcome_that_landed_is_found_and_not_repeated() {
         let dir = tempfile::tempdir().unwrap();
