@@ -143,11 +143,11 @@ async fn concurrent(lake: Lake) -> Result<()> {
     for run in cli_runs {
         run.await??;
     }
-    agent.wait_for_line("job=\"compact\"", WAIT)?;
+    agent.wait_for_line("maintenance: compact:", WAIT)?;
     let log = agent.terminate()?;
     let compactions = log
         .lines()
-        .filter(|l| l.contains("job=\"compact\"") && l.contains("rewrote"))
+        .filter(|l| l.contains("maintenance: compact: rewrote"))
         .count();
     ensure!(
         compactions > 0,

@@ -568,7 +568,7 @@ impl TableSink {
                 Ok(_) => {}
                 // Another agent created it at the same moment: use it.
                 Err(e) if e.kind() == iceberg::ErrorKind::NamespaceAlreadyExists => {
-                    tracing::info!(pipeline = %self.pipeline, namespace = ?namespace, "namespace created by another writer meanwhile");
+                    tracing::info!(pipeline = %self.pipeline, namespace = %self.config.namespace, "namespace created by another writer meanwhile");
                 }
                 Err(e) => return Err(self.err("create namespace", e)),
             }
