@@ -51,12 +51,12 @@ t_broker=$(since "$t")
 
 echo "== floe run --config examples/local.toml (log: .floe/floe.log)"
 t=$(now)
-# stderr is a file here: plain log lines (no colours, no progress lines), so `rows=` matches.
+# stderr is a file here: plain log lines (no colours, no progress lines), so `rows_written=` matches.
 "$floe" run --config examples/local.toml 2> .floe/floe.log &
 floe_pid=$!
 rows=0
 for _ in $(seq 1 240); do
-    rows=$( (grep -o ' rows=[0-9]*' .floe/floe.log || true) | awk -F= '{s+=$2} END {print s+0}')
+    rows=$( (grep -o ' rows_written=[0-9]*' .floe/floe.log || true) | awk -F= '{s+=$2} END {print s+0}')
     [[ "$rows" -ge "$good" ]] && break
     kill -0 "$floe_pid" 2>/dev/null || { cat .floe/floe.log; echo "floe stopped early" >&2; exit 1; }
     sleep 0.5

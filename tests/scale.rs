@@ -430,7 +430,11 @@ async fn a_zombie_resumed_after_its_session_cannot_commit() -> Result<()> {
 fn tail(log: &str) -> String {
     let lines: Vec<&str> = log
         .lines()
-        .filter(|l| !l.contains(" committed pipeline=") && !l.contains("commit did not land"))
+        .filter(|l| {
+            !l.contains(" committed pipeline=")
+                && !l.contains("commit did not land")
+                && !l.contains("another writer committed first")
+        })
         .collect();
     lines[lines.len().saturating_sub(60)..].join("\n")
 }
