@@ -309,8 +309,9 @@ async fn credential_privilege_and_path_errors_are_clear() -> Result<()> {
 }
 
 /// `floe check` on the embedded catalog: before the first run the missing table is fine
-/// (create_table = true) and storage is skipped; after it every step passes, storage
-/// included; a broker that is not there fails with the reason.
+/// (create_table = true) and storage is probed at the top of the warehouse; after it
+/// every step passes, storage under the table included; a broker that is not there
+/// fails with the reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_works_for_the_embedded_catalog() -> Result<()> {
     let broker = Broker::start()?;
@@ -332,7 +333,7 @@ async fn check_works_for_the_embedded_catalog() -> Result<()> {
     assert!(
         stdout
             .lines()
-            .any(|l| l.contains("storage") && l.contains("skip")),
+            .any(|l| l.contains("storage") && l.contains(" ok ") && l.contains("/.floe-check-")),
         "{stdout}"
     );
 
