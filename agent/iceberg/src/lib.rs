@@ -62,7 +62,7 @@ pub use catalog::rest;
 pub use catalog::{CALL_TIMEOUT, aws, object_store};
 pub use catalog::{
     CatalogConfig, CatalogError, CatalogHandle, is_already_exists, is_not_found, open_catalog,
-    probe_warehouse,
+    probe_warehouse, probe_write,
 };
 pub use commit::manifests;
 pub use commit::{

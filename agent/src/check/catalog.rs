@@ -175,26 +175,13 @@ async fn check_catalog(
 /// Writes and deletes a small object under the table's data location, with the
 /// credentials the agent would write with.
 async fn check_storage(table: &Table, report: &mut Steps) {
-    let location = table.metadata().location().trim_end_matches('/');
-    let path = format!("{location}/data/.floe-check-{}", uuid::Uuid::now_v7());
-    let io = table.file_io();
-    let result = async {
-        io.new_output(&path)?
-            .write(bytes::Bytes::from_static(b"floe check\n"))
-            .await?;
-        io.delete(&path).await
-    }
-    .await;
-    match result {
-        Ok(()) => report.report(
+    let data = format!("{}/data", table.metadata().location().trim_end_matches('/'));
+    match floe_iceberg::probe_write(table.file_io(), &data).await {
+        Ok(path) => report.report(
             "storage",
             Outcome::Pass,
             format!("wrote and deleted {path}"),
         ),
-        Err(e) => report.report(
-            "storage",
-            Outcome::Fail,
-            format!("cannot write {path}: {e}"),
-        ),
+        Err(e) => report.report("storage", Outcome::Fail, e),
     }
 }

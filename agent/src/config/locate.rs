@@ -194,11 +194,16 @@ fn unknown_key(message: &str) -> Option<String> {
     let rest = message.trim().strip_prefix("unknown field `")?;
     let (key, rest) = rest.split_once('`')?;
     let expected: Vec<&str> = rest.split('`').skip(1).step_by(2).collect();
-    Some(match (did_you_mean(key, &expected), expected.is_empty()) {
+    Some(unknown(key, &expected))
+}
+
+/// "unknown key", with the closest of `known` or else the list of them.
+pub fn unknown(key: &str, known: &[&str]) -> String {
+    match (did_you_mean(key, known), known.is_empty()) {
         (Some(k), _) => format!("unknown key `{key}`; did you mean `{k}`?"),
-        (None, false) => format!("unknown key `{key}` (known keys: {})", expected.join(", ")),
+        (None, false) => format!("unknown key `{key}` (known keys: {})", known.join(", ")),
         (None, true) => format!("unknown key `{key}`"),
-    })
+    }
 }
 
 /// The closest of `known` to a misspelled `key`, if one is close enough to suggest.

@@ -201,7 +201,7 @@ impl Config {
             )),
         }
         for key in root.keys() {
-            errors.push(err(key, &unknown_key(key, &TOP_KEYS)));
+            errors.push(err(key, &locate::unknown(key, &TOP_KEYS)));
         }
 
         let config = Config {
@@ -403,14 +403,6 @@ fn join(inner: &str, field: &str) -> String {
 /// The top-level keys of a config file.
 const TOP_KEYS: [&str; 5] = ["agent", "metrics", "plugins", "catalogs", "pipelines"];
 
-/// "unknown key", with the closest known key or else the list of them.
-fn unknown_key(key: &str, known: &[&str]) -> String {
-    match locate::did_you_mean(key, known) {
-        Some(k) => format!("unknown key `{key}`; did you mean `{k}`?"),
-        None => format!("unknown key `{key}` (expected {})", known.join(", ")),
-    }
-}
-
 /// The keys of a `[[pipelines]]` entry.
 pub(crate) const PIPELINE_KEYS: [&str; 9] = [
     "name",
@@ -437,7 +429,7 @@ fn pipeline(
     for key in t.keys().filter(|k| !PIPELINE_KEYS.contains(&k.as_str())) {
         errors.push(err(
             &format!("{path}.{key}"),
-            &unknown_key(key, &PIPELINE_KEYS),
+            &locate::unknown(key, &PIPELINE_KEYS),
         ));
     }
     let mut take = |key: &str, required: bool| -> Option<toml::Value> {

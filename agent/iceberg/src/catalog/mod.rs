@@ -421,22 +421,29 @@ pub async fn probe_warehouse(name: &str, config: &CatalogConfig) -> Option<Resul
         let io = iceberg::io::FileIOBuilder::new(wh.factory.clone())
             .with_props(wh.props.clone())
             .build();
-        let path = format!("{}/.floe-check-{}", wh.uri, uuid::Uuid::now_v7());
-        let write = async {
-            io.new_output(&path)?
-                .write(bytes::Bytes::from_static(b"floe check\n"))
-                .await?;
-            io.delete(&path).await
-        };
-        match write.await {
-            Ok(()) => Ok(path),
-            Err(e) => Err(format!(
-                "cannot write {path}: {}",
-                crate::error::with_causes(&e)
-            )),
-        }
+        probe_write(&io, &wh.uri).await
     };
     Some(result.await)
+}
+
+/// Writes and deletes a small file under `dir` with `io`: the path written, or why not.
+/// `floe check`'s storage step, for a table's location or a warehouse.
+pub async fn probe_write(io: &iceberg::io::FileIO, dir: &str) -> Result<String, String> {
+    let dir = dir.trim_end_matches('/');
+    let path = format!("{dir}/.floe-check-{}", uuid::Uuid::now_v7());
+    let write = async {
+        io.new_output(&path)?
+            .write(bytes::Bytes::from_static(b"floe check\n"))
+            .await?;
+        io.delete(&path).await
+    };
+    match write.await {
+        Ok(()) => Ok(path),
+        Err(e) => Err(format!(
+            "cannot write {path}: {}",
+            crate::error::with_causes(&e)
+        )),
+    }
 }
 
 // upstream: SQL catalog error kinds (iceberg-catalog-sql 0.10 reports a missing table
