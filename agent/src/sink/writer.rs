@@ -36,6 +36,17 @@ pub(crate) const CHUNK_ROWS: usize = 8192;
 /// Rows per Parquet row group: the writer holds one encoded row group in memory.
 pub const ROW_GROUP_ROWS: usize = 128 * 1024;
 
+/// The largest row group of a file rolled at `target` bytes.
+///
+/// The rolling writer measures a file as its flushed (compressed) bytes plus the
+/// in-memory estimate of the open row group, which is several times its compressed
+/// size. With row groups of at most an eighth of the target, a file is rolled only
+/// once more than 7/8 of the target is on disk, so a file rolled at the target is
+/// never below compaction's "small" mark (3/4) and compaction converges.
+fn row_group_bytes(target: u64) -> usize {
+    (target / 8).clamp(16 * 1024, 32 << 20) as usize
+}
+
 /// What [`write_data_files`] wrote.
 #[derive(Debug, Default)]
 pub struct Written {
@@ -197,6 +208,7 @@ impl FileFactory {
                 ZstdLevel::try_new(1).expect("valid zstd level"),
             ))
             .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+            .set_max_row_group_bytes(Some(row_group_bytes(self.target)))
             .build();
         // A name generator per partition: its counter makes names unique within it.
         let names = DefaultFileNameGenerator::new(
