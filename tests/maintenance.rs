@@ -50,7 +50,8 @@ fn maintain(config: &std::path::Path) -> Result<String> {
         String::from_utf8_lossy(&out.stderr)
     );
     if !out.status.success() {
-        bail!("floe maintain failed:\n{text}");
+        let toml = std::fs::read_to_string(config).unwrap_or_default();
+        bail!("floe maintain failed:\n{text}\nconfig:\n{toml}");
     }
     Ok(text)
 }
@@ -736,4 +737,116 @@ async fn compaction_converges_at_any_target_size() -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// With a `topic_pattern` and a `{topic}` table template, maintenance takes on the
+/// tables the pipeline created, not another writer's table whose name fits the
+/// template, and orphan cleanup never deletes the files of a table nested under a
+/// maintained table's location.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintenance_leaves_other_writers_tables_alone() -> Result<()> {
+    let lake = Lake::embedded()?;
+    let broker = Broker::start()?;
+    broker.create_topic("ta", 1).await?;
+    let pipeline = lake
+        .pipeline("events", &broker.bootstrap, "ta", "{topic}")
+        .topic_pattern("t.*")
+        .property("topic.metadata.refresh.interval.ms", "500");
+    let config = lake.write("floe.toml", &lake.config().pipeline(pipeline.clone()))?;
+    let agent = AgentProcess::start(&config, &[])?;
+    for from in [0, 50, 100] {
+        let batch: Vec<floe_tests::Message> = (from..from + 50)
+            .map(|n| (None, Some(json!({"n": n}).to_string().into_bytes())))
+            .collect();
+        broker.produce("ta", &batch).await?;
+        lake.wait_for_messages("ta", "events", from + 50).await?;
+    }
+    agent.terminate()?;
+
+    // Another writer's table whose name fits `{topic}`, in three small files, and one
+    // placed under `ta`'s location, its files two days old.
+    let ta = format!("{}.ta", lake.namespace);
+    let row = |n: i64| json!({"n": n, "_kafka_partition": -1, "_kafka_offset": n}).to_string();
+    lake.foreign("tother", &["--create-like", &ta, "--append-json", &row(-1)])?;
+    lake.foreign("tother", &["--append-json", &row(-2)])?;
+    let other = lake.foreign("tother", &["--append-json", &row(-3)])?;
+    let inner = lake.table("ta").await?.metadata().location().to_string() + "/inner";
+    lake.foreign("tinner", &["--create-like", &ta, "--location", &inner])?;
+    lake.foreign("tinner", &["--append-json", &row(-4)])?;
+    let inner_dir = floe_iceberg::orphans::local_dir(&inner).context("local location")?;
+    let status = std::process::Command::new("find")
+        .arg(&inner_dir)
+        .args([
+            "-type",
+            "f",
+            "-exec",
+            "touch",
+            "-d",
+            "2 days ago",
+            "{}",
+            "+",
+        ])
+        .status()?;
+    ensure!(status.success(), "could not age the nested table's files");
+    let inner_files = count_files(&inner_dir)?;
+
+    let before: Vec<Value> = ["pyiceberg", "duckdb"]
+        .iter()
+        .map(|r| Ok(lake.read(r, "ta", "n")?.0["rows"].clone()))
+        .collect::<Result<_>>()?;
+    ensure!(
+        before[0].as_array().map(Vec::len) == Some(150),
+        "ta before maintenance: {}",
+        before[0]
+    );
+    let maintained = pipeline
+        .maintenance("min_input_files", 2)
+        .maintenance("keep_snapshots", 1)
+        .maintenance("max_snapshot_age", "0s")
+        .maintenance("orphan_age", "2h");
+    let config = lake.write("maintain.toml", &lake.config().pipeline(maintained))?;
+    let out = maintain(&config)?;
+    ensure!(
+        out.contains("shop.ta ") && out.contains("rewrote 3 data files"),
+        "the pipeline's own table was not compacted:\n{out}"
+    );
+    ensure!(
+        !out.contains("tother") && !out.contains("tinner"),
+        "maintenance took on another writer's table:\n{out}"
+    );
+    let after = lake.foreign("tother", &[])?;
+    ensure!(
+        after == other,
+        "another writer's table changed: {other} -> {after}"
+    );
+    ensure!(
+        count_files(&inner_dir)? == inner_files,
+        "orphan cleanup deleted files of the table under its location:\n{out}"
+    );
+    for (reader, want) in ["pyiceberg", "duckdb"].iter().zip(&before) {
+        let rows = lake.read(reader, "tinner", "n")?.0["rows"].clone();
+        ensure!(
+            rows.as_array()
+                .map(|r| r.iter().map(|r| r["n"].clone()).collect::<Vec<_>>())
+                == Some(vec![json!(-4)]),
+            "{reader}: the nested table reads {rows}"
+        );
+        let rows = lake.read(reader, "ta", "n")?.0["rows"].clone();
+        ensure!(&rows == want, "{reader}: compaction changed ta's values");
+    }
+    Ok(())
+}
+
+/// Files under `dir`, at any depth.
+fn count_files(dir: &std::path::Path) -> Result<usize> {
+    let mut n = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            n += count_files(&entry.path())?;
+        } else {
+            n += 1;
+        }
+    }
+    Ok(n)
 }

@@ -2,8 +2,12 @@
 """Another engine writing to a Floe table: PyIceberg on the embedded (SQL) catalog.
 
   foreign_writer.py --catalog-db FILE --warehouse DIR --table NS.TABLE
+                    [--create-like NS.OTHER [--location LOCATION]]
                     [--append-json '{"col": value, ...}']... [--delete-where EXPR]
                     [--expire-all-but-current]
+
+--create-like first creates the table with the schema of another table (at LOCATION,
+or where the catalog puts it).
 
 --append-json appends one row per flag in one commit (columns not given are null;
 timestamps as ISO-8601 strings). --expire-all-but-current removes every snapshot except
@@ -25,6 +29,8 @@ def main():
     ap.add_argument("--warehouse", required=True)
     ap.add_argument("--catalog-name", default="local")
     ap.add_argument("--table", required=True)
+    ap.add_argument("--create-like")
+    ap.add_argument("--location")
     ap.add_argument("--append-json", action="append", default=[])
     ap.add_argument("--delete-where")
     ap.add_argument("--expire-all-but-current", action="store_true")
@@ -35,6 +41,9 @@ def main():
 
     catalog = SqlCatalog(args.catalog_name, uri=f"sqlite:///{args.catalog_db}",
                          warehouse=f"file://{args.warehouse}", init_catalog_tables="false")
+    if args.create_like:
+        like = catalog.load_table(args.create_like)
+        catalog.create_table(args.table, schema=like.schema(), location=args.location)
     table = catalog.load_table(args.table)
     if args.append_json:
         schema = table.schema().as_arrow()

@@ -66,8 +66,8 @@ pub use catalog::{
 };
 pub use commit::manifests;
 pub use commit::{
-    COMMIT_KEY, CommitBackend, CommitError, CommitFailure, CommitOptions, Committed,
-    DELETE_AFTER_COMMIT, Fence, GAP_KEY, GiveUp, MAINTENANCE_KEY, OFFSETS_KEY,
+    COMMIT_KEY, CREATED_BY_PROPERTY, CommitBackend, CommitError, CommitFailure, CommitOptions,
+    Committed, DELETE_AFTER_COMMIT, Fence, GAP_KEY, GiveUp, MAINTENANCE_KEY, OFFSETS_KEY,
     OFFSETS_PROPERTY_PREFIX, OffsetMap, OffsetsError, OffsetsSource, PIPELINE_KEY, PartitionMap,
     RESET_KEY, RestBackend, Rewrite, RewriteOutcome, RewritePlan, SpecFile, SqlBackend,
     StagedSnapshot, StoredOffsets, TopicPartition, WRITER_KEY, commit, commit_rewrite,

@@ -13,6 +13,9 @@
 //! commit that lands while the listing runs references files the listing saw, and the
 //! table loaded before it would not know them.
 //!
+//! Another table whose location lies under this one's (a directory holding its own
+//! `metadata/*.metadata.json`) is not this table's: its files are never candidates.
+//!
 //! Local (`file://`) warehouses are walked on the file system; S3 warehouses are listed
 //! through [`floe_iceberg::object_store`] with the table's own storage settings and
 //! credentials.
@@ -59,11 +62,15 @@ where
         .checked_sub(age)
         .unwrap_or(SystemTime::UNIX_EPOCH);
     let (found, deleted, bytes) = if let Some(root) = local_dir(location) {
-        let (found, old) = list_local(root, cutoff).await?;
+        let (found, old, nested) = list_local(root.clone(), cutoff).await?;
         let referenced = referenced(&reload().await?).await?;
+        let nested = nested_tables(&root.to_string_lossy(), nested.iter().map(String::as_str));
         let orphans: Vec<(PathBuf, u64)> = old
             .into_iter()
-            .filter(|(p, _)| !referenced.contains(p.to_string_lossy().as_ref()))
+            .filter(|(p, _)| {
+                let p = p.to_string_lossy();
+                !referenced.contains(p.as_ref()) && !under_any(&p, &nested)
+            })
             .collect();
         let (deleted, bytes) = remove_local(orphans, dry_run).await?;
         (found, deleted, bytes)
@@ -77,11 +84,12 @@ where
         // Listed first: a file written after the listing is never a candidate.
         let listed = store.list().await.map_err(other)?;
         let referenced = referenced(&reload().await?).await?;
+        let nested = nested_tables(location, listed.iter().map(|f| f.location.as_str()));
         let mut deleted = 0;
         let mut bytes = 0;
         for f in &listed {
             let old = f.modified.is_some_and(|m| m < cutoff);
-            if old && !referenced.contains(&f.location) {
+            if old && !referenced.contains(&f.location) && !under_any(&f.location, &nested) {
                 if !dry_run {
                     store.delete(&f.location).await.map_err(other)?;
                 }
@@ -99,22 +107,50 @@ where
     ))
 }
 
-/// Walks the local directory `root`: (files found, those last modified before
-/// `cutoff` with their sizes).
-async fn list_local(
-    root: PathBuf,
-    cutoff: SystemTime,
-) -> Result<(usize, Vec<(PathBuf, u64)>), Error> {
+/// The roots of other tables under `location`: directories (other than `location`)
+/// holding a `metadata/*.metadata.json` among `paths`.
+fn nested_tables<'a>(location: &str, paths: impl Iterator<Item = &'a str>) -> Vec<String> {
+    let own = location.trim_end_matches('/');
+    let mut roots: Vec<String> = paths
+        .filter(|p| p.ends_with(".metadata.json"))
+        .filter_map(|p| p.rsplit_once("/metadata/").map(|(root, _)| root))
+        .filter(|root| *root != own && !root.contains("/metadata/"))
+        .map(str::to_string)
+        .collect();
+    roots.sort();
+    roots.dedup();
+    roots
+}
+
+/// Whether `path` lies under one of `roots`.
+fn under_any(path: &str, roots: &[String]) -> bool {
+    roots.iter().any(|r| {
+        path.strip_prefix(r.as_str())
+            .is_some_and(|rest| rest.starts_with('/'))
+    })
+}
+
+/// Files of a local walk: (files found, those last modified before the cutoff with
+/// their sizes, the metadata files among all found).
+type LocalListing = (usize, Vec<(PathBuf, u64)>, Vec<String>);
+
+/// Walks the local directory `root`.
+async fn list_local(root: PathBuf, cutoff: SystemTime) -> Result<LocalListing, Error> {
     tokio::task::spawn_blocking(move || {
         let mut found = 0usize;
         let mut old = Vec::new();
+        let mut metadata = Vec::new();
         walk(&root, &mut |path: &Path, meta: &std::fs::Metadata| {
             found += 1;
+            let name = path.to_string_lossy();
+            if name.ends_with(".metadata.json") {
+                metadata.push(name.to_string());
+            }
             if meta.modified().map(|m| m < cutoff).unwrap_or(false) {
                 old.push((path.to_path_buf(), meta.len()));
             }
         })?;
-        Ok::<_, std::io::Error>((found, old))
+        Ok::<_, std::io::Error>((found, old, metadata))
     })
     .await
     .map_err(|e| Error::Other(e.to_string()))?
@@ -209,5 +245,21 @@ mod tests {
         assert_eq!(local_dir("file:/w/t"), Some(PathBuf::from("/w/t")));
         assert_eq!(local_dir("/w/t"), Some(PathBuf::from("/w/t")));
         assert_eq!(local_dir("s3://bucket/w/t"), None);
+    }
+
+    #[test]
+    fn tables_nested_under_the_location_are_not_its_files() {
+        let paths = [
+            "s3://b/w/t/metadata/00001-a.metadata.json",
+            "s3://b/w/t/data/x.parquet",
+            "s3://b/w/t/inner/metadata/00000-b.metadata.json",
+            "s3://b/w/t/inner/data/y.parquet",
+            "s3://b/w/t/innerish/data/z.parquet",
+        ];
+        let nested = nested_tables("s3://b/w/t/", paths.into_iter());
+        assert_eq!(nested, ["s3://b/w/t/inner"]);
+        assert!(under_any("s3://b/w/t/inner/data/y.parquet", &nested));
+        assert!(!under_any("s3://b/w/t/innerish/data/z.parquet", &nested));
+        assert!(!under_any("s3://b/w/t/data/x.parquet", &nested));
     }
 }

@@ -87,8 +87,9 @@ fn target(pipeline: &PipelineConfig, ident: TableIdent) -> Target {
 }
 
 /// The tables of `pipeline` as they are now: with a table per topic of a
-/// `topic_pattern`, every table of the namespace whose name fits `table` (tables are
-/// added as topics appear).
+/// `topic_pattern`, also every table of the namespace whose name fits `table` and that
+/// the pipeline owns ([`owned_by`]): tables are added as topics appear, and a table of
+/// another writer whose name happens to fit is left alone.
 pub async fn current_targets(
     pipeline: &PipelineConfig,
     catalog: &CatalogHandle,
@@ -117,11 +118,30 @@ pub async fn current_targets(
     };
     listed.sort_by(|a, b| a.name().cmp(b.name()));
     for ident in listed {
-        if fits(ident.name()) && !out.iter().any(|t| t.ident == ident) {
+        if !fits(ident.name()) || out.iter().any(|t| t.ident == ident) {
+            continue;
+        }
+        let table = match catalog.catalog.load_table(&ident).await {
+            Ok(table) => table,
+            // Dropped since the listing.
+            Err(e) if floe_iceberg::is_not_found(&e) => continue,
+            Err(e) => return Err(e),
+        };
+        if owned_by(table.metadata().properties(), &pipeline.name) {
             out.push(target(pipeline, ident));
         }
     }
     Ok(out)
+}
+
+/// Whether a table with `properties` belongs to `pipeline`: it created the table
+/// ([`floe_iceberg::CREATED_BY_PROPERTY`]) or commits to it (its offsets property).
+pub fn owned_by(properties: &std::collections::HashMap<String, String>, pipeline: &str) -> bool {
+    properties
+        .get(floe_iceberg::CREATED_BY_PROPERTY)
+        .map(String::as_str)
+        == Some(pipeline)
+        || properties.contains_key(&floe_iceberg::StoredOffsets::property_key(pipeline))
 }
 
 /// What one job did (or, in a dry run, would do).

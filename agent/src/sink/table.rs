@@ -589,10 +589,16 @@ impl TableSink {
             .schema(schema)
             .partition_spec(spec)
             .format_version(version)
-            .properties(HashMap::from([(
-                "write.parquet.compression-codec".to_string(),
-                "zstd".to_string(),
-            )]))
+            .properties(HashMap::from([
+                (
+                    "write.parquet.compression-codec".to_string(),
+                    "zstd".to_string(),
+                ),
+                (
+                    floe_iceberg::CREATED_BY_PROPERTY.to_string(),
+                    self.pipeline.to_string(),
+                ),
+            ]))
             .build();
         let mut table = match self
             .catalog

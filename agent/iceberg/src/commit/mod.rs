@@ -40,9 +40,9 @@ pub use crate::catalog::backend::{
     CommitBackend, CommitError, DELETE_AFTER_COMMIT, RestBackend, SqlBackend,
 };
 pub use offsets::{
-    COMMIT_KEY, GAP_KEY, OFFSETS_KEY, OFFSETS_PROPERTY_PREFIX, OffsetMap, OffsetsError,
-    OffsetsSource, PIPELINE_KEY, PartitionMap, RESET_KEY, StoredOffsets, TopicPartition,
-    WRITER_KEY,
+    COMMIT_KEY, CREATED_BY_PROPERTY, GAP_KEY, OFFSETS_KEY, OFFSETS_PROPERTY_PREFIX, OffsetMap,
+    OffsetsError, OffsetsSource, PIPELINE_KEY, PartitionMap, RESET_KEY, StoredOffsets,
+    TopicPartition, WRITER_KEY,
 };
 pub use rewrite::{
     GiveUp, MAINTENANCE_KEY, Rewrite, RewriteOutcome, RewritePlan, commit_rewrite, commit_updates,

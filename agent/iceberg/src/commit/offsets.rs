@@ -38,6 +38,10 @@ pub type PartitionMap<V> = HashMap<TopicPartition, V, foldhash::fast::RandomStat
 pub const OFFSETS_KEY: &str = "floe.offsets";
 /// Summary key holding the pipeline name.
 pub const PIPELINE_KEY: &str = "floe.pipeline";
+/// Table property naming the pipeline that created the table: with a `topic_pattern`,
+/// maintenance takes on the tables it finds only when they carry this (or the
+/// pipeline's offsets property), never another writer's table that fits the name.
+pub const CREATED_BY_PROPERTY: &str = "floe.created-by";
 /// Summary key holding the id of the agent process that committed.
 pub const WRITER_KEY: &str = "floe.writer-id";
 /// Summary key holding the unique id of the commit.
