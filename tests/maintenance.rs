@@ -455,47 +455,11 @@ async fn carry_over(format_version: u8) -> Result<()> {
 /// conflict check for a concurrent row-level delete (`validateDataFilesExist`) and
 /// incremental readers look for exactly those entries.
 async fn replace_snapshots_list_their_removals(lake: &Lake, table: &str) -> Result<()> {
-    use iceberg::spec::{ManifestStatus, Operation};
-    let table = lake.table(table).await?;
-    let metadata = table.metadata();
-    let mut replaces = 0;
-    for snapshot in metadata.snapshots() {
-        if snapshot.summary().operation != Operation::Replace {
-            continue;
-        }
-        replaces += 1;
-        let parent = snapshot
-            .parent_snapshot_id()
-            .and_then(|id| metadata.snapshot_by_id(id))
-            .context("a replace snapshot has its parent")?;
-        let paths = |files: Vec<manifests::LiveFile>| -> HashSet<String> {
-            files.iter().map(|f| f.path().to_string()).collect()
-        };
-        let before = paths(manifests::live_files(&table, parent).await?);
-        let after = paths(manifests::live_files(&table, snapshot).await?);
-        let removed: HashSet<String> = before.difference(&after).cloned().collect();
-        let mut deleted = HashSet::new();
-        for file in manifests::manifest_files(&table, snapshot).await? {
-            if file.added_snapshot_id != snapshot.snapshot_id() {
-                continue;
-            }
-            for entry in manifests::load(&table, &file).await?.entries() {
-                if entry.status() == ManifestStatus::Deleted {
-                    deleted.insert(entry.file_path().to_string());
-                }
-            }
-        }
-        ensure!(!removed.is_empty(), "a compaction that removed nothing");
-        ensure!(
-            deleted == removed,
-            "snapshot {} removed {} files but lists {} as deleted (missing: {:?})",
-            snapshot.snapshot_id(),
-            removed.len(),
-            deleted.len(),
-            removed.difference(&deleted).collect::<Vec<_>>()
-        );
-    }
-    ensure!(replaces > 0, "no compaction snapshot");
+    let checked = floe_tests::snapshots::check_all(&lake.table(table).await?).await?;
+    ensure!(
+        checked.get("replace").copied().unwrap_or(0) > 0,
+        "no compaction snapshot: {checked:?}"
+    );
     Ok(())
 }
 

@@ -32,6 +32,8 @@ pub mod postgres;
 pub mod reference;
 pub mod rest;
 pub mod scripted;
+pub mod snapshots;
+pub mod spark;
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
