@@ -221,10 +221,13 @@ impl StagedSnapshot {
             .with_source(NotLive));
         }
         manifests.extend(self.manifests.iter().cloned());
-        let operation = if self.stats.delete_files > 0 || !self.removed.is_empty() {
-            Operation::Overwrite
-        } else {
-            Operation::Append
+        // As Java's RowDelta names it: only deletes is `delete`, deletes with new rows
+        // `overwrite`, only new rows `append`.
+        let deletes = self.stats.delete_files > 0 || !self.removed.is_empty();
+        let operation = match (deletes, self.stats.data_files > 0) {
+            (false, _) => Operation::Append,
+            (true, false) => Operation::Delete,
+            (true, true) => Operation::Overwrite,
         };
         let summary = Summary {
             operation,

@@ -8,9 +8,10 @@
 //!   one **position-delete file** per partition per commit (format v2), or one
 //!   **deletion vector** per data file, all in one Puffin file per commit (format v3),
 //!   found through the [`KeyIndex`];
-//! - both go into one snapshot (operation `overwrite`) through [`floe_iceberg::commit`], which
-//!   requires the exact parent the deletes were computed against: if another writer
-//!   changed the table's data meanwhile, the index is rebuilt and the deletes recomputed.
+//! - both go into one snapshot (operation `overwrite`; `delete` when the commit only
+//!   deletes) through [`floe_iceberg::commit`], which requires the exact parent the
+//!   deletes were computed against: if another writer changed the table's data
+//!   meanwhile, the index is rebuilt and the deletes recomputed.
 //!
 //! Read cost: every delete file of the table is read by every scan until compaction
 //! rewrites the data files; busy upsert tables need regular compaction (see docs/upsert.md).
