@@ -2,8 +2,9 @@
 # The full fault-injection run (not part of CI, which runs the short version of the same
 # tests): 30 s broker and S3 outages, 60 s of catalog 503, 3 broker restarts, 20 SIGKILLs
 # at random moments, a full disk under the dead-letter file; then the model-based test
-# with 20 seeds of 60 steps, and 12 SIGKILLs of an upsert pipeline whose key index
-# spills to disk. Each fault scenario ends with both
+# with 20 seeds of 60 steps, 12 SIGKILLs of an upsert pipeline whose key index
+# spills to disk, and 3 minutes of Spark statements next to Floe's maintenance. Each
+# fault scenario ends with both
 # readers checked against the reference; one JSON line per scenario and reader goes to
 # $FLOE_FAULTS_REPORT (default .floe/faults-report.jsonl) and a summary is printed.
 #
@@ -54,6 +55,10 @@ if [[ -z "${1:-}" ]]; then
     cargo test --locked -p floe-tests --test upsert -- \
         a_spilled_index_stays_exact_through_random_kills \
         a_kept_key_index_survives_a_sigkill_at_every_index_write || status=$?
+    # Spark's deletes and updates at random moments next to Floe's ingest and its
+    # maintenance every 2 s, for 3 minutes (20 s in CI).
+    FLOE_SPARK_SECONDS="${FLOE_SPARK_SECONDS:-180}" cargo test --locked -p floe-tests \
+        --test next_to_spark -- spark_and_floe_maintenance_at_random --nocapture || status=$?
 fi
 "$FLOE_PYTHON" - "$FLOE_FAULTS_REPORT" <<'PY'
 import json, sys

@@ -44,7 +44,7 @@ fn config(
     pg: &Postgres,
     warehouse: &Path,
     bootstrap: &str,
-    maintained: bool,
+    maintenance: Maintenance,
 ) -> Result<std::path::PathBuf> {
     let mut config = Config::new().catalog("lake", pg.catalog(warehouse));
     for (table, version) in TABLES {
@@ -55,19 +55,40 @@ fn config(
             .sink("lake", "shop", table)
             .commit_interval("1s")
             .set("sink.format_version", version as i64);
-        if maintained {
-            pipeline = pipeline
-                .maintenance("min_input_files", 2)
-                .maintenance("keep_snapshots", 100)
-                .maintenance("max_snapshot_age", "1h");
+        match maintenance {
+            Maintenance::None => {}
+            Maintenance::OnDemand => {
+                pipeline = pipeline
+                    .maintenance("min_input_files", 2)
+                    .maintenance("keep_snapshots", 100)
+                    .maintenance("max_snapshot_age", "1h");
+            }
+            Maintenance::Aggressive => {
+                pipeline = pipeline
+                    .maintenance("interval", "2s")
+                    .maintenance("min_input_files", 2)
+                    .maintenance("keep_snapshots", 5)
+                    .maintenance("max_snapshot_age", "0s");
+            }
         }
         config = config.pipeline(pipeline);
     }
-    config.write(dir.join(if maintained {
+    config.write(dir.join(if maintenance == Maintenance::OnDemand {
         "maintain.toml"
     } else {
         "floe.toml"
     }))
+}
+
+/// The maintenance section of a config.
+#[derive(Clone, Copy, PartialEq)]
+enum Maintenance {
+    /// None: the agent does not maintain.
+    None,
+    /// For `floe maintain`: compaction from 2 files, every snapshot of the test kept.
+    OnDemand,
+    /// The agent compacts and expires every 2 s, keeping 5 snapshots.
+    Aggressive,
 }
 
 /// `floe maintain`; fails unless it compacted both tables.
@@ -246,14 +267,26 @@ async fn spark_statements_and_procedures_next_to_floe() -> Result<()> {
     for (table, _) in TABLES {
         broker.create_topic(table, 2).await?;
     }
-    let run = config(dir.path(), &pg, &warehouse, &broker.bootstrap, false)?;
+    let run = config(
+        dir.path(),
+        &pg,
+        &warehouse,
+        &broker.bootstrap,
+        Maintenance::None,
+    )?;
     let lake = Lake {
         pg: &pg,
         broker: &broker,
         warehouse: &warehouse,
         run: &run,
     };
-    let maintain = config(dir.path(), &pg, &warehouse, &broker.bootstrap, true)?;
+    let maintain = config(
+        dir.path(),
+        &pg,
+        &warehouse,
+        &broker.bootstrap,
+        Maintenance::OnDemand,
+    )?;
     ingest(&lake, 0, 300, None).await?;
     ingest(&lake, 300, 600, None).await?;
 
@@ -411,6 +444,201 @@ async fn spark_statements_and_procedures_next_to_floe() -> Result<()> {
                 &[],
             )?;
         }
+    }
+    Ok(())
+}
+
+/// A change Spark committed: rows with `id < below` and `id % modulo == rest` deleted,
+/// or their amount raised by 1000.
+struct Change {
+    table: &'static str,
+    delete: bool,
+    below: i64,
+    modulo: i64,
+    rest: i64,
+}
+
+impl Change {
+    fn sql(&self) -> String {
+        let filter = format!(
+            "id < {} AND id % {} = {}",
+            self.below, self.modulo, self.rest
+        );
+        if self.delete {
+            format!("DELETE FROM lake.shop.{} WHERE {filter}", self.table)
+        } else {
+            format!(
+                "UPDATE lake.shop.{} SET amount = amount + 1000 WHERE {filter}",
+                self.table
+            )
+        }
+    }
+
+    fn apply(&self, rows: &mut BTreeMap<i64, Value>) {
+        let hit = |id: i64| id < self.below && id % self.modulo == self.rest;
+        if self.delete {
+            rows.retain(|id, _| !hit(*id));
+        } else {
+            for (_, row) in rows.iter_mut().filter(|(id, _)| hit(**id)) {
+                row["amount"] = json!(row["amount"].as_i64().unwrap_or(0) + 1000);
+            }
+        }
+    }
+}
+
+/// Spark's statements at random moments while Floe ingests and maintains every 2 s
+/// (compaction and expiry): on `orders2` merge-on-read deletes and updates, on
+/// `orders3` copy-on-write deletes and merge-on-read updates. Spark runs a statement
+/// again when its conflict check refuses it, as a user would; every change it reports
+/// committed must be in the table, and nothing else. `FLOE_SPARK_SECONDS` long (20 in
+/// CI; `scripts/faults.sh` runs 180).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spark_and_floe_maintenance_at_random() -> Result<()> {
+    let seconds: u64 = std::env::var("FLOE_SPARK_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    let pg = Postgres::start()?;
+    let broker = Broker::start()?;
+    let dir = tempfile::tempdir()?;
+    let warehouse = dir.path().join("warehouse");
+    for (table, _) in TABLES {
+        broker.create_topic(table, 2).await?;
+    }
+    let run = config(
+        dir.path(),
+        &pg,
+        &warehouse,
+        &broker.bootstrap,
+        Maintenance::Aggressive,
+    )?;
+    let lake = Lake {
+        pg: &pg,
+        broker: &broker,
+        warehouse: &warehouse,
+        run: &run,
+    };
+    // The tables exist before Spark starts.
+    ingest(&lake, 0, 90, None).await?;
+    let mut spark = SparkSession::start(&pg, "lake", &warehouse)?;
+    spark.run(
+        "ALTER TABLE lake.shop.orders2 SET TBLPROPERTIES ('write.delete.mode'='merge-on-read', \
+         'write.update.mode'='merge-on-read')",
+    )?;
+    spark.run(
+        "ALTER TABLE lake.shop.orders3 SET TBLPROPERTIES ('write.delete.mode'='copy-on-write', \
+         'write.update.mode'='merge-on-read')",
+    )?;
+    let agent = AgentProcess::start(&run, &[])?;
+    let catalog = open_lake(&pg, &warehouse).await?;
+    let mut rng = 0x5eed_u64;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let (mut produced, mut covered) = (90, 90);
+    let mut changes: Vec<Change> = Vec::new();
+    let mut refused = 0;
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(seconds) {
+        // New records keep arriving while Spark works on the rows already in.
+        for (table, _) in TABLES {
+            broker
+                .produce(table, &records(produced, produced + 30, None))
+                .await?;
+        }
+        produced += 30;
+        let (table, _) = TABLES[(next() % 2) as usize];
+        let change = Change {
+            table,
+            delete: next() % 2 == 0,
+            below: covered,
+            modulo: 7 + (next() % 5) as i64,
+            rest: 0,
+        };
+        let change = Change {
+            rest: (next() % change.modulo as u64) as i64,
+            ..change
+        };
+        let sql = change.sql();
+        let mut landed = false;
+        for _ in 0..8 {
+            spark.run(&format!("REFRESH TABLE lake.shop.{table}"))?;
+            match spark.sql(&sql)? {
+                Ok(_) => {
+                    landed = true;
+                    break;
+                }
+                Err(e) if e.contains("ValidationException") || e.contains("CommitFailed") => {
+                    refused += 1;
+                }
+                Err(e) => bail!("{sql}: {e}\n{}", agent.output()),
+            }
+        }
+        if landed {
+            changes.push(change);
+        }
+        for (table, _) in TABLES {
+            wait_for_messages(
+                catalog.as_ref(),
+                "shop",
+                table,
+                table,
+                produced,
+                Duration::from_secs(90),
+            )
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}\n{}", agent.output()))?;
+        }
+        covered = produced;
+    }
+    let log = agent.terminate()?;
+    let compactions = log.matches("rewrote ").count();
+    eprintln!(
+        "{} Spark changes committed, {refused} refused by a conflict and run again; {compactions} Floe compactions",
+        changes.len()
+    );
+    ensure!(
+        !changes.is_empty(),
+        "Spark committed nothing ({refused} refusals)"
+    );
+
+    let mut expected: Expected = BTreeMap::new();
+    add_ingested(&broker, &mut expected, 0..produced)?;
+    for change in &changes {
+        change.apply(expected.get_mut(change.table).expect("table"));
+    }
+    for (table, _) in TABLES {
+        let want: Vec<Value> = expected[table].values().cloned().collect();
+        for reader in ["pyiceberg", "duckdb"] {
+            let dump = pg.read(reader, "lake", &warehouse, &format!("shop.{table}"), "id")?;
+            assert_rows(
+                &format!(
+                    "{table} through {reader} after {} Spark changes ({refused} refused and run again)",
+                    changes.len()
+                ),
+                &dump,
+                &want,
+                &["id"],
+                &[],
+            )?;
+        }
+        spark.run(&format!("REFRESH TABLE lake.shop.{table}"))?;
+        let seen = spark.run(&format!(
+            "SELECT id, amount FROM lake.shop.{table} ORDER BY id"
+        ))?;
+        let want: Vec<Value> = want
+            .iter()
+            .map(|r| json!({"id": r["id"], "amount": r["amount"]}))
+            .collect();
+        ensure!(
+            seen == want,
+            "{table} through Spark: {} rows, {} expected, or values differ",
+            seen.len(),
+            want.len()
+        );
     }
     Ok(())
 }
