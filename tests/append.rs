@@ -197,7 +197,8 @@ async fn keyed_json_messages_reach_both_readers_and_new_fields_add_columns() -> 
 }
 
 /// `table = "raw_{topic}"`: each listed topic lands in its own table, every value of
-/// every row right, and each table stores the offsets of its topic.
+/// every row right, and each table stores the offsets of its topic. With
+/// `sink.location`, the tables are created under it, outside the catalog's warehouse.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_per_topic_holds_exactly_its_topics_records() -> Result<()> {
     let broker = Broker::start()?;
@@ -208,7 +209,11 @@ async fn a_table_per_topic_holds_exactly_its_topics_records() -> Result<()> {
     let lake = floe_tests::lake::Lake::embedded()?;
     let pipeline = lake
         .pipeline("split", &broker.bootstrap, "orders.eu", "raw_{topic}")
-        .topics(&topics);
+        .topics(&topics)
+        .set(
+            "sink.location",
+            format!("{}/", lake.ws.path("elsewhere").display()),
+        );
     let config = lake.write("floe.toml", &lake.config().pipeline(pipeline))?;
     let mut counts = Vec::new();
     for (i, t) in topics.iter().enumerate() {
@@ -236,6 +241,13 @@ async fn a_table_per_topic_holds_exactly_its_topics_records() -> Result<()> {
         .zip(["raw_orders_eu", "raw_orders_us"])
         .zip(&counts)
     {
+        let location = lake.table(table).await?.metadata().location().to_string();
+        let want = lake.ws.path(&format!("elsewhere/{table}"));
+        assert_eq!(
+            floe_iceberg::orphans::local_dir(&location),
+            Some(want),
+            "{table} is not under sink.location"
+        );
         floe_tests::reference::assert_append_table(
             &broker.bootstrap,
             t,

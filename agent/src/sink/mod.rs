@@ -184,6 +184,12 @@ pub struct SinkConfig {
     /// position-delete files) or 3 (upsert writes deletion vectors).
     #[serde(default = "default_format_version")]
     pub format_version: u8,
+    /// Where a table the agent creates is placed: `<location>/<table>` (for example
+    /// `s3://bucket/lake/shop`). Default: under the namespace's `location` property when
+    /// it has one, else where the catalog puts it (some REST catalogs, AWS Glue's
+    /// among them, need a location on create).
+    #[serde(default)]
+    pub location: Option<String>,
     /// Table maintenance run by the agent (compaction, snapshot expiry, cleanup); off
     /// when absent.
     #[serde(default)]
@@ -339,6 +345,13 @@ impl SinkConfig {
             } else if let Some(why) = table_name_problem(table) {
                 out.push((format!("streams.{stream}"), why));
             }
+        }
+        if self
+            .location
+            .as_deref()
+            .is_some_and(|l| l.trim_end_matches('/').is_empty())
+        {
+            out.push(("location".into(), "must name a directory or prefix".into()));
         }
         if !matches!(self.format_version, 2 | 3) {
             out.push(("format_version".into(), "must be 2 or 3".into()));

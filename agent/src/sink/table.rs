@@ -550,6 +550,35 @@ impl TableSink {
         self.written_on = None;
     }
 
+    /// Where a new table goes: `<sink.location>/<table>`, else under the namespace's
+    /// `location` property, else `None` (the catalog decides). (`&mut self`: the
+    /// sink is `Send` but not `Sync`.)
+    async fn location_for_new_table(
+        &mut self,
+        namespace: &NamespaceIdent,
+    ) -> Result<Option<String>, SinkError> {
+        let base = match &self.config.location {
+            Some(base) => base.clone(),
+            None => {
+                let found = self
+                    .catalog
+                    .catalog
+                    .get_namespace(namespace)
+                    .await
+                    .map_err(|e| self.err("read namespace", e))?;
+                match found.properties().get("location") {
+                    Some(base) => base.clone(),
+                    None => return Ok(None),
+                }
+            }
+        };
+        Ok(Some(format!(
+            "{}/{}",
+            base.trim_end_matches('/'),
+            self.ident.name()
+        )))
+    }
+
     async fn create(&mut self, tracker: &SchemaTracker) -> Result<(), SinkError> {
         let namespace = self.ident.namespace().clone();
         let exists = self
@@ -584,8 +613,10 @@ impl TableSink {
             3 => FormatVersion::V3,
             _ => FormatVersion::V2,
         };
+        let location = self.location_for_new_table(&namespace).await?;
         let creation = TableCreation::builder()
             .name(self.ident.name().to_string())
+            .location_opt(location)
             .schema(schema)
             .partition_spec(spec)
             .format_version(version)
