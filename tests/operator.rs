@@ -227,14 +227,20 @@ async fn top_health_and_metrics_of_a_running_agent() -> Result<()> {
         .find(|l| l.contains("│events "))
         .with_context(|| format!("no row for pipeline events:\n{out}"))?;
     let cells: Vec<&str> = row.trim_matches('│').split_whitespace().collect();
-    // PIPELINE IN/S OUT/S LAG PARTS LAST COMMIT(2 words) COMMITS FILES BYTES(2) DEAD ...
+    // PIPELINE IN/S OUT/S LAG PARTS WAITING NEXT COMMIT(2 words) LAST COMMIT(2 words)
+    // COMMITS FILES BYTES(2) DEAD ...
     assert_eq!(cells[0], "events", "{row}");
     assert_eq!(cells[4], "2", "partitions: {row}");
+    assert_eq!(cells[5], "0", "rows waiting for a commit: {row}");
     assert!(
-        cells[5].ends_with('s') && cells[6] == "ago",
+        cells[6] == "in" && cells[7].ends_with('s'),
+        "next commit: {row}"
+    );
+    assert!(
+        cells[8].ends_with('s') && cells[9] == "ago",
         "last commit: {row}"
     );
-    assert_eq!(cells[11], "2", "dead letters: {row}");
+    assert_eq!(cells[14], "2", "dead letters: {row}");
 
     // An unreachable endpoint is a clear error.
     let (code, _, err) = floe_cmd(&[

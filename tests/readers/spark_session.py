@@ -10,17 +10,29 @@ Runs with the Spark venv's python ($FLOE_SPARK_PYTHON from scripts/env.sh):
 
 Reads one JSON object per line on stdin, {"sql": "..."}, runs it and answers one line
 on stdout: {"ok": true, "rows": [{column: value, ...}, ...]} or {"ok": false,
-"error": "..."} (the statement failed; the session goes on). Prints {"ready": true}
+"error": "..."} (the statement failed; the session goes on). Timestamps come back
+as read_table.py writes them (the session runs with TZ=UTC). Prints {"ready": true}
 once the session is up. The catalog caches tables (Spark's default), so a statement
 runs on the table as the session last loaded it until `REFRESH TABLE`: that is how a
 test makes Spark plan on a snapshot and commit after Floe has committed on top.
 """
 
 import argparse
+import datetime as dt
 import json
 import os
 import sys
 import tempfile
+
+
+def plain(value):
+    """JSON for what Spark returns beyond JSON's types: timestamps as read_table.py
+    writes them (UTC, microseconds, with the offset: the session runs with TZ=UTC),
+    anything else as text."""
+    if isinstance(value, dt.datetime):
+        text = value.isoformat(timespec="microseconds")
+        return text if value.tzinfo else text + "+00:00"
+    return str(value)
 
 
 def main():
@@ -72,7 +84,7 @@ def main():
                 answer = {"ok": True, "rows": rows}
             except Exception as e:  # noqa: BLE001 - a failed statement is an answer
                 answer = {"ok": False, "error": f"{type(e).__name__}: {str(e).strip()[:4000]}"}
-            print(json.dumps(answer, default=str), flush=True)
+            print(json.dumps(answer, default=plain), flush=True)
     finally:
         spark.stop()
 

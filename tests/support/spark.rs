@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
 use crate::postgres::Postgres;
-use crate::{repo_root, tool};
+use crate::{TableDump, repo_root, tool};
 
 /// The Postgres JDBC driver Spark's `JdbcCatalog` loads (installed by `scripts/setup.sh`).
 const POSTGRES_JDBC_JAR: &str = "/usr/share/java/postgresql.jar";
@@ -38,6 +38,8 @@ impl SparkSession {
             .arg("--warehouse")
             .arg(format!("file://{}", warehouse.display()))
             .args(["--jars", &jars])
+            // PySpark turns timestamps into the Python process's local time.
+            .env("TZ", "UTC")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(log.reopen()?)
@@ -76,6 +78,17 @@ impl SparkSession {
             Ok(rows) => Ok(rows),
             Err(e) => bail!("spark: {sql}: {e}"),
         }
+    }
+
+    /// `table` as this session reads it (after `REFRESH TABLE`), rows sorted by
+    /// `order_by`, in the shape of the other readers' dumps; `columns` is the column
+    /// list of another reader's dump of the same table.
+    pub fn dump(&mut self, table: &str, order_by: &str, columns: &Value) -> Result<TableDump> {
+        self.run(&format!("REFRESH TABLE {table}"))?;
+        let rows = self.run(&format!("SELECT * FROM {table} ORDER BY {order_by}"))?;
+        Ok(TableDump(
+            json!({"reader": "spark", "columns": columns, "rows": rows}),
+        ))
     }
 
     fn answer(&mut self) -> Result<Value> {

@@ -393,6 +393,12 @@ impl Committer {
             false => bytes,
         };
         self.uncommitted.store(bytes, Ordering::Relaxed);
+        let rows = self
+            .tables
+            .iter()
+            .map(|t| t.writing.rows + t.cut.rows)
+            .sum();
+        telemetry::uncommitted_rows(self.name(), rows);
     }
 
     /// The end of an interval: closes every table's open files and commits them.

@@ -381,6 +381,9 @@ impl Intake {
         let mut control = self.control.clone();
         let mut last_mark = Instant::now();
         let started = Instant::now();
+        let mut last_gauges = started
+            .checked_sub(Duration::from_secs(1))
+            .unwrap_or(started);
         loop {
             // Closing or rewinding, nothing is marked until the committer reports: wait
             // for it (the interval has long passed; a zero wait would spin).
@@ -428,8 +431,14 @@ impl Intake {
                 },
                 default(wait) => {}
             }
-            let since = self.state.last_commit.unwrap_or(started).elapsed();
-            telemetry::seconds_since_last_commit(self.name(), since.as_secs_f64());
+            // The clock gauges, a few times a second rather than per event.
+            if last_gauges.elapsed() >= Duration::from_millis(200) {
+                last_gauges = Instant::now();
+                let since = self.state.last_commit.unwrap_or(started).elapsed();
+                telemetry::seconds_since_last_commit(self.name(), since.as_secs_f64());
+                let next = interval.saturating_sub(last_mark.elapsed());
+                telemetry::seconds_to_next_commit(self.name(), next.as_secs_f64());
+            }
             if self.state.phase != Phase::Reading {
                 continue;
             }

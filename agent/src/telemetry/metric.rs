@@ -63,6 +63,10 @@ pub const BYTES_COMMITTED: &str = "floe_bytes_committed_total";
 pub const COMMIT_SECONDS: &str = "floe_commit_seconds";
 /// `floe_seconds_since_last_commit{pipeline}`.
 pub const SECONDS_SINCE_LAST_COMMIT: &str = "floe_seconds_since_last_commit";
+/// `floe_rows_uncommitted{pipeline}`.
+pub const ROWS_UNCOMMITTED: &str = "floe_rows_uncommitted";
+/// `floe_seconds_to_next_commit{pipeline}`.
+pub const SECONDS_TO_NEXT_COMMIT: &str = "floe_seconds_to_next_commit";
 /// `floe_consumer_lag{pipeline,topic,partition}`.
 pub const CONSUMER_LAG: &str = "floe_consumer_lag";
 /// `floe_partitions_assigned{pipeline}`.
@@ -159,6 +163,18 @@ pub const METRICS: &[MetricDef] = &[
         kind: MetricKind::Gauge,
         labels: P,
         help: "Age of the newest successful commit (counted from pipeline start until the first one).",
+    },
+    MetricDef {
+        name: ROWS_UNCOMMITTED,
+        kind: MetricKind::Gauge,
+        labels: P,
+        help: "Rows written to data files and waiting for the next commit.",
+    },
+    MetricDef {
+        name: SECONDS_TO_NEXT_COMMIT,
+        kind: MetricKind::Gauge,
+        labels: P,
+        help: "Time until the commit interval ends and the rows waiting are committed.",
     },
     MetricDef {
         name: CONSUMER_LAG,
@@ -340,6 +356,16 @@ pub fn seconds_since_last_commit(pipeline: &str, seconds: f64) {
     metrics::gauge!(SECONDS_SINCE_LAST_COMMIT, &pipeline_label(pipeline)).set(seconds);
 }
 
+/// Rows written and waiting for the next commit, and the time until that commit.
+pub fn uncommitted_rows(pipeline: &str, rows: u64) {
+    metrics::gauge!(ROWS_UNCOMMITTED, &pipeline_label(pipeline)).set(rows as f64);
+}
+
+/// Time until the current commit interval ends.
+pub fn seconds_to_next_commit(pipeline: &str, seconds: f64) {
+    metrics::gauge!(SECONDS_TO_NEXT_COMMIT, &pipeline_label(pipeline)).set(seconds);
+}
+
 /// A commit finished: snapshot count and data files.
 pub fn committed(pipeline: &str, files: usize) {
     metrics::counter!(COMMITS, &pipeline_label(pipeline)).increment(1);
@@ -451,6 +477,8 @@ mod tests {
             records_failed("p", "decode");
             dead_letter("p", "decode");
             seconds_since_last_commit("p", 1.5);
+            uncommitted_rows("p", 40);
+            seconds_to_next_commit("p", 12.0);
             committed("p", 1);
             bytes_committed("p", 1024);
             commit_duration("p", Duration::from_millis(30));

@@ -64,6 +64,10 @@ pub struct PipelineStats {
     pub partitions: Option<f64>,
     /// Seconds since its last commit.
     pub since_commit: Option<f64>,
+    /// Rows written and waiting for the next commit.
+    pub waiting: Option<f64>,
+    /// Seconds until the next commit.
+    pub next_commit: Option<f64>,
     /// Whether it has committed since the agent started.
     pub committed_once: bool,
     /// Snapshots committed.
@@ -142,6 +146,8 @@ impl Stats {
                 lag: now.sum(m::CONSUMER_LAG, &p),
                 partitions: now.sum(m::PARTITIONS_ASSIGNED, &p),
                 since_commit: now.sum(m::SECONDS_SINCE_LAST_COMMIT, &p),
+                waiting: now.sum(m::ROWS_UNCOMMITTED, &p),
+                next_commit: now.sum(m::SECONDS_TO_NEXT_COMMIT, &p),
                 committed_once: commits > 0.0,
                 commits,
                 rows_out: get(m::RECORDS_OUT),

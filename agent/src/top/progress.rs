@@ -138,6 +138,12 @@ pub fn lines(stats: &Stats) -> Vec<String> {
                 commit,
                 count(p.rows_out),
             );
+            if let Some(waiting) = p.waiting.filter(|w| *w > 0.0) {
+                line.push_str(&format!(", {} waiting", count(waiting)));
+                if let Some(next) = p.next_commit {
+                    line.push_str(&format!(" (commit in {})", age(next)));
+                }
+            }
             if p.dead_letters > 0.0 {
                 line.push_str(&format!(", {} dead letters", count(p.dead_letters)));
             }
@@ -183,6 +189,8 @@ mod tests {
                     committed_once: true,
                     rows_out: 500.0,
                     dead_letters: 2.0,
+                    waiting: Some(4200.0),
+                    next_commit: Some(38.0),
                     ..Default::default()
                 },
                 PipelineStats {
@@ -195,7 +203,7 @@ mod tests {
         assert_eq!(
             lines(&stats),
             vec![
-                "[events] 1500 rec/s in, 1400 rec/s out, lag 12, last commit 2s ago, 500 rows committed, 2 dead letters",
+                "[events] 1500 rec/s in, 1400 rec/s out, lag 12, last commit 2s ago, 500 rows committed, 4200 waiting (commit in 38s), 2 dead letters",
                 "[orders] - rec/s in, - rec/s out, lag -, last commit none yet, 0 rows committed",
             ]
         );

@@ -29,12 +29,14 @@ pub struct Screen<'a> {
     pub live: bool,
 }
 
-const PIPELINE_HEADER: [&str; 13] = [
+const PIPELINE_HEADER: [&str; 15] = [
     "PIPELINE",
     "IN/S",
     "OUT/S",
     "LAG",
     "PARTS",
+    "WAITING",
+    "NEXT COMMIT",
     "LAST COMMIT",
     "COMMITS",
     "FILES",
@@ -63,6 +65,8 @@ fn pipeline_rows(stats: &Stats) -> Vec<Vec<String>> {
                 opt(p.out_per_sec, count),
                 opt(p.lag, count),
                 opt(p.partitions, count),
+                opt(p.waiting, count),
+                opt(p.next_commit, |s| format!("in {}", age(s))),
                 if p.committed_once {
                     opt(p.since_commit, |s| format!("{} ago", age(s)))
                 } else {
@@ -269,6 +273,8 @@ mod tests {
                 lag: Some(42.0),
                 partitions: Some(4.0),
                 since_commit: Some(3.2),
+                waiting: Some(900.0),
+                next_commit: Some(27.0),
                 committed_once: true,
                 commits: 12.0,
                 rows_out: 5000.0,
@@ -298,13 +304,16 @@ mod tests {
             error: None,
             live: false,
         };
-        let text = render_text(&screen, 120);
+        let text = render_text(&screen, 160);
         for needle in [
             "floe top  http://127.0.0.1:9464/metrics  every 1s  READY",
             "PIPELINE",
             "events",
             "1234",
             "3s ago",
+            "WAITING",
+            "900",
+            "in 27s",
             "3.0 MiB",
             "redact",
             "5%",
