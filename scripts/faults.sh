@@ -56,7 +56,7 @@ if [[ -z "${1:-}" ]]; then
         a_spilled_index_stays_exact_through_random_kills \
         a_kept_key_index_survives_a_sigkill_at_every_index_write || status=$?
     # Spark's deletes and updates at random moments next to Floe's ingest and its
-    # maintenance every 2 s, for 3 minutes (20 s in CI).
+    # maintenance every 2 s, for 3 minutes (12 s in CI).
     FLOE_SPARK_SECONDS="${FLOE_SPARK_SECONDS:-180}" cargo test --locked -p floe-tests \
         --test next_to_spark -- spark_and_floe_maintenance_at_random --nocapture || status=$?
 fi

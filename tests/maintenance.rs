@@ -678,13 +678,11 @@ async fn compaction_converges_at_any_target_size() -> Result<()> {
         let config = lake.write("maintain.toml", &lake.config().pipeline(pipeline))?;
         let first = maintain(&config)?;
         let (files, _) = file_counts(&lake, "events").await?;
-        for run in 2..=3 {
-            let again = maintain(&config)?;
-            ensure!(
-                again.contains("nothing to compact"),
-                "target {target}, run {run} rewrote again with nothing new ({files} files after the first run):\n{again}\nfirst run:\n{first}"
-            );
-        }
+        let again = maintain(&config)?;
+        ensure!(
+            again.contains("nothing to compact"),
+            "target {target}: a second run rewrote again with nothing new ({files} files after the first run):\n{again}\nfirst run:\n{first}"
+        );
         for (reader, want) in ["pyiceberg", "duckdb"].iter().zip(&reference) {
             let got = values(lake.read(reader, "events", "n")?);
             if &got != want {

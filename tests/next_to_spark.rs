@@ -506,14 +506,13 @@ impl Change {
 /// `orders3` copy-on-write deletes and merge-on-read updates. Spark runs a statement
 /// again when its conflict check refuses it, as a user would; every change it reports
 /// committed must be in the table, and nothing else (every value through the three
-/// readers). `FLOE_SPARK_SECONDS` long (20 in
-/// CI; `scripts/faults.sh` runs 180).
+/// readers). `FLOE_SPARK_SECONDS` long (12 in CI; `scripts/faults.sh` runs 180).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spark_and_floe_maintenance_at_random() -> Result<()> {
     let seconds: u64 = std::env::var("FLOE_SPARK_SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(20);
+        .unwrap_or(12);
     let pg = Postgres::start()?;
     let broker = Broker::start()?;
     let dir = tempfile::tempdir()?;

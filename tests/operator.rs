@@ -169,6 +169,18 @@ async fn top_health_and_metrics_of_a_running_agent() -> Result<()> {
         "{text}"
     );
     assert_eq!(scrape.sum("floe_build_info", &[]), Some(1.0), "{text}");
+    // The standard process metrics, read at the scrape (CPU in whole seconds).
+    for (name, least) in [
+        ("process_resident_memory_bytes", 1.0),
+        ("process_open_fds", 1.0),
+        ("process_threads", 1.0),
+        ("process_cpu_seconds_total", 0.0),
+    ] {
+        assert!(
+            scrape.sum(name, &[]).is_some_and(|v| v >= least),
+            "{name} missing or below {least}:\n{text}"
+        );
+    }
     assert_eq!(
         scrape.sum("floe_records_in_total", &p),
         Some(302.0),

@@ -9,7 +9,8 @@
 //! Nothing is logged per record above `trace`. Metrics users alert on
 //! `floe_seconds_since_last_commit{pipeline}` (age of the newest successful commit,
 //! counted from pipeline start until the first one), `floe_consumer_lag` and
-//! `floe_dead_letters_total`; `examples/grafana/` has a dashboard and alert rules.
+//! `floe_dead_letters_total`; `examples/grafana/` has a dashboard and alert rules. The
+//! standard `process_*` metrics ([`process`]) come with every scrape.
 
 pub mod health;
 pub mod metric;
@@ -98,6 +99,7 @@ pub fn recorder() -> &'static PrometheusHandle {
             Err(_) => builder().build_recorder().handle(),
         };
         describe();
+        process().describe();
         metric::build_info();
         let upkeep = handle.clone();
         let _ = std::thread::Builder::new()
@@ -110,6 +112,14 @@ pub fn recorder() -> &'static PrometheusHandle {
             });
         handle
     })
+}
+
+/// The `process_*` metrics of Prometheus' client libraries (CPU seconds, resident and
+/// virtual memory, open and maximum file descriptors, threads, start time), read from
+/// the OS when `/metrics` is served.
+pub fn process() -> &'static metrics_process::Collector {
+    static COLLECTOR: OnceLock<metrics_process::Collector> = OnceLock::new();
+    COLLECTOR.get_or_init(metrics_process::Collector::default)
 }
 
 /// Starts the HTTP endpoint of `[metrics]` (call inside a Tokio runtime; it runs until

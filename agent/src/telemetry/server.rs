@@ -139,9 +139,12 @@ async fn respond(
     Ok(match req.uri().path() {
         METRICS_PATH => {
             let handle = state.handle.clone();
-            let body = tokio::task::spawn_blocking(move || handle.render())
-                .await
-                .unwrap_or_default();
+            let body = tokio::task::spawn_blocking(move || {
+                super::process().collect();
+                handle.render()
+            })
+            .await
+            .unwrap_or_default();
             text(
                 StatusCode::OK,
                 body,
