@@ -314,9 +314,9 @@ async fn spark_statements_and_procedures_next_to_floe() -> Result<()> {
         &broker.bootstrap,
         Maintenance::OnDemand,
     )?;
+    let mut spark = SparkSession::start(&pg, "lake", &warehouse)?;
     ingest(&lake, 0, 600, None).await?;
 
-    let mut spark = SparkSession::start(&pg, "lake", &warehouse)?;
     let mut expected: Expected = BTreeMap::new();
     for (table, _) in TABLES {
         spark.run(&format!(
@@ -533,9 +533,8 @@ async fn spark_and_floe_maintenance_at_random() -> Result<()> {
         warehouse: &warehouse,
         run: &run,
     };
-    // The tables exist before Spark starts.
-    ingest(&lake, 0, 90, None).await?;
     let mut spark = SparkSession::start(&pg, "lake", &warehouse)?;
+    ingest(&lake, 0, 90, None).await?;
     spark.run(
         "ALTER TABLE lake.shop.orders2 SET TBLPROPERTIES ('write.delete.mode'='merge-on-read', \
          'write.update.mode'='merge-on-read')",

@@ -24,11 +24,14 @@ pub struct SparkSession {
     log: tempfile::NamedTempFile,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
+    /// Whether the session said it is up.
+    ready: bool,
 }
 
 impl SparkSession {
     /// Starts a session with catalog `catalog` on `pg`, its tables in the local
-    /// directory `warehouse`.
+    /// directory `warehouse`; returns at once (Spark takes seconds to start: the
+    /// first statement waits for it).
     pub fn start(pg: &Postgres, catalog: &str, warehouse: &Path) -> Result<SparkSession> {
         let jars = format!("{},{POSTGRES_JDBC_JAR}", tool("FLOE_SPARK_JARS").display());
         let log = tempfile::NamedTempFile::new()?;
@@ -47,21 +50,25 @@ impl SparkSession {
             .context("start spark_session.py")?;
         let stdin = child.stdin.take().context("stdin")?;
         let stdout = BufReader::new(child.stdout.take().context("stdout")?);
-        let mut session = SparkSession {
+        // Spark starts while the caller goes on; the first statement waits for it.
+        Ok(SparkSession {
             child,
             log,
             stdin,
             stdout,
-        };
-        let ready = session.answer()?;
-        if ready["ready"] != true {
-            bail!("spark session did not start: {ready}");
-        }
-        Ok(session)
+            ready: false,
+        })
     }
 
     /// Runs `sql`: its rows, or the statement's error (the session goes on).
     pub fn sql(&mut self, sql: &str) -> Result<std::result::Result<Vec<Value>, String>> {
+        if !self.ready {
+            let ready = self.answer()?;
+            if ready["ready"] != true {
+                bail!("spark session did not start: {ready}");
+            }
+            self.ready = true;
+        }
         writeln!(self.stdin, "{}", json!({ "sql": sql }))?;
         self.stdin.flush()?;
         let answer = self.answer()?;
