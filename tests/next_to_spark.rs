@@ -180,12 +180,7 @@ async fn open_lake(
     pg: &Postgres,
     warehouse: &Path,
 ) -> Result<std::sync::Arc<dyn iceberg::Catalog>> {
-    let config = floe_iceberg::CatalogConfig::Sql {
-        uri: floe::config::Redacted(pg.uri.clone()),
-        warehouse: warehouse.display().to_string(),
-        s3: Default::default(),
-        aws: Default::default(),
-    };
+    let config = pg.catalog_config(warehouse);
     Ok(floe_iceberg::open_catalog("lake", &config).await?.catalog)
 }
 

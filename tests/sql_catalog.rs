@@ -52,16 +52,6 @@ fn config(dir: &Path, catalog: CatalogSection, bootstrap: &str) -> Result<PathBu
         .write(dir.join("floe.toml"))
 }
 
-/// Catalog `lake` in `pg` with its tables in the local directory `warehouse`.
-fn local_catalog(pg: &Postgres, warehouse: &Path) -> floe_iceberg::CatalogConfig {
-    floe_iceberg::CatalogConfig::Sql {
-        uri: floe::config::Redacted(pg.uri.clone()),
-        warehouse: warehouse.display().to_string(),
-        s3: Default::default(),
-        aws: Default::default(),
-    }
-}
-
 /// `shop.orders` of catalog `lake`, read by `reader`, in offset order.
 fn read_orders(pg: &Postgres, warehouse: &Path, reader: &str) -> Result<floe_tests::TableDump> {
     pg.read(
@@ -90,7 +80,7 @@ async fn agents_on_two_machines_share_a_postgres_catalog_through_kills() -> Resu
     // and the table itself.
     let a = AgentProcess::start(&a_config, &[])?;
     let b = AgentProcess::start(&b_config, &[])?;
-    let config = local_catalog(&pg, &warehouse);
+    let config = pg.catalog_config(&warehouse);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let catalog = floe_iceberg::open_catalog("lake", &config).await?.catalog;
     let covered = |n: i64| {
@@ -200,7 +190,7 @@ async fn a_catalog_down_at_boot_is_waited_for() -> Result<()> {
     agent.wait_for_line("waiting for the catalog", Duration::from_secs(60))?;
     std::thread::sleep(Duration::from_secs(5));
     proxy.restore()?;
-    let catalog = local_catalog(&pg, &warehouse);
+    let catalog = pg.catalog_config(&warehouse);
     let opened = floe_iceberg::open_catalog("lake", &catalog).await?.catalog;
     floe_tests::wait_for_rows(
         opened.as_ref(),
@@ -229,7 +219,7 @@ async fn a_catalog_in_the_jdbc_v0_layout_is_refused_with_the_upgrade() -> Result
          PRIMARY KEY (catalog_name, table_namespace, table_name))",
     )?;
     let lake = tempfile::tempdir()?;
-    let config = local_catalog(&pg, lake.path());
+    let config = pg.catalog_config(lake.path());
     let error = match floe_iceberg::open_catalog("lake", &config).await {
         Ok(_) => bail!("a V0 catalog opened"),
         Err(e) => e.to_string(),

@@ -40,6 +40,17 @@ impl Postgres {
         crate::CatalogSection::sql(&self.uri, warehouse)
     }
 
+    /// The agent's settings of a SQL catalog in this database with its tables in the
+    /// local directory `warehouse` (to open it as the agent does).
+    pub fn catalog_config(&self, warehouse: &Path) -> floe_iceberg::CatalogConfig {
+        floe_iceberg::CatalogConfig::Sql {
+            uri: floe::config::Redacted(self.uri.clone()),
+            warehouse: warehouse.display().to_string(),
+            s3: Default::default(),
+            aws: Default::default(),
+        }
+    }
+
     /// Reads `namespace.table` of catalog `catalog` with an independent reader
     /// (`pyiceberg`, `duckdb` or `spark`), rows sorted by `order_by`.
     pub fn read(
