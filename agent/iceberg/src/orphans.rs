@@ -11,7 +11,9 @@
 //!
 //! The files are listed first and the table is loaded again after the listing: a
 //! commit that lands while the listing runs references files the listing saw, and the
-//! table loaded before it would not know them.
+//! table loaded before it would not know them. When a file of that metadata is gone
+//! before it is read (another maintainer's expiry deleted it), the run deletes nothing
+//! and says so; the next run lists again.
 //!
 //! Another table whose location lies under this one's (a directory holding its own
 //! `metadata/*.metadata.json`) is not this table's: its files are never candidates.
@@ -63,7 +65,9 @@ where
         .unwrap_or(SystemTime::UNIX_EPOCH);
     let (found, deleted, bytes) = if let Some(root) = local_dir(location) {
         let (found, old, nested) = list_local(root.clone(), cutoff).await?;
-        let referenced = referenced(&reload().await?).await?;
+        let Some(referenced) = referenced_now(reload).await? else {
+            return Ok(RACED.into());
+        };
         let nested = nested_tables(&root.to_string_lossy(), nested.iter().map(String::as_str));
         let orphans: Vec<(PathBuf, u64)> = old
             .into_iter()
@@ -83,7 +87,9 @@ where
         };
         // Listed first: a file written after the listing is never a candidate.
         let listed = store.list().await.map_err(other)?;
-        let referenced = referenced(&reload().await?).await?;
+        let Some(referenced) = referenced_now(reload).await? else {
+            return Ok(RACED.into());
+        };
         let nested = nested_tables(location, listed.iter().map(|f| f.location.as_str()));
         let mut deleted = 0;
         let mut bytes = 0;
@@ -177,8 +183,27 @@ async fn remove_local(orphans: Vec<(PathBuf, u64)>, dry_run: bool) -> Result<(us
     .map_err(|e| Error::Other(format!("listing the table's files: {e}")))
 }
 
+/// What a run reports when another maintainer expired snapshots while it read them.
+const RACED: &str = "skipped: another maintainer expired snapshots while they were read; \
+     the next run lists again";
+
+/// Every file the table as loaded by `reload` references, or `None` when a file of its
+/// metadata is gone meanwhile (another maintainer's expiry deleted it): deleting nothing
+/// is safe, and the next run starts again.
+async fn referenced_now<F, Fut>(reload: F) -> Result<Option<HashSet<String>>, Error>
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Result<Table, iceberg::Error>>,
+{
+    match referenced(&reload().await?).await {
+        Ok(files) => Ok(Some(files)),
+        Err(e) if crate::error::is_missing_file(&e) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Every file the table's metadata references (local paths for local tables).
-async fn referenced(table: &Table) -> Result<HashSet<String>, Error> {
+async fn referenced(table: &Table) -> Result<HashSet<String>, iceberg::Error> {
     let metadata = table.metadata();
     let mut out = HashSet::new();
     if let Some(current) = table.metadata_location() {
