@@ -280,15 +280,21 @@ fn held_compaction(
     Ok(out)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn spark_statements_and_procedures_next_to_floe() -> Result<()> {
+/// A Postgres server, a broker with a topic per table, and a directory for the
+/// warehouse and the configs.
+async fn services() -> Result<(Postgres, Broker, tempfile::TempDir)> {
     let pg = Postgres::start()?;
     let broker = Broker::start()?;
-    let dir = tempfile::tempdir()?;
-    let warehouse = dir.path().join("warehouse");
     for (table, _) in TABLES {
         broker.create_topic(table, 2).await?;
     }
+    Ok((pg, broker, tempfile::tempdir()?))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spark_statements_and_procedures_next_to_floe() -> Result<()> {
+    let (pg, broker, dir) = services().await?;
+    let warehouse = dir.path().join("warehouse");
     let run = config(
         dir.path(),
         &pg,
@@ -508,13 +514,8 @@ async fn spark_and_floe_maintenance_at_random() -> Result<()> {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(12);
-    let pg = Postgres::start()?;
-    let broker = Broker::start()?;
-    let dir = tempfile::tempdir()?;
+    let (pg, broker, dir) = services().await?;
     let warehouse = dir.path().join("warehouse");
-    for (table, _) in TABLES {
-        broker.create_topic(table, 2).await?;
-    }
     let run = config(
         dir.path(),
         &pg,
