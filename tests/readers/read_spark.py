@@ -23,6 +23,25 @@ import sys
 import tempfile
 
 
+def jdbc_catalog(builder, catalog, jdbc_uri, warehouse):
+    """`builder` with Spark catalog `catalog`: Iceberg's JdbcCatalog on the Postgres
+    database `jdbc_uri` (postgresql://USER[:PASSWORD]@HOST:PORT/DB), tables in
+    `warehouse`."""
+    from urllib.parse import urlsplit
+
+    uri = urlsplit(jdbc_uri)
+    prefix = f"spark.sql.catalog.{catalog}"
+    return (
+        builder.config(prefix, "org.apache.iceberg.spark.SparkCatalog")
+        .config(f"{prefix}.type", "jdbc")
+        .config(f"{prefix}.uri", f"jdbc:postgresql://{uri.hostname}:{uri.port}{uri.path}")
+        .config(f"{prefix}.jdbc.user", uri.username or "")
+        .config(f"{prefix}.jdbc.password", uri.password or "")
+        .config(f"{prefix}.jdbc.schema-version", "V1")
+        .config(f"{prefix}.warehouse", warehouse)
+    )
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--metadata", default="")
@@ -40,19 +59,7 @@ def main():
     scratch = tempfile.mkdtemp(prefix="floe-spark-")
     builder = SparkSession.builder
     if args.jdbc_uri:
-        from urllib.parse import urlsplit
-
-        uri = urlsplit(args.jdbc_uri)
-        prefix = f"spark.sql.catalog.{args.catalog}"
-        builder = (
-            builder.config(prefix, "org.apache.iceberg.spark.SparkCatalog")
-            .config(f"{prefix}.type", "jdbc")
-            .config(f"{prefix}.uri", f"jdbc:postgresql://{uri.hostname}:{uri.port}{uri.path}")
-            .config(f"{prefix}.jdbc.user", uri.username or "")
-            .config(f"{prefix}.jdbc.password", uri.password or "")
-            .config(f"{prefix}.jdbc.schema-version", "V1")
-            .config(f"{prefix}.warehouse", args.warehouse)
-        )
+        builder = jdbc_catalog(builder, args.catalog, args.jdbc_uri, args.warehouse)
     spark = (
         builder.master("local[2]")
         .appName("floe-read-spark")

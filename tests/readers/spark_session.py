@@ -43,25 +43,18 @@ def main():
     ap.add_argument("--jars", required=True)
     args = ap.parse_args()
 
-    from urllib.parse import urlsplit
-
     from pyspark.sql import SparkSession
 
+    from read_spark import jdbc_catalog
+
     scratch = tempfile.mkdtemp(prefix="floe-spark-")
-    uri = urlsplit(args.jdbc_uri)
     prefix = f"spark.sql.catalog.{args.catalog}"
+    builder = jdbc_catalog(SparkSession.builder, args.catalog, args.jdbc_uri, args.warehouse)
     spark = (
-        SparkSession.builder.master("local[2]")
+        builder.master("local[2]")
         .appName("floe-spark-session")
         .config("spark.jars", args.jars)
         .config("spark.sql.extensions", "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions")
-        .config(prefix, "org.apache.iceberg.spark.SparkCatalog")
-        .config(f"{prefix}.type", "jdbc")
-        .config(f"{prefix}.uri", f"jdbc:postgresql://{uri.hostname}:{uri.port}{uri.path}")
-        .config(f"{prefix}.jdbc.user", uri.username or "")
-        .config(f"{prefix}.jdbc.password", uri.password or "")
-        .config(f"{prefix}.jdbc.schema-version", "V1")
-        .config(f"{prefix}.warehouse", args.warehouse)
         .config(f"{prefix}.cache-enabled", "true")
         .config(f"{prefix}.cache.expiration-interval-ms", "-1")
         .config("spark.ui.enabled", "false")
